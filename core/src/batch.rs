@@ -1,0 +1,404 @@
+//! Transfer requests and batches: what a caller submits, the per-request completion state a
+//! transport reports into, and the awaitable (or blocking) wait with timeout and cancellation.
+
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use crate::error::{Error, ErrorKind, Result};
+use crate::memory::RegionLease;
+use crate::segment::OpenSegment;
+
+/// Direction of a transfer, numbered as in Mooncake.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Opcode {
+    /// Copy from the target segment into local memory (pull).
+    Read = 0,
+    /// Copy from local memory into the target segment (push).
+    Write = 1,
+}
+
+/// Handle of an opened segment (see `TransferEngine::open_segment`). Stable for the engine's
+/// lifetime, across descriptor refreshes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SegmentHandle(pub u64);
+
+/// One transfer: `length` bytes between local address `source` and the target segment's
+/// address `target_offset` (the peer's virtual address, as in Mooncake).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TransferRequest {
+    /// Read or write.
+    pub opcode: Opcode,
+    /// Local address (inside a registered region).
+    pub source: u64,
+    /// Target segment.
+    pub target: SegmentHandle,
+    /// Target address in the peer's address space (inside one of its published buffers).
+    pub target_offset: u64,
+    /// Bytes to move (non-zero).
+    pub length: u64,
+}
+
+/// A request after the engine validated it, with a lease on its local region.
+#[derive(Debug)]
+pub struct ValidatedRequest {
+    /// The request as submitted.
+    pub request: TransferRequest,
+    /// The local region it reads or writes; held until the batch is dropped.
+    pub local: RegionLease,
+}
+
+/// State of one request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RequestStatus {
+    /// Not finished.
+    Pending,
+    /// All bytes moved.
+    Completed,
+    /// Failed; [`Batch::error`] has the details.
+    Failed(ErrorKind),
+    /// Cancelled before it completed.
+    Cancelled,
+}
+
+const PENDING: u8 = 0;
+const COMPLETED: u8 = 1;
+const FAILED: u8 = 2;
+const CANCELLED: u8 = 3;
+
+/// Counts of a batch's request states.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct BatchStatus {
+    /// Requests in the batch.
+    pub total: usize,
+    /// Completed.
+    pub completed: usize,
+    /// Failed.
+    pub failed: usize,
+    /// Cancelled.
+    pub cancelled: usize,
+    /// Still pending.
+    pub pending: usize,
+}
+
+impl BatchStatus {
+    /// True when no request is pending.
+    pub fn is_done(&self) -> bool {
+        self.pending == 0
+    }
+    /// True when every request completed.
+    pub fn is_success(&self) -> bool {
+        self.completed == self.total
+    }
+}
+
+/// A submitted batch: the validated requests and their completion state.
+///
+/// Transports report into it with [`complete`](Batch::complete); callers poll
+/// [`status`](Batch::status), await [`wait`](Batch::wait), block in
+/// [`wait_blocking`](Batch::wait_blocking), or [`cancel`](Batch::cancel).
+///
+/// # Threading
+/// Every method takes `&self` and may be called from any thread.
+#[derive(Debug)]
+pub struct Batch {
+    requests: Box<[ValidatedRequest]>,
+    state: Box<[AtomicU8]>,
+    errors: Mutex<Vec<(usize, Error)>>,
+    remaining: AtomicUsize,
+    cancelled: AtomicBool,
+    segments: Vec<Arc<OpenSegment>>,
+    submitted_at: Instant,
+    finished_at: OnceLock<Instant>,
+    notify: tokio::sync::Notify,
+    done_lock: Mutex<bool>,
+    done_cv: Condvar,
+}
+
+impl Batch {
+    /// Builds a batch from validated requests; `segments` are the targets it touches (used to
+    /// mark a segment's cached descriptor stale when its peer fails).
+    pub fn new(requests: Vec<ValidatedRequest>, segments: Vec<Arc<OpenSegment>>) -> Arc<Self> {
+        let n = requests.len();
+        Arc::new(Self {
+            requests: requests.into_boxed_slice(),
+            state: (0..n).map(|_| AtomicU8::new(PENDING)).collect(),
+            errors: Mutex::new(Vec::new()),
+            remaining: AtomicUsize::new(n),
+            cancelled: AtomicBool::new(false),
+            segments,
+            submitted_at: Instant::now(),
+            finished_at: OnceLock::new(),
+            notify: tokio::sync::Notify::new(),
+            done_lock: Mutex::new(n == 0),
+            done_cv: Condvar::new(),
+        })
+    }
+
+    /// Number of requests.
+    pub fn len(&self) -> usize {
+        self.requests.len()
+    }
+
+    /// True for an empty batch.
+    pub fn is_empty(&self) -> bool {
+        self.requests.is_empty()
+    }
+
+    /// Request `i` (panics when `i` is out of range: transports only use indices they were given).
+    pub fn request(&self, i: usize) -> &ValidatedRequest {
+        &self.requests[i]
+    }
+
+    /// All requests.
+    pub fn requests(&self) -> &[ValidatedRequest] {
+        &self.requests
+    }
+
+    /// Total bytes of all requests.
+    pub fn total_bytes(&self) -> u64 {
+        self.requests.iter().map(|r| r.request.length).sum()
+    }
+
+    /// True once [`cancel`](Self::cancel) was called. Transports check it before starting a
+    /// request.
+    pub fn is_cancelled(&self) -> bool {
+        self.cancelled.load(Ordering::Acquire)
+    }
+
+    /// True while request `i` has no outcome yet.
+    pub fn is_pending(&self, i: usize) -> bool {
+        self.state[i].load(Ordering::Acquire) == PENDING
+    }
+
+    /// Records the outcome of request `i`. The first outcome wins; later ones (for example a
+    /// completion racing a cancellation) are ignored. Returns whether this call set it.
+    pub fn complete(&self, i: usize, result: Result<()>) -> bool {
+        let new = match &result {
+            Ok(()) => COMPLETED,
+            Err(e) if e.kind() == ErrorKind::Cancelled => CANCELLED,
+            Err(_) => FAILED,
+        };
+        if self.state[i].compare_exchange(PENDING, new, Ordering::AcqRel, Ordering::Acquire).is_err() {
+            return false;
+        }
+        if let Err(e) = result {
+            if e.kind() == ErrorKind::PeerUnreachable {
+                let target = self.requests[i].request.target;
+                if let Some(seg) = self.segments.iter().find(|s| s.handle() == target) {
+                    seg.mark_stale();
+                }
+            }
+            self.errors.lock().unwrap_or_else(|p| p.into_inner()).push((i, e));
+        }
+        if self.remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.finish();
+        }
+        true
+    }
+
+    /// Fails every index in `indices` that is still pending with a copy of `error`.
+    pub fn fail_all(&self, indices: &[u32], error: &Error) {
+        for &i in indices {
+            self.complete(i as usize, Err(error.duplicate()));
+        }
+    }
+
+    fn finish(&self) {
+        let _ = self.finished_at.set(Instant::now());
+        self.notify.notify_waiters();
+        let mut done = self.done_lock.lock().unwrap_or_else(|p| p.into_inner());
+        *done = true;
+        self.done_cv.notify_all();
+    }
+
+    /// Cancels every request that has not completed. Requests a transport already started may
+    /// still move their bytes; their outcome is reported as cancelled all the same.
+    pub fn cancel(&self) {
+        self.cancelled.store(true, Ordering::Release);
+        for i in 0..self.len() {
+            self.complete(i, Err(Error::new(ErrorKind::Cancelled, "cancelled by the caller")));
+        }
+    }
+
+    /// State of request `i`, or `None` when `i` is out of range.
+    pub fn request_status(&self, i: usize) -> Option<RequestStatus> {
+        let s = self.state.get(i)?.load(Ordering::Acquire);
+        Some(match s {
+            PENDING => RequestStatus::Pending,
+            COMPLETED => RequestStatus::Completed,
+            CANCELLED => RequestStatus::Cancelled,
+            _ => RequestStatus::Failed(self.error(i).map(|e| e.kind()).unwrap_or(ErrorKind::Transport)),
+        })
+    }
+
+    /// The error of request `i`, if it failed or was cancelled.
+    pub fn error(&self, i: usize) -> Option<Error> {
+        let errors = self.errors.lock().unwrap_or_else(|p| p.into_inner());
+        errors.iter().find(|(j, _)| *j == i).map(|(_, e)| e.duplicate())
+    }
+
+    /// All failures so far, as (request index, error), in completion order.
+    pub fn errors(&self) -> Vec<(usize, Error)> {
+        let errors = self.errors.lock().unwrap_or_else(|p| p.into_inner());
+        errors.iter().map(|(i, e)| (*i, e.duplicate())).collect()
+    }
+
+    /// Counts of request states.
+    pub fn status(&self) -> BatchStatus {
+        let mut s = BatchStatus { total: self.len(), ..BatchStatus::default() };
+        for st in self.state.iter() {
+            match st.load(Ordering::Acquire) {
+                PENDING => s.pending += 1,
+                COMPLETED => s.completed += 1,
+                CANCELLED => s.cancelled += 1,
+                _ => s.failed += 1,
+            }
+        }
+        s
+    }
+
+    /// True when no request is pending.
+    pub fn is_done(&self) -> bool {
+        self.remaining.load(Ordering::Acquire) == 0
+    }
+
+    /// Time from submission to the last completion (or until now while pending).
+    pub fn elapsed(&self) -> Duration {
+        self.finished_at.get().copied().unwrap_or_else(Instant::now) - self.submitted_at
+    }
+
+    /// Waits until no request is pending, or `timeout` passes ([`ErrorKind::Timeout`]; the batch
+    /// keeps running and can be waited on again or cancelled).
+    pub async fn wait(&self, timeout: Duration) -> Result<BatchStatus> {
+        let done = async {
+            loop {
+                let notified = self.notify.notified();
+                tokio::pin!(notified);
+                notified.as_mut().enable();
+                if self.is_done() {
+                    return;
+                }
+                notified.await;
+            }
+        };
+        match tokio::time::timeout(timeout, done).await {
+            Ok(()) => Ok(self.status()),
+            Err(_) => Err(self.timeout_error(timeout)),
+        }
+    }
+
+    /// Like [`wait`](Self::wait), then turns the first failure into an error.
+    pub async fn wait_ok(&self, timeout: Duration) -> Result<()> {
+        let status = self.wait(timeout).await?;
+        self.outcome(status)
+    }
+
+    /// Blocking form of [`wait`](Self::wait), for callers outside an async runtime. Needs no
+    /// runtime itself.
+    pub fn wait_blocking(&self, timeout: Duration) -> Result<BatchStatus> {
+        let deadline = Instant::now() + timeout;
+        let mut done = self.done_lock.lock().unwrap_or_else(|p| p.into_inner());
+        while !*done {
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(self.timeout_error(timeout));
+            }
+            done = self.done_cv.wait_timeout(done, deadline - now).unwrap_or_else(|p| p.into_inner()).0;
+        }
+        Ok(self.status())
+    }
+
+    /// Blocking form of [`wait_ok`](Self::wait_ok).
+    pub fn wait_ok_blocking(&self, timeout: Duration) -> Result<()> {
+        let status = self.wait_blocking(timeout)?;
+        self.outcome(status)
+    }
+
+    fn outcome(&self, status: BatchStatus) -> Result<()> {
+        if status.is_success() {
+            return Ok(());
+        }
+        let errors = self.errors.lock().unwrap_or_else(|p| p.into_inner());
+        let (i, e) = errors.iter().min_by_key(|(i, _)| *i).expect("a batch that did not succeed has an error");
+        Err(Error::new(
+            e.kind(),
+            format!("{} of {} request(s) failed; first, request {i}: {}", status.failed + status.cancelled, status.total, e.message()),
+        ))
+    }
+
+    fn timeout_error(&self, timeout: Duration) -> Error {
+        let s = self.status();
+        Error::timeout(format!("{} of {} request(s) still pending after {timeout:?}", s.pending, s.total))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::memory::{Location, MemoryRegistry};
+
+    fn batch(n: usize) -> Arc<Batch> {
+        let reg = MemoryRegistry::new();
+        reg.register(0, 1 << 20, Location::Any).unwrap();
+        let reqs = (0..n)
+            .map(|i| ValidatedRequest {
+                request: TransferRequest {
+                    opcode: Opcode::Read,
+                    source: i as u64 * 8,
+                    target: SegmentHandle(1),
+                    target_offset: 0,
+                    length: 8,
+                },
+                local: reg.lease(i as u64 * 8, 8).unwrap(),
+            })
+            .collect();
+        Batch::new(reqs, Vec::new())
+    }
+
+    #[test]
+    fn first_outcome_wins_and_counts_add_up() {
+        let b = batch(3);
+        assert!(b.complete(0, Ok(())));
+        assert!(!b.complete(0, Err(Error::transport("late"))));
+        assert!(b.complete(1, Err(Error::transport("boom"))));
+        assert_eq!(b.status(), BatchStatus { total: 3, completed: 1, failed: 1, cancelled: 0, pending: 1 });
+        assert_eq!(b.request_status(1), Some(RequestStatus::Failed(ErrorKind::Transport)));
+        assert_eq!(b.request_status(3), None);
+        assert!(!b.is_done());
+        b.cancel();
+        assert!(b.is_done());
+        assert_eq!(b.request_status(2), Some(RequestStatus::Cancelled));
+        let e = b.wait_ok_blocking(Duration::from_secs(1)).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Transport);
+        assert!(e.message().contains("request 1") && e.message().contains("2 of 3"), "{e}");
+    }
+
+    #[tokio::test]
+    async fn wait_times_out_then_completes() {
+        let b = batch(2);
+        let e = b.wait(Duration::from_millis(20)).await.unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Timeout);
+        assert!(e.message().contains("2 of 2"));
+        let b2 = b.clone();
+        let t = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(20));
+            b2.complete(0, Ok(()));
+            b2.complete(1, Ok(()));
+        });
+        assert!(b.wait(Duration::from_secs(5)).await.unwrap().is_success());
+        b.wait_ok(Duration::from_secs(1)).await.unwrap();
+        t.join().unwrap();
+    }
+
+    #[test]
+    fn blocking_wait_needs_no_runtime() {
+        let b = batch(1);
+        assert_eq!(b.wait_blocking(Duration::from_millis(10)).unwrap_err().kind(), ErrorKind::Timeout);
+        let b2 = b.clone();
+        let t = std::thread::spawn(move || b2.complete(0, Ok(())));
+        b.wait_ok_blocking(Duration::from_secs(5)).unwrap();
+        t.join().unwrap();
+        assert!(b.elapsed() < Duration::from_secs(5));
+    }
+}

@@ -1,0 +1,351 @@
+//! Segment descriptors in Mooncake's JSON (reference `mooncake-wire.md` §1–2), and the metadata
+//! key names they are stored under.
+//!
+//! Decoding tolerates unknown fields and keeps them, so a descriptor read from a newer peer is
+//! written back unchanged; it rejects malformed known fields with an error naming the segment,
+//! the field path and the position.
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use crate::error::{Error, Result};
+
+/// One buffer a segment exposes: `[addr, addr + length)` in the owner's virtual address space.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BufferDesc {
+    /// The owner's virtual address of the first byte.
+    pub addr: u64,
+    /// Length in bytes.
+    pub length: u64,
+    /// Mooncake writes the location tag here (`cpu:0`, `npu:3`, ...).
+    #[serde(default)]
+    pub name: String,
+    /// Ascend: the device the buffer lives on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_id: Option<i64>,
+    /// Fields this version does not know, kept for round trips.
+    #[serde(flatten, skip_deserializing)]
+    pub extra: Map<String, Value>,
+}
+
+impl BufferDesc {
+    /// True when `[addr, addr + len)` lies inside this buffer (`len > 0`).
+    pub fn contains(&self, addr: u64, len: u64) -> bool {
+        len > 0
+            && addr >= self.addr
+            && match (addr.checked_add(len), self.addr.checked_add(self.length)) {
+                (Some(end), Some(buf_end)) => end <= buf_end,
+                _ => false,
+            }
+    }
+}
+
+/// Ascend rank information published by HCCL segments (field names as Mooncake writes them).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RankInfo {
+    /// Rank id in the peer's view.
+    #[serde(default)]
+    pub rank_id: u64,
+    /// Host IP.
+    #[serde(default)]
+    pub host_ip: String,
+    /// Host port of the control channel.
+    #[serde(default)]
+    pub host_port: u64,
+    /// Logical device id.
+    #[serde(default)]
+    pub device_logic_id: u64,
+    /// Physical device id.
+    #[serde(default)]
+    pub device_phy_id: u64,
+    /// Device type code.
+    #[serde(default)]
+    pub device_type: u64,
+    /// Device (NIC) IP.
+    #[serde(default)]
+    pub device_ip: String,
+    /// Device port.
+    #[serde(default)]
+    pub device_port: u64,
+    /// Owning process id.
+    #[serde(default)]
+    pub pid: u64,
+    /// Fields this version does not know.
+    #[serde(flatten, skip_deserializing)]
+    pub extra: Map<String, Value>,
+}
+
+/// A segment descriptor: what a peer needs to address a segment's memory.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SegmentDescriptor {
+    /// Segment name (normally `host:port`).
+    pub name: String,
+    /// Protocol of the transport that serves it (`tcp`, `ascend`, `local`, ...).
+    pub protocol: String,
+    /// Exposed buffers.
+    #[serde(default)]
+    pub buffers: Vec<BufferDesc>,
+    /// TCP transport: data host.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tcp_data_host: Option<String>,
+    /// TCP transport: data port.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tcp_data_port: Option<u16>,
+    /// TCP transport: wire protocol version (absent means 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tcp_proto_version: Option<u32>,
+    /// Ascend transport: rank information.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rank_info: Option<RankInfo>,
+    /// Ferry: identity of the engine instance that published this descriptor (lets a
+    /// same-process transport recognise its own engines). Ignored by Mooncake peers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ferry_instance: Option<String>,
+    /// Publication time (Mooncake writes `YYYY-MM-DD HH:MM:SS.micros`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timestamp: Option<String>,
+    /// Fields this version does not know (for example `rdma_server_name`), kept for round trips.
+    #[serde(flatten, skip_deserializing)]
+    pub extra: Map<String, Value>,
+}
+
+impl SegmentDescriptor {
+    /// An empty descriptor for segment `name` served by `protocol`.
+    pub fn new(name: impl Into<String>, protocol: impl Into<String>) -> Self {
+        Self {
+            name: name.into(),
+            protocol: protocol.into(),
+            buffers: Vec::new(),
+            tcp_data_host: None,
+            tcp_data_port: None,
+            tcp_proto_version: None,
+            rank_info: None,
+            ferry_instance: None,
+            timestamp: None,
+            extra: Map::new(),
+        }
+    }
+
+    /// Decodes a descriptor from JSON bytes. `origin` names where it came from (a metadata key,
+    /// a peer) and appears in the error.
+    pub fn from_json(origin: &str, bytes: &[u8]) -> Result<Self> {
+        let de = &mut serde_json::Deserializer::from_slice(bytes);
+        let desc: Self = serde_path_to_error::deserialize(de).map_err(|e| {
+            let path = e.path().to_string();
+            let inner = e.into_inner();
+            Error::invalid(format!(
+                "segment descriptor from {origin} is malformed: field `{path}` at line {} column {}: {}",
+                inner.line(),
+                inner.column(),
+                crate::config::strip_position(&inner.to_string())
+            ))
+        })?;
+        let mut desc = desc;
+        // Unknown fields are collected in a second pass: a flattened catch-all would make serde
+        // buffer the input and lose the field path and position of errors.
+        let value: Value = serde_json::from_slice(bytes).expect("parsed above");
+        desc.extra = unknown_fields(&value, DESCRIPTOR_FIELDS);
+        for (buf, v) in desc.buffers.iter_mut().zip(value["buffers"].as_array().into_iter().flatten()) {
+            buf.extra = unknown_fields(v, BUFFER_FIELDS);
+        }
+        if let Some(rank) = desc.rank_info.as_mut() {
+            rank.extra = unknown_fields(&value["rank_info"], RANK_INFO_FIELDS);
+        }
+        desc.validate(origin)?;
+        Ok(desc)
+    }
+
+    /// Checks invariants serde cannot express: a name, and buffers that do not wrap around.
+    pub fn validate(&self, origin: &str) -> Result<()> {
+        if self.name.is_empty() {
+            return Err(Error::invalid(format!("segment descriptor from {origin}: field `name` is empty")));
+        }
+        if self.protocol.is_empty() {
+            return Err(Error::invalid(format!("segment descriptor from {origin}: field `protocol` is empty")));
+        }
+        for (i, b) in self.buffers.iter().enumerate() {
+            if b.addr.checked_add(b.length).is_none() {
+                return Err(Error::invalid(format!(
+                    "segment descriptor from {origin}: field `buffers[{i}]` ({:#x}+{}) wraps around the address space",
+                    b.addr, b.length
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Encodes as compact JSON.
+    pub fn to_json(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("a descriptor always serialises")
+    }
+}
+
+const DESCRIPTOR_FIELDS: &[&str] = &[
+    "name",
+    "protocol",
+    "buffers",
+    "tcp_data_host",
+    "tcp_data_port",
+    "tcp_proto_version",
+    "rank_info",
+    "ferry_instance",
+    "timestamp",
+];
+const BUFFER_FIELDS: &[&str] = &["addr", "length", "name", "device_id"];
+const RANK_INFO_FIELDS: &[&str] = &[
+    "rankId",
+    "hostIp",
+    "hostPort",
+    "deviceLogicId",
+    "devicePhyId",
+    "deviceType",
+    "deviceIp",
+    "devicePort",
+    "pid",
+];
+
+/// The members of JSON object `value` whose names are not in `known`.
+pub(crate) fn unknown_fields(value: &Value, known: &[&str]) -> Map<String, Value> {
+    value
+        .as_object()
+        .map(|o| o.iter().filter(|(k, _)| !known.contains(&k.as_str())).map(|(k, v)| (k.clone(), v.clone())).collect())
+        .unwrap_or_default()
+}
+
+/// The `rpc_meta` entry: where a segment's owner answers handshakes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RpcMeta {
+    /// Host name or IP.
+    pub ip_or_host_name: String,
+    /// RPC port.
+    pub rpc_port: u16,
+}
+
+/// Builds the metadata keys of reference §1, honouring a cluster id.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MetadataKeys {
+    prefix: String,
+}
+
+impl MetadataKeys {
+    /// Keys under `mooncake/`, or `mooncake/<cluster_id>/` when a cluster id is given.
+    pub fn new(cluster_id: Option<&str>) -> Self {
+        let prefix = match cluster_id {
+            Some(id) if !id.is_empty() => format!("mooncake/{id}/"),
+            _ => "mooncake/".to_owned(),
+        };
+        Self { prefix }
+    }
+
+    /// Key of a segment's descriptor: `<prefix>ram/<name>`, or `<prefix><name>` for a name that
+    /// already contains `/`.
+    pub fn segment(&self, name: &str) -> String {
+        if name.contains('/') {
+            format!("{}{name}", self.prefix)
+        } else {
+            format!("{}ram/{name}", self.prefix)
+        }
+    }
+
+    /// Key of a segment's rpc entry: `<prefix>rpc_meta/<name>`.
+    pub fn rpc(&self, name: &str) -> String {
+        format!("{}rpc_meta/{name}", self.prefix)
+    }
+
+    /// The common prefix of all keys (for watches).
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// The segment name a descriptor key refers to, if it is one of ours.
+    pub fn segment_name_of<'a>(&self, key: &'a str) -> Option<&'a str> {
+        let rest = key.strip_prefix(&self.prefix)?;
+        if rest.starts_with("rpc_meta/") {
+            return None;
+        }
+        Some(rest.strip_prefix("ram/").unwrap_or(rest))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const OBSERVED: &str = r#"{"buffers":[{"addr":140634074640400,"length":1048576,"name":"127.0.0.1:17123"}],
+ "name":"127.0.0.1:17123","protocol":"tcp","rdma_server_name":"",
+ "tcp_data_host":"192.0.2.2","tcp_data_port":16359,"tcp_proto_version":2,
+ "timestamp":"2026-11-30 06:21:30.151346"}"#;
+
+    #[test]
+    fn reads_the_wheels_descriptor_and_round_trips_unknown_fields() {
+        let d = SegmentDescriptor::from_json("test", OBSERVED.as_bytes()).unwrap();
+        assert_eq!(d.buffers[0].addr, 140634074640400);
+        assert_eq!(d.tcp_data_port, Some(16359));
+        assert_eq!(d.extra.get("rdma_server_name"), Some(&Value::String(String::new())));
+        let back: Value = serde_json::from_slice(&d.to_json()).unwrap();
+        let orig: Value = serde_json::from_str(OBSERVED).unwrap();
+        assert_eq!(back, orig, "a round trip changes nothing");
+    }
+
+    #[test]
+    fn ascend_fields_and_future_fields_survive() {
+        let text = r#"{"name":"10.0.0.1:2000:npu_3","protocol":"ascend",
+          "buffers":[{"addr":1,"length":2,"name":"npu:3","device_id":3,"future_buf":true}],
+          "rank_info":{"rankId":1,"hostIp":"10.0.0.1","hostPort":2000,"deviceLogicId":0,
+            "devicePhyId":3,"deviceType":4,"deviceIp":"192.168.1.3","devicePort":16666,"pid":77,"newField":[1]},
+          "future":{"x":1}}"#;
+        let d = SegmentDescriptor::from_json("t", text.as_bytes()).unwrap();
+        assert_eq!(d.rank_info.as_ref().unwrap().device_phy_id, 3);
+        assert_eq!(d.buffers[0].device_id, Some(3));
+        let back: Value = serde_json::from_slice(&d.to_json()).unwrap();
+        assert_eq!(back, serde_json::from_str::<Value>(text).unwrap());
+    }
+
+    #[test]
+    fn malformed_fields_are_named() {
+        let e = SegmentDescriptor::from_json(
+            "mooncake/ram/x",
+            br#"{"name":"x","protocol":"tcp","buffers":[{"addr":"oops","length":1}]}"#,
+        )
+        .unwrap_err();
+        assert_eq!(e.kind(), crate::ErrorKind::InvalidArgument);
+        assert!(e.message().contains("buffers[0].addr"), "{e}");
+        assert!(e.message().contains("mooncake/ram/x"));
+        assert!(e.message().contains("line 1"));
+        let e = SegmentDescriptor::from_json("p", br#"{"name":"x","protocol":"tcp","buffers":[{"addr":-1,"length":1}]}"#)
+            .unwrap_err();
+        assert!(e.message().contains("buffers[0].addr"), "{e}");
+        let e = SegmentDescriptor::from_json(
+            "p",
+            format!(r#"{{"name":"x","protocol":"tcp","buffers":[{{"addr":{},"length":2}}]}}"#, u64::MAX).as_bytes(),
+        )
+        .unwrap_err();
+        assert!(e.message().contains("wraps"), "{e}");
+        assert!(SegmentDescriptor::from_json("p", b"{\"name\":\"x\"").is_err());
+        assert!(SegmentDescriptor::from_json("p", br#"{"name":"","protocol":"tcp"}"#).is_err());
+    }
+
+    #[test]
+    fn keys_follow_mooncake() {
+        let k = MetadataKeys::new(None);
+        assert_eq!(k.segment("1.2.3.4:5"), "mooncake/ram/1.2.3.4:5");
+        assert_eq!(k.rpc("1.2.3.4:5"), "mooncake/rpc_meta/1.2.3.4:5");
+        assert_eq!(k.segment("a/b"), "mooncake/a/b");
+        let k = MetadataKeys::new(Some("c1"));
+        assert_eq!(k.segment("h:1"), "mooncake/c1/ram/h:1");
+        assert_eq!(k.segment_name_of("mooncake/c1/ram/h:1"), Some("h:1"));
+        assert_eq!(k.segment_name_of("mooncake/c1/rpc_meta/h:1"), None);
+        assert_eq!(k.segment_name_of("mooncake/ram/h:1"), None);
+    }
+
+    #[test]
+    fn buffer_contains_handles_edges() {
+        let b = BufferDesc { addr: 100, length: 10, name: String::new(), device_id: None, extra: Map::new() };
+        assert!(b.contains(100, 10));
+        assert!(!b.contains(100, 11));
+        assert!(!b.contains(99, 1));
+        assert!(!b.contains(105, 0));
+        assert!(!b.contains(u64::MAX, 2));
+    }
+}

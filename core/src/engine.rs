@@ -1,0 +1,894 @@
+//! The [`TransferEngine`]: memory registry, segment cache, transport table, metadata backend
+//! and resolver chain, and the submit path that ties them together.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock, Weak};
+use std::time::Duration;
+
+use crate::batch::{Batch, Opcode, SegmentHandle, TransferRequest, ValidatedRequest};
+use crate::config::{Config, MetadataServer};
+use crate::descriptor::{BufferDesc, MetadataKeys, RpcMeta, SegmentDescriptor};
+use crate::error::{Error, ErrorKind, Result};
+use crate::kv::{BlockRun, BlockTransfer, KvLayout, plan_block_transfer};
+use crate::memory::{Location, MemoryRegistry, Region};
+use crate::metadata::{MetadataBackend, MetadataRegistry, WatchEvent};
+use crate::resolver::{HostnameResolver, Resolution, ResolveQuery, ResolveTarget, ResolverChain};
+use crate::segment::OpenSegment;
+use crate::transport::{Transport, TransportContext, TransportRegistry, no_transport_for};
+
+/// Builds a [`TransferEngine`] from a config or programmatically.
+#[must_use]
+pub struct EngineBuilder {
+    config: Config,
+    transports: TransportRegistry,
+    metadata_registry: MetadataRegistry,
+    metadata: Option<Arc<dyn MetadataBackend>>,
+    resolvers: ResolverChain,
+    local_rank: Option<u32>,
+}
+
+impl std::fmt::Debug for EngineBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EngineBuilder")
+            .field("protocol", &self.config.protocol())
+            .field("transports", &self.transports)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Default for EngineBuilder {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl EngineBuilder {
+    /// A builder on the embedded default config ([`Config::embedded`]) with no transports
+    /// installed; the facade crate's builder pre-installs the ones compiled in.
+    pub fn new() -> Self {
+        Self {
+            config: Config::embedded(),
+            transports: TransportRegistry::new(),
+            metadata_registry: MetadataRegistry::new(),
+            metadata: None,
+            resolvers: ResolverChain::with_defaults(),
+            local_rank: None,
+        }
+    }
+
+    /// Uses `config`.
+    pub fn config(mut self, config: Config) -> Self {
+        self.config = config;
+        self
+    }
+
+    /// Mutable access to the config (for programmatic settings).
+    pub fn config_mut(&mut self) -> &mut Config {
+        &mut self.config
+    }
+
+    /// Sets this engine's segment name (overrides the config).
+    pub fn segment_name(mut self, name: impl Into<String>) -> Self {
+        self.config.local_hostname = Some(name.into());
+        self
+    }
+
+    /// Sets the transport protocol (overrides the config).
+    pub fn protocol(mut self, protocol: impl Into<String>) -> Self {
+        self.config.protocol = Some(protocol.into());
+        self
+    }
+
+    /// Sets the transfer timeout (overrides the config).
+    pub fn transfer_timeout(mut self, timeout: Duration) -> Self {
+        self.config.transfer_timeout_ms = Some(timeout.as_millis().min(u128::from(u64::MAX)) as u64);
+        self
+    }
+
+    /// The transports the engine may install.
+    pub fn transports(mut self, transports: TransportRegistry) -> Self {
+        self.transports = transports;
+        self
+    }
+
+    /// Mutable access to the transport registry.
+    pub fn transports_mut(&mut self) -> &mut TransportRegistry {
+        &mut self.transports
+    }
+
+    /// The metadata backends the engine may connect to by config.
+    pub fn metadata_registry(mut self, registry: MetadataRegistry) -> Self {
+        self.metadata_registry = registry;
+        self
+    }
+
+    /// Uses this metadata backend instead of the one the config names.
+    pub fn metadata(mut self, backend: Arc<dyn MetadataBackend>) -> Self {
+        self.metadata = Some(backend);
+        self
+    }
+
+    /// Uses this resolver chain.
+    pub fn resolvers(mut self, chain: ResolverChain) -> Self {
+        self.resolvers = chain;
+        self
+    }
+
+    /// This process's local rank on its node.
+    pub fn local_rank(mut self, rank: u32) -> Self {
+        self.local_rank = Some(rank);
+        self
+    }
+
+    /// Builds the engine on the current tokio runtime (multi-thread recommended; blocking
+    /// wrappers need one). Fails with [`ErrorKind::InvalidArgument`] outside a runtime.
+    pub async fn build(self) -> Result<TransferEngine> {
+        let handle = tokio::runtime::Handle::try_current()
+            .map_err(|_| Error::invalid("EngineBuilder::build must run inside a tokio runtime; use build_blocking"))?;
+        self.build_on(handle).await
+    }
+
+    /// Builds the engine with its own runtime (two worker threads), for callers that are not
+    /// async. Must not be called from inside a runtime.
+    pub fn build_blocking(self) -> Result<TransferEngine> {
+        if tokio::runtime::Handle::try_current().is_ok() {
+            return Err(Error::invalid("build_blocking called inside an async runtime; use build().await"));
+        }
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("ferry-rt")
+            .enable_all()
+            .build()
+            .map_err(|e| Error::new(ErrorKind::Transport, "cannot start the engine's runtime").with_source(e))?;
+        let handle = rt.handle().clone();
+        rt.block_on(self.build_on(handle))
+            .map(|engine| {
+                *engine.inner.owned_runtime.lock().unwrap_or_else(|p| p.into_inner()) = Some(rt);
+                engine
+            })
+    }
+
+    async fn build_on(self, runtime: tokio::runtime::Handle) -> Result<TransferEngine> {
+        let config = self.config;
+        let server = config.metadata()?;
+        let name = match config.local_segment_name()? {
+            Some(n) => n,
+            None if server == MetadataServer::Embedded || self.metadata.is_some() => {
+                static NEXT: AtomicU64 = AtomicU64::new(0);
+                format!("ferry-{}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed))
+            }
+            None => {
+                return Err(config.field_error(
+                    "local_hostname",
+                    "no segment name: set local_hostname (or role with prefill_url/decode_url, or FERRY_LOCAL_HOSTNAME)",
+                ));
+            }
+        };
+        let primary_factory = self.transports.for_config(&config)?.clone();
+        let metadata = match self.metadata {
+            Some(m) => m,
+            None => self.metadata_registry.connect(&config).await?,
+        };
+        let keys = MetadataKeys::new(config.cluster_id());
+        let instance = new_instance_id();
+        let memory = Arc::new(MemoryRegistry::new());
+        let config = Arc::new(config);
+        let ctx = TransportContext {
+            segment_name: name.clone(),
+            instance: instance.clone(),
+            config: config.clone(),
+            memory: memory.clone(),
+            runtime: runtime.clone(),
+            resolvers: self.resolvers.clone(),
+        };
+        let mut transports: Vec<Arc<dyn Transport>> = Vec::new();
+        for factory in self.transports.companions() {
+            if factory.protocol() != primary_factory.protocol() {
+                transports.push(factory.create(&ctx).await?);
+            }
+        }
+        let primary = primary_factory.create(&ctx).await?;
+        transports.push(primary.clone());
+
+        let inner = Arc::new(EngineInner {
+            name,
+            instance,
+            config,
+            memory,
+            metadata,
+            keys,
+            transports,
+            primary,
+            resolvers: self.resolvers,
+            local_rank: self.local_rank,
+            segments: RwLock::new(SegmentTable::default()),
+            next_handle: AtomicU64::new(1),
+            layouts: RwLock::new(HashMap::new()),
+            next_layout: AtomicU64::new(1),
+            publish_lock: tokio::sync::Mutex::new(()),
+            runtime,
+            owned_runtime: Mutex::new(None),
+            shut_down: AtomicBool::new(false),
+            watch_task: Mutex::new(None),
+        });
+        inner.publish().await?;
+        if let Some(rx) = inner.metadata.watch(inner.keys.prefix()).await? {
+            let task = inner.runtime.spawn(watch_segments(Arc::downgrade(&inner), rx));
+            *inner.watch_task.lock().unwrap_or_else(|p| p.into_inner()) = Some(task);
+        }
+        tracing::info!(segment = %inner.name, protocol = inner.primary.protocol(), metadata = inner.metadata.name(), "engine started");
+        Ok(TransferEngine { inner })
+    }
+}
+
+fn new_instance_id() -> String {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+    format!("{:x}-{:x}-{:x}", std::process::id(), nanos, NEXT.fetch_add(1, Ordering::Relaxed))
+}
+
+#[derive(Default)]
+struct SegmentTable {
+    by_name: HashMap<String, SegmentHandle>,
+    by_handle: HashMap<SegmentHandle, Arc<OpenSegment>>,
+}
+
+/// Identifies a KV layout registered with [`TransferEngine::register_kv_layout`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct KvLayoutId(pub u64);
+
+struct EngineInner {
+    name: String,
+    instance: String,
+    config: Arc<Config>,
+    memory: Arc<MemoryRegistry>,
+    metadata: Arc<dyn MetadataBackend>,
+    keys: MetadataKeys,
+    transports: Vec<Arc<dyn Transport>>,
+    primary: Arc<dyn Transport>,
+    resolvers: ResolverChain,
+    local_rank: Option<u32>,
+    segments: RwLock<SegmentTable>,
+    next_handle: AtomicU64,
+    layouts: RwLock<HashMap<KvLayoutId, Arc<KvLayout>>>,
+    next_layout: AtomicU64,
+    publish_lock: tokio::sync::Mutex<()>,
+    runtime: tokio::runtime::Handle,
+    owned_runtime: Mutex<Option<tokio::runtime::Runtime>>,
+    shut_down: AtomicBool,
+    watch_task: Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+impl Drop for EngineInner {
+    fn drop(&mut self) {
+        if let Some(task) = self.watch_task.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            task.abort();
+        }
+        // Never block in drop (it may run on a runtime thread).
+        if let Some(rt) = self.owned_runtime.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+async fn watch_segments(engine: Weak<EngineInner>, mut rx: tokio::sync::mpsc::Receiver<WatchEvent>) {
+    while let Some(event) = rx.recv().await {
+        let Some(engine) = engine.upgrade() else { return };
+        let Some(name) = engine.keys.segment_name_of(event.key()) else { continue };
+        if name == engine.name {
+            continue;
+        }
+        let table = engine.segments.read().unwrap_or_else(|p| p.into_inner());
+        if let Some(seg) = table.by_name.get(name).and_then(|h| table.by_handle.get(h)) {
+            tracing::debug!(segment = name, "descriptor changed in metadata; cache entry marked stale");
+            seg.mark_stale();
+        }
+    }
+}
+
+impl EngineInner {
+    fn check_open(&self) -> Result<()> {
+        if self.shut_down.load(Ordering::Acquire) {
+            return Err(Error::new(ErrorKind::Shutdown, format!("engine `{}` has been shut down", self.name)));
+        }
+        Ok(())
+    }
+
+    fn descriptor(&self) -> SegmentDescriptor {
+        let mut d = SegmentDescriptor::new(self.name.clone(), self.primary.protocol());
+        d.buffers = self
+            .memory
+            .regions()
+            .iter()
+            .map(|r| BufferDesc {
+                addr: r.addr(),
+                length: r.len(),
+                name: r.location().to_string(),
+                device_id: None,
+                extra: Default::default(),
+            })
+            .collect();
+        d.ferry_instance = Some(self.instance.clone());
+        d.timestamp = Some(timestamp_now());
+        for t in &self.transports {
+            t.publish(&mut d);
+        }
+        d
+    }
+
+    async fn publish(&self) -> Result<()> {
+        let _guard = self.publish_lock.lock().await;
+        let desc = self.descriptor();
+        let key = self.keys.segment(&self.name);
+        self.metadata.put(&key, &desc.to_json()).await.map_err(|e| {
+            Error::new(e.kind(), format!("publishing segment `{}` to {} metadata (key {key}): {}", self.name, self.metadata.name(), e.message()))
+        })?;
+        if let Some(id) = HostnameResolver::parse(&self.name) {
+            let rpc = RpcMeta { ip_or_host_name: id.host.unwrap_or_default(), rpc_port: id.port.unwrap_or(0) };
+            let body = serde_json::to_vec(&rpc).expect("serialisable");
+            self.metadata.put(&self.keys.rpc(&self.name), &body).await?;
+        }
+        Ok(())
+    }
+
+    async fn fetch(&self, name: &str) -> Result<SegmentDescriptor> {
+        let key = self.keys.segment(name);
+        let bytes = self.metadata.get(&key).await.map_err(|e| {
+            Error::new(e.kind(), format!("looking up segment `{name}` in {} metadata: {}", self.metadata.name(), e.message()))
+                .with_source(e)
+        })?;
+        let bytes = bytes.ok_or_else(|| {
+            Error::not_found(format!("segment `{name}` is not published in the {} metadata store (key {key})", self.metadata.name()))
+        })?;
+        SegmentDescriptor::from_json(&key, &bytes)
+    }
+
+    fn pick_transport(&self, desc: &SegmentDescriptor) -> Result<Arc<dyn Transport>> {
+        self.transports.iter().find(|t| t.serves(desc)).cloned().ok_or_else(|| {
+            let installed: Vec<&str> = self.transports.iter().map(|t| t.protocol()).collect();
+            no_transport_for(desc, &installed)
+        })
+    }
+
+    /// Fetches `name` and stores it under its existing handle or a new one.
+    async fn load_segment(&self, name: &str) -> Result<Arc<OpenSegment>> {
+        let desc = self.fetch(name).await?;
+        let transport = self.pick_transport(&desc)?;
+        let mut table = self.segments.write().unwrap_or_else(|p| p.into_inner());
+        let handle = match table.by_name.get(name) {
+            Some(h) => *h,
+            None => {
+                let h = SegmentHandle(self.next_handle.fetch_add(1, Ordering::Relaxed));
+                table.by_name.insert(name.to_owned(), h);
+                h
+            }
+        };
+        let seg = Arc::new(OpenSegment::new(handle, desc, transport));
+        table.by_handle.insert(handle, seg.clone());
+        Ok(seg)
+    }
+
+    fn cached(&self, handle: SegmentHandle) -> Result<Arc<OpenSegment>> {
+        let table = self.segments.read().unwrap_or_else(|p| p.into_inner());
+        table
+            .by_handle
+            .get(&handle)
+            .cloned()
+            .ok_or_else(|| Error::not_found(format!("segment handle {} is not open in this engine", handle.0)))
+    }
+
+    /// The cached segment, refreshed first when it was marked stale.
+    async fn segment_for_use(&self, handle: SegmentHandle) -> Result<Arc<OpenSegment>> {
+        let seg = self.cached(handle)?;
+        if seg.is_stale() {
+            return self.load_segment(seg.name()).await;
+        }
+        Ok(seg)
+    }
+}
+
+/// Formats the current UTC time as Mooncake does: `YYYY-MM-DD HH:MM:SS.micros`.
+fn timestamp_now() -> String {
+    let d = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    let secs = d.as_secs();
+    let days = (secs / 86_400) as i64;
+    let rem = secs % 86_400;
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02}.{:06}",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60,
+        d.subsec_micros()
+    )
+}
+
+/// Ferry's transfer engine: registers local memory, publishes where it lives, opens peers'
+/// segments and moves bytes between them.
+///
+/// Cheap to clone (a handle to shared state). All methods take `&self` and may be called from
+/// any thread. Async methods run on any tokio runtime; the `*_blocking` forms are for callers
+/// outside one (they fail with [`ErrorKind::InvalidArgument`] when called from inside a runtime).
+#[derive(Clone)]
+pub struct TransferEngine {
+    inner: Arc<EngineInner>,
+}
+
+impl std::fmt::Debug for TransferEngine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TransferEngine")
+            .field("segment", &self.inner.name)
+            .field("protocol", &self.inner.primary.protocol())
+            .field("metadata", &self.inner.metadata.name())
+            .finish()
+    }
+}
+
+/// A submitted block transfer: the batch plus the mapping from requests back to blocks.
+#[derive(Debug, Clone)]
+pub struct BlockBatch {
+    batch: Arc<Batch>,
+    runs: Vec<BlockRun>,
+    local_blocks: Vec<u32>,
+}
+
+impl BlockBatch {
+    /// The underlying batch (one request per run).
+    pub fn batch(&self) -> &Arc<Batch> {
+        &self.batch
+    }
+
+    /// The merged runs, in request order.
+    pub fn runs(&self) -> &[BlockRun] {
+        &self.runs
+    }
+
+    /// Local block ids whose transfer failed or was cancelled (in any region), sorted.
+    pub fn failed_blocks(&self) -> Vec<u32> {
+        let mut out = Vec::new();
+        for (i, run) in self.runs.iter().enumerate() {
+            if matches!(
+                self.batch.request_status(i),
+                Some(crate::RequestStatus::Failed(_) | crate::RequestStatus::Cancelled)
+            ) {
+                let first = run.first_pair as usize;
+                out.extend_from_slice(&self.local_blocks[first..first + run.pairs as usize]);
+            }
+        }
+        out.sort_unstable();
+        out.dedup();
+        out
+    }
+
+    /// Waits for every run; `Ok` only when every block moved.
+    pub async fn wait(&self, timeout: Duration) -> Result<()> {
+        self.batch.wait_ok(timeout).await
+    }
+
+    /// Blocking form of [`wait`](Self::wait).
+    pub fn wait_blocking(&self, timeout: Duration) -> Result<()> {
+        self.batch.wait_ok_blocking(timeout)
+    }
+}
+
+impl TransferEngine {
+    /// A builder (no transports pre-installed; see the facade crate for one that has them).
+    pub fn builder() -> EngineBuilder {
+        EngineBuilder::new()
+    }
+
+    /// This engine's segment name.
+    pub fn segment_name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// This engine instance's unique id (published as `ferry_instance`).
+    pub fn instance_id(&self) -> &str {
+        &self.inner.instance
+    }
+
+    /// The effective configuration.
+    pub fn config(&self) -> &Config {
+        &self.inner.config
+    }
+
+    /// The local memory registry.
+    pub fn memory(&self) -> &Arc<MemoryRegistry> {
+        &self.inner.memory
+    }
+
+    /// Protocols of the installed transports, in the order they are tried.
+    pub fn protocols(&self) -> Vec<&str> {
+        self.inner.transports.iter().map(|t| t.protocol()).collect()
+    }
+
+    /// The primary (configured) transport.
+    pub fn primary_transport(&self) -> &Arc<dyn Transport> {
+        &self.inner.primary
+    }
+
+    /// Name of the metadata backend in use.
+    pub fn metadata_backend(&self) -> &str {
+        self.inner.metadata.name()
+    }
+
+    /// The descriptor this engine publishes, as it would be published now.
+    pub fn local_descriptor(&self) -> SegmentDescriptor {
+        self.inner.descriptor()
+    }
+
+    /// Default transfer timeout (from the config).
+    pub fn transfer_timeout(&self) -> Duration {
+        self.inner.config.transfer_timeout()
+    }
+
+    /// Runs `fut` to completion on the engine's runtime, for callers outside any runtime.
+    pub fn block_on<F: Future>(&self, fut: F) -> Result<F::Output> {
+        if tokio::runtime::Handle::try_current().is_ok() {
+            return Err(Error::invalid("a blocking Ferry call was made from inside an async runtime; use the async method"));
+        }
+        Ok(self.inner.runtime.block_on(fut))
+    }
+
+    /// Registers `[addr, addr + len)` at `location` and republishes the descriptor.
+    ///
+    /// Errors: [`ErrorKind::InvalidArgument`] for a zero length, [`ErrorKind::AlreadyExists`]
+    /// for an overlap, a transport's error (the registration is then rolled back).
+    pub async fn register_memory(&self, addr: u64, len: u64, location: Location) -> Result<()> {
+        self.register_memory_batch(&[(addr, len, location)]).await
+    }
+
+    /// Registers several regions: all or none.
+    pub async fn register_memory_batch(&self, regions: &[(u64, u64, Location)]) -> Result<()> {
+        self.inner.check_open()?;
+        if regions.is_empty() {
+            return Err(Error::invalid("no regions to register"));
+        }
+        let added = self.inner.memory.register_batch(regions)?;
+        if let Err(e) = self.attach(&added).await {
+            let addrs: Vec<u64> = added.iter().map(|r| r.addr()).collect();
+            drop(added);
+            let _ = self.inner.memory.unregister_batch(&addrs);
+            return Err(e);
+        }
+        drop(added);
+        if let Err(e) = self.inner.publish().await {
+            let addrs: Vec<u64> = regions.iter().map(|r| r.0).collect();
+            let _ = self.unregister_local(&addrs).await;
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// Tells every transport about new regions; on failure, detaches what was attached.
+    async fn attach(&self, regions: &[Arc<Region>]) -> Result<()> {
+        for (i, region) in regions.iter().enumerate() {
+            for (t_idx, t) in self.inner.transports.iter().enumerate() {
+                if let Err(e) = t.register_memory(region).await {
+                    for t in &self.inner.transports[..t_idx] {
+                        let _ = t.unregister_memory(region).await;
+                    }
+                    for r in &regions[..i] {
+                        for t in &self.inner.transports {
+                            let _ = t.unregister_memory(r).await;
+                        }
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn unregister_local(&self, addrs: &[u64]) -> Result<()> {
+        let removed = self.inner.memory.unregister_batch(addrs)?;
+        for region in &removed {
+            for t in &self.inner.transports {
+                if let Err(e) = t.unregister_memory(region).await {
+                    tracing::warn!(addr = region.addr(), transport = t.protocol(), error = %e, "transport failed to unregister memory");
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Unregisters the region starting at `addr` and republishes.
+    ///
+    /// Errors: [`ErrorKind::NotFound`] when no region starts there, [`ErrorKind::Busy`] while
+    /// requests on it are in flight.
+    pub async fn unregister_memory(&self, addr: u64) -> Result<()> {
+        self.unregister_memory_batch(&[addr]).await
+    }
+
+    /// Unregisters several regions: all or none.
+    pub async fn unregister_memory_batch(&self, addrs: &[u64]) -> Result<()> {
+        self.inner.check_open()?;
+        self.unregister_local(addrs).await?;
+        self.inner.publish().await
+    }
+
+    /// Blocking form of [`register_memory`](Self::register_memory).
+    pub fn register_memory_blocking(&self, addr: u64, len: u64, location: Location) -> Result<()> {
+        self.block_on(self.register_memory(addr, len, location))?
+    }
+
+    /// Blocking form of [`unregister_memory`](Self::unregister_memory).
+    pub fn unregister_memory_blocking(&self, addr: u64) -> Result<()> {
+        self.block_on(self.unregister_memory(addr))?
+    }
+
+    /// Opens the segment `name` (this engine's own name included): looks it up in the cache, or
+    /// fetches its descriptor from metadata and picks the transport that serves it. A cached
+    /// descriptor marked stale (its peer failed, or metadata reported a change) is refetched.
+    ///
+    /// Errors: [`ErrorKind::NotFound`] when it is not published; the backend's error when
+    /// metadata cannot be reached; [`ErrorKind::Unsupported`] when no installed transport
+    /// serves its protocol.
+    pub async fn open_segment(&self, name: &str) -> Result<SegmentHandle> {
+        self.inner.check_open()?;
+        if name.is_empty() {
+            return Err(Error::invalid("segment name is empty"));
+        }
+        let cached = {
+            let table = self.inner.segments.read().unwrap_or_else(|p| p.into_inner());
+            table.by_name.get(name).and_then(|h| table.by_handle.get(h)).cloned()
+        };
+        match cached {
+            Some(seg) if !seg.is_stale() => Ok(seg.handle()),
+            _ => Ok(self.inner.load_segment(name).await?.handle()),
+        }
+    }
+
+    /// Blocking form of [`open_segment`](Self::open_segment).
+    pub fn open_segment_blocking(&self, name: &str) -> Result<SegmentHandle> {
+        self.block_on(self.open_segment(name))?
+    }
+
+    /// Refetches a segment's descriptor now.
+    pub async fn refresh_segment(&self, handle: SegmentHandle) -> Result<()> {
+        let name = self.inner.cached(handle)?.name().to_owned();
+        self.inner.load_segment(&name).await.map(|_| ())
+    }
+
+    /// The opened segment behind `handle`.
+    pub fn segment(&self, handle: SegmentHandle) -> Result<Arc<OpenSegment>> {
+        self.inner.cached(handle)
+    }
+
+    /// Forgets an opened segment (its handle becomes invalid).
+    pub fn close_segment(&self, handle: SegmentHandle) -> Result<()> {
+        let mut table = self.inner.segments.write().unwrap_or_else(|p| p.into_inner());
+        let seg = table
+            .by_handle
+            .remove(&handle)
+            .ok_or_else(|| Error::not_found(format!("segment handle {} is not open", handle.0)))?;
+        table.by_name.remove(seg.name());
+        Ok(())
+    }
+
+    /// Validates and starts a batch of requests.
+    ///
+    /// Every local range must lie in one registered region and every remote range in one buffer
+    /// of the target's descriptor (a failing remote check refetches that descriptor once, since
+    /// the peer may have registered more memory). When any request is invalid, nothing is
+    /// started and the error names the request's index. Returns the batch to poll, await,
+    /// or cancel.
+    pub async fn submit(&self, requests: &[TransferRequest]) -> Result<Arc<Batch>> {
+        self.inner.check_open()?;
+        if requests.is_empty() {
+            return Err(Error::invalid("empty batch: no requests to submit"));
+        }
+        let leases = self
+            .inner
+            .memory
+            .lease_many(requests.iter().map(|r| (r.source, r.length)))
+            .map_err(|(i, e)| request_error(i, e))?;
+
+        // Distinct target segments, in first-use order (usually one).
+        let mut segments: Vec<Arc<OpenSegment>> = Vec::with_capacity(1);
+        let mut slot_of: Vec<u32> = Vec::with_capacity(requests.len());
+        for r in requests {
+            let slot = match segments.iter().position(|s| s.handle() == r.target) {
+                Some(p) => p,
+                None => {
+                    segments.push(self.inner.segment_for_use(r.target).await?);
+                    segments.len() - 1
+                }
+            };
+            slot_of.push(slot as u32);
+        }
+        let mut refreshed = vec![false; segments.len()];
+        'validate: loop {
+            for (i, r) in requests.iter().enumerate() {
+                let slot = slot_of[i] as usize;
+                let seg = &segments[slot];
+                let caps = seg.transport().capabilities();
+                if (r.opcode == Opcode::Read && !caps.read) || (r.opcode == Opcode::Write && !caps.write) {
+                    return Err(request_error(
+                        i,
+                        Error::new(ErrorKind::Unsupported, format!("transport `{}` cannot {:?}", seg.transport().protocol(), r.opcode)),
+                    ));
+                }
+                if let Err(e) = seg.check_remote(r.target_offset, r.length) {
+                    if e.kind() == ErrorKind::OutOfBounds && !refreshed[slot] {
+                        refreshed[slot] = true;
+                        segments[slot] = self.inner.load_segment(seg.name()).await?;
+                        continue 'validate;
+                    }
+                    return Err(request_error(i, e));
+                }
+            }
+            break;
+        }
+
+        let validated: Vec<ValidatedRequest> =
+            requests.iter().zip(leases).map(|(r, local)| ValidatedRequest { request: *r, local }).collect();
+        let batch = Batch::new(validated, segments.clone());
+        if segments.len() == 1 {
+            let indices: Vec<u32> = (0..requests.len() as u32).collect();
+            self.start(&segments[0], &batch, &indices);
+        } else {
+            for (slot, seg) in segments.iter().enumerate() {
+                let indices: Vec<u32> = (0..requests.len() as u32).filter(|&i| slot_of[i as usize] as usize == slot).collect();
+                self.start(seg, &batch, &indices);
+            }
+        }
+        Ok(batch)
+    }
+
+    fn start(&self, seg: &Arc<OpenSegment>, batch: &Arc<Batch>, indices: &[u32]) {
+        if let Err(e) = seg.transport().submit(seg, batch, indices) {
+            batch.fail_all(indices, &e);
+        }
+    }
+
+    /// Blocking form of [`submit`](Self::submit).
+    pub fn submit_blocking(&self, requests: &[TransferRequest]) -> Result<Arc<Batch>> {
+        self.block_on(self.submit(requests))?
+    }
+
+    /// Submits and waits (with the configured transfer timeout); `Ok` only when every request
+    /// completed.
+    pub async fn transfer(&self, requests: &[TransferRequest]) -> Result<()> {
+        let batch = self.submit(requests).await?;
+        batch.wait_ok(self.transfer_timeout()).await
+    }
+
+    /// Blocking form of [`transfer`](Self::transfer).
+    pub fn transfer_blocking(&self, requests: &[TransferRequest]) -> Result<()> {
+        let batch = self.submit_blocking(requests)?;
+        batch.wait_ok_blocking(self.transfer_timeout())
+    }
+
+    /// Registers a KV layout of local memory. Every region's bytes must lie inside one
+    /// registered memory region ([`ErrorKind::OutOfBounds`] otherwise).
+    pub fn register_kv_layout(&self, layout: KvLayout) -> Result<KvLayoutId> {
+        self.inner.check_open()?;
+        let ranges = layout.validate()?;
+        for (i, (base, len)) in ranges.into_iter().enumerate() {
+            self.inner.memory.lease(base, len).map_err(|e| {
+                Error::new(e.kind(), format!("KV layout region {i} ({base:#x}+{len}) is not registered memory: {}", e.message()))
+            })?;
+        }
+        let id = KvLayoutId(self.inner.next_layout.fetch_add(1, Ordering::Relaxed));
+        self.inner.layouts.write().unwrap_or_else(|p| p.into_inner()).insert(id, Arc::new(layout));
+        Ok(id)
+    }
+
+    /// Forgets a KV layout.
+    pub fn unregister_kv_layout(&self, id: KvLayoutId) -> Result<()> {
+        self.inner
+            .layouts
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&id)
+            .map(|_| ())
+            .ok_or_else(|| Error::not_found(format!("KV layout {} is not registered", id.0)))
+    }
+
+    /// The registered layout `id`.
+    pub fn kv_layout(&self, id: KvLayoutId) -> Result<Arc<KvLayout>> {
+        self.inner
+            .layouts
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&id)
+            .cloned()
+            .ok_or_else(|| Error::not_found(format!("KV layout {} is not registered", id.0)))
+    }
+
+    /// Moves blocks between local layout `local` and `remote_layout` of segment `target`
+    /// (the peer's layout, as it described it). Adjacent blocks are merged into one request per
+    /// region; [`BlockBatch::failed_blocks`] names the local blocks that did not move.
+    pub async fn submit_blocks(
+        &self,
+        local: KvLayoutId,
+        target: SegmentHandle,
+        remote_layout: &KvLayout,
+        spec: &BlockTransfer<'_>,
+    ) -> Result<BlockBatch> {
+        let layout = self.kv_layout(local)?;
+        let runs = plan_block_transfer(&layout, remote_layout, spec)?;
+        let requests: Vec<TransferRequest> = runs.iter().map(|r| r.to_request(spec.opcode, target)).collect();
+        let batch = self.submit(&requests).await?;
+        Ok(BlockBatch { batch, runs, local_blocks: spec.local_blocks.to_vec() })
+    }
+
+    /// Blocking form of [`submit_blocks`](Self::submit_blocks).
+    pub fn submit_blocks_blocking(
+        &self,
+        local: KvLayoutId,
+        target: SegmentHandle,
+        remote_layout: &KvLayout,
+        spec: &BlockTransfer<'_>,
+    ) -> Result<BlockBatch> {
+        self.block_on(self.submit_blocks(local, target, remote_layout, spec))?
+    }
+
+    /// Resolves this process's identity through the resolver chain (with the explanation).
+    pub async fn resolve_local(&self) -> Result<Resolution> {
+        let q = ResolveQuery { target: ResolveTarget::Local, local_segment: Some(&self.inner.name), local_rank: self.inner.local_rank };
+        self.inner.resolvers.resolve(&q).await
+    }
+
+    /// Resolves a peer's identity through the resolver chain.
+    pub async fn resolve_peer(&self, segment: &str) -> Result<Resolution> {
+        let q = ResolveQuery { target: ResolveTarget::Peer(segment), local_segment: Some(&self.inner.name), local_rank: self.inner.local_rank };
+        self.inner.resolvers.resolve(&q).await
+    }
+
+    /// Removes this engine's entries from metadata and stops its transports. Later calls fail
+    /// with [`ErrorKind::Shutdown`]. Idempotent.
+    pub async fn shutdown(&self) -> Result<()> {
+        if self.inner.shut_down.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        let mut first_err = None;
+        for key in [self.inner.keys.segment(&self.inner.name), self.inner.keys.rpc(&self.inner.name)] {
+            if let Err(e) = self.inner.metadata.delete(&key).await {
+                first_err.get_or_insert(e);
+            }
+        }
+        for t in &self.inner.transports {
+            t.shutdown().await;
+        }
+        if let Some(task) = self.inner.watch_task.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            task.abort();
+        }
+        first_err.map_or(Ok(()), Err)
+    }
+
+    /// Blocking form of [`shutdown`](Self::shutdown).
+    pub fn shutdown_blocking(&self) -> Result<()> {
+        self.block_on(self.shutdown())?
+    }
+}
+
+fn request_error(i: usize, e: Error) -> Error {
+    Error::new(e.kind(), format!("request {i}: {}; nothing was submitted", e.message()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timestamps_look_like_mooncakes() {
+        let t = timestamp_now();
+        assert_eq!(t.len(), "2026-11-30 06:21:30.151346".len(), "{t}");
+        assert!(t.starts_with("20"), "{t}");
+        assert_eq!(&t[4..5], "-");
+        assert_eq!(&t[10..11], " ");
+    }
+}

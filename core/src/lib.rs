@@ -1,0 +1,44 @@
+//! # ferry-core
+//!
+//! The device-free heart of Ferry, a KV-cache transfer engine for disaggregated LLM serving.
+//! This crate holds no sockets, no FFI and no device code (and no `unsafe`): it defines the three
+//! traits everything else plugs into and the engine that ties them together.
+//!
+//! - [`Transport`]: moves bytes between local registered memory and a remote segment.
+//! - [`MetadataBackend`]: the key/value store where segment descriptors are published.
+//! - [`SegmentResolver`]: turns names and the environment into identities.
+//!
+//! Around them: [`TransferEngine`] (memory registry, segment cache, transport table, metadata
+//! backend, resolver chain), the KV-block API ([`KvLayout`], [`BlockTransfer`]), Mooncake's
+//! descriptor and config formats, and one [`Error`] type with stable [`ErrorKind`]s.
+//!
+//! Most users depend on the `ferry` facade crate instead, which pre-installs the transports
+//! compiled in.
+#![forbid(unsafe_code)]
+
+pub mod batch;
+pub mod config;
+pub mod descriptor;
+pub mod engine;
+pub mod error;
+pub mod kv;
+pub mod memory;
+pub mod metadata;
+pub mod resolver;
+pub mod segment;
+pub mod transport;
+
+pub use batch::{Batch, BatchStatus, Opcode, RequestStatus, SegmentHandle, TransferRequest, ValidatedRequest};
+pub use config::{ByteSize, Config, ConfigStyle, FieldSource, MetadataServer, Role};
+pub use descriptor::{BufferDesc, MetadataKeys, RankInfo, RpcMeta, SegmentDescriptor};
+pub use engine::{BlockBatch, EngineBuilder, KvLayoutId, TransferEngine};
+pub use error::{Error, ErrorKind, Result};
+pub use kv::{BlockRun, BlockSlice, BlockTransfer, KvLayout, KvRegion, plan_block_transfer};
+pub use memory::{Location, MemoryRegistry, Region, RegionLease};
+pub use metadata::{InProcessMetadata, MetadataBackend, MetadataFactory, MetadataRegistry, WatchEvent};
+pub use resolver::{
+    Answer, HostnameResolver, Identity, IdentityField, Resolution, ResolveQuery, ResolveTarget, ResolverChain,
+    SegmentResolver,
+};
+pub use segment::OpenSegment;
+pub use transport::{Capabilities, Transport, TransportContext, TransportFactory, TransportRegistry};

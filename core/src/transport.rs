@@ -1,0 +1,222 @@
+//! The [`Transport`] trait (one implementation per protocol), its factory, and the registry that
+//! picks transports by protocol name at run time.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+
+use crate::batch::Batch;
+use crate::config::Config;
+use crate::descriptor::SegmentDescriptor;
+use crate::error::{Error, Result};
+use crate::memory::{MemoryRegistry, Region};
+use crate::resolver::ResolverChain;
+use crate::segment::OpenSegment;
+
+/// What a transport can do (queried by the engine and by `ferry doctor`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Capabilities {
+    /// Supports [`Opcode::Read`](crate::Opcode::Read).
+    pub read: bool,
+    /// Supports [`Opcode::Write`](crate::Opcode::Write).
+    pub write: bool,
+    /// Can deliver notifications after data lands.
+    pub notifications: bool,
+    /// Can move host memory.
+    pub host_memory: bool,
+    /// Can move device (NPU/GPU) memory.
+    pub device_memory: bool,
+    /// Reaches other processes (false for same-process transports).
+    pub cross_process: bool,
+}
+
+/// What a transport is given when the engine creates it.
+#[derive(Clone)]
+pub struct TransportContext {
+    /// This engine's segment name.
+    pub segment_name: String,
+    /// Unique id of this engine instance (published as `ferry_instance`).
+    pub instance: String,
+    /// The engine's configuration.
+    pub config: Arc<Config>,
+    /// The engine's local memory registry (authoritative for local bounds checks).
+    pub memory: Arc<MemoryRegistry>,
+    /// Runtime on which the transport may spawn tasks.
+    pub runtime: tokio::runtime::Handle,
+    /// Identity resolvers.
+    pub resolvers: ResolverChain,
+}
+
+impl std::fmt::Debug for TransportContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TransportContext")
+            .field("segment_name", &self.segment_name)
+            .field("instance", &self.instance)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Moves bytes between local registered memory and a remote segment. One implementation per
+/// protocol; object-safe.
+///
+/// # Contract
+/// - The engine has already checked every request: the local range lies in a registered region
+///   (the request holds a lease on it, so it cannot be unregistered meanwhile) and the remote
+///   range lies in a buffer of the target's descriptor. A transport that can see the target's
+///   live registry checks again against it; one that cannot relies on the peer to reject.
+/// - [`submit`](Transport::submit) must not block on I/O: it queues the requests (or, for a
+///   memcpy transport, finishes them) and returns. After it returns `Ok`, the transport reports
+///   exactly one outcome per index through [`Batch::complete`], within the configured transfer
+///   timeout. When it returns `Err`, it has started none of them and the engine fails them all.
+/// - A transport checks [`Batch::is_cancelled`] before starting each request.
+///
+/// # Errors
+/// Outcomes use [`ErrorKind::PeerUnreachable`](crate::ErrorKind::PeerUnreachable) when the peer is
+/// gone (the engine then refreshes the peer's descriptor), `Timeout`, `OutOfBounds` when the
+/// peer rejects the address, and `Transport` for anything else, with the cause attached.
+///
+/// # Threading
+/// `Send + Sync`; every method may be called concurrently from any thread.
+#[async_trait]
+pub trait Transport: Send + Sync + 'static {
+    /// Protocol name (`local`, `tcp`, `ascend`, ...), as written in descriptors.
+    fn protocol(&self) -> &str;
+
+    /// What this transport can do.
+    fn capabilities(&self) -> Capabilities;
+
+    /// Whether this transport can reach the segment described by `target`. The default accepts
+    /// descriptors of its own protocol; a same-process transport overrides it.
+    fn serves(&self, target: &SegmentDescriptor) -> bool {
+        target.protocol == self.protocol()
+    }
+
+    /// Adds what peers need (ports, rank info) to this engine's descriptor before publication.
+    fn publish(&self, descriptor: &mut SegmentDescriptor) {
+        let _ = descriptor;
+    }
+
+    /// Called after a region is added to the engine's registry; an error rolls the
+    /// registration back.
+    async fn register_memory(&self, region: &Region) -> Result<()> {
+        let _ = region;
+        Ok(())
+    }
+
+    /// Called before a region is removed from the engine's registry.
+    async fn unregister_memory(&self, region: &Region) -> Result<()> {
+        let _ = region;
+        Ok(())
+    }
+
+    /// Prepares the connection to `target` ahead of the first transfer (optional warm-up).
+    async fn connect(&self, target: &OpenSegment) -> Result<()> {
+        let _ = target;
+        Ok(())
+    }
+
+    /// Starts requests `indices` of `batch`, all addressed to `target`.
+    fn submit(&self, target: &Arc<OpenSegment>, batch: &Arc<Batch>, indices: &[u32]) -> Result<()>;
+
+    /// Stops serving; pending requests fail with [`ErrorKind::Shutdown`](crate::ErrorKind::Shutdown).
+    async fn shutdown(&self) {}
+}
+
+/// Creates a transport for an engine.
+#[async_trait]
+pub trait TransportFactory: Send + Sync + 'static {
+    /// Protocol name this factory serves.
+    fn protocol(&self) -> &'static str;
+
+    /// Other names accepted in a config (`hccl` for `ascend`).
+    fn aliases(&self) -> &'static [&'static str] {
+        &[]
+    }
+
+    /// True for transports installed beside whatever protocol is configured (the same-process
+    /// shortcut); they are tried before the primary transport.
+    fn companion(&self) -> bool {
+        false
+    }
+
+    /// Creates the transport (binding listeners and the like).
+    async fn create(&self, ctx: &TransportContext) -> Result<Arc<dyn Transport>>;
+}
+
+/// Transport factories by protocol name.
+#[derive(Clone, Default)]
+pub struct TransportRegistry {
+    factories: Vec<Arc<dyn TransportFactory>>,
+}
+
+impl std::fmt::Debug for TransportRegistry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.protocols()).finish()
+    }
+}
+
+impl TransportRegistry {
+    /// An empty registry.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds a factory; one with the same protocol replaces the earlier one.
+    pub fn install(&mut self, factory: Arc<dyn TransportFactory>) {
+        self.factories.retain(|f| f.protocol() != factory.protocol());
+        self.factories.push(factory);
+    }
+
+    /// Builder form of [`install`](Self::install).
+    pub fn with(mut self, factory: Arc<dyn TransportFactory>) -> Self {
+        self.install(factory);
+        self
+    }
+
+    /// Installed protocol names (aliases excluded), sorted.
+    pub fn protocols(&self) -> Vec<&'static str> {
+        let mut p: Vec<_> = self.factories.iter().map(|f| f.protocol()).collect();
+        p.sort_unstable();
+        p
+    }
+
+    /// The factory for `name` (a protocol or an alias, case-insensitive).
+    pub fn find(&self, name: &str) -> Option<&Arc<dyn TransportFactory>> {
+        self.factories
+            .iter()
+            .find(|f| f.protocol().eq_ignore_ascii_case(name) || f.aliases().iter().any(|a| a.eq_ignore_ascii_case(name)))
+    }
+
+    /// Factories marked [`companion`](TransportFactory::companion).
+    pub fn companions(&self) -> impl Iterator<Item = &Arc<dyn TransportFactory>> {
+        self.factories.iter().filter(|f| f.companion())
+    }
+
+    /// The factory for the config's protocol, or a config error listing what is installed.
+    pub fn for_config(&self, config: &Config) -> Result<&Arc<dyn TransportFactory>> {
+        let name = config.protocol();
+        self.find(name).ok_or_else(|| {
+            let installed = self.protocols();
+            config.field_error(
+                "protocol",
+                &format!(
+                    "unknown protocol {name:?}; installed: {}",
+                    if installed.is_empty() { "none".to_owned() } else { installed.join(", ") }
+                ),
+            )
+        })
+    }
+}
+
+/// Builds the error for a segment no installed transport serves.
+pub(crate) fn no_transport_for(desc: &SegmentDescriptor, installed: &[&str]) -> Error {
+    Error::new(
+        crate::ErrorKind::Unsupported,
+        format!(
+            "segment `{}` is served over protocol {:?}, which this engine has not installed (installed: {})",
+            desc.name,
+            desc.protocol,
+            installed.join(", ")
+        ),
+    )
+}
