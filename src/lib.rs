@@ -1,1 +1,76 @@
-//! facade
+//! # Ferry
+//!
+//! Ferry moves KV cache (and any registered memory) between processes and machines for
+//! prefill/decode-disaggregated LLM serving. It speaks Mooncake Transfer Engine's formats, so a
+//! Ferry node can share a metadata service with Mooncake nodes.
+//!
+//! This is the facade crate: the one dependency a user adds. It re-exports the engine from
+//! `ferry-core` and, behind features, each transport:
+//!
+//! | feature | transport | default |
+//! |---|---|---|
+//! | `local` | same-process memcpy (`local`) | yes |
+//! | `null`  | no-op, for measuring engine overhead (`null`) | no |
+//!
+//! ```
+//! use ferry::{BlockTransfer, KvLayout, Location, Opcode};
+//!
+//! # fn main() -> ferry::Result<()> {
+//! // Two engines on the embedded default (in-process metadata, `local` transport).
+//! let prefill = ferry::builder().build_blocking()?;
+//! let decode = ferry::builder().build_blocking()?;
+//!
+//! // A KV cache of 8 blocks of 64 bytes on each side, registered once.
+//! let mut src = vec![7u8; 8 * 64];
+//! let mut dst = vec![0u8; 8 * 64];
+//! let (src_addr, dst_addr) = (src.as_mut_ptr() as u64, dst.as_mut_ptr() as u64);
+//! prefill.register_memory_blocking(src_addr, src.len() as u64, Location::Cpu(0))?;
+//! decode.register_memory_blocking(dst_addr, dst.len() as u64, Location::Cpu(0))?;
+//! let local = decode.register_kv_layout(KvLayout::uniform(&[dst_addr], 8, 64))?;
+//! let remote = KvLayout::uniform(&[src_addr], 8, 64);
+//!
+//! // Decode pulls prefill's blocks 2 and 3 into its blocks 0 and 1 (one merged request).
+//! let peer = decode.open_segment_blocking(prefill.segment_name())?;
+//! let spec = BlockTransfer { opcode: Opcode::Read, local_blocks: &[0, 1], remote_blocks: &[2, 3],
+//!                            local_slice: None, remote_slice: None };
+//! let batch = decode.submit_blocks_blocking(local, peer, &remote, &spec)?;
+//! batch.wait_blocking(decode.transfer_timeout())?;
+//! assert_eq!(batch.runs().len(), 1);
+//! assert!(dst[..128].iter().all(|&b| b == 7) && dst[128..].iter().all(|&b| b == 0));
+//! # Ok(()) }
+//! ```
+#![forbid(unsafe_code)]
+
+pub use ferry_core::*;
+
+/// The transport crates compiled into this build.
+pub mod transports {
+    #[cfg(feature = "local")]
+    pub use ferry_transport_local as local;
+    #[cfg(feature = "null")]
+    pub use ferry_transport_null as null;
+}
+
+/// A transport registry holding every transport compiled in.
+pub fn default_transports() -> TransportRegistry {
+    #[allow(unused_mut)]
+    let mut registry = TransportRegistry::new();
+    #[cfg(feature = "local")]
+    registry.install(std::sync::Arc::new(ferry_transport_local::LocalTransportFactory));
+    #[cfg(feature = "null")]
+    registry.install(std::sync::Arc::new(ferry_transport_null::NullTransportFactory));
+    registry
+}
+
+/// A metadata registry holding every metadata backend compiled in (the embedded in-process
+/// backend is always available).
+pub fn default_metadata() -> MetadataRegistry {
+    MetadataRegistry::new()
+}
+
+/// An engine builder on the embedded default config with every compiled-in transport and
+/// metadata backend available. Replace the config with `.config(Config::discover()?)` to
+/// honour `MOONCAKE_CONFIG_PATH` and the environment overrides.
+pub fn builder() -> EngineBuilder {
+    EngineBuilder::new().transports(default_transports()).metadata_registry(default_metadata())
+}

@@ -213,6 +213,7 @@ impl EngineBuilder {
             shut_down: AtomicBool::new(false),
             watch_task: Mutex::new(None),
         });
+        inner.refuse_live_namesake().await?;
         inner.publish().await?;
         if let Some(rx) = inner.metadata.watch(inner.keys.prefix()).await? {
             let task = inner.runtime.spawn(watch_segments(Arc::downgrade(&inner), rx));
@@ -292,6 +293,24 @@ impl EngineInner {
     fn check_open(&self) -> Result<()> {
         if self.shut_down.load(Ordering::Acquire) {
             return Err(Error::new(ErrorKind::Shutdown, format!("engine `{}` has been shut down", self.name)));
+        }
+        Ok(())
+    }
+
+    /// Refuses to publish over a descriptor that a live engine of this process owns (same
+    /// name, same metadata namespace). A descriptor left by a process that died, or by this
+    /// engine's predecessor after a restart, is replaced as Mooncake does.
+    async fn refuse_live_namesake(&self) -> Result<()> {
+        let key = self.keys.segment(&self.name);
+        let Ok(Some(bytes)) = self.metadata.get(&key).await else { return Ok(()) };
+        let Ok(existing) = SegmentDescriptor::from_json(&key, &bytes) else { return Ok(()) };
+        let live_here =
+            self.transports.iter().any(|t| !t.capabilities().cross_process && t.serves(&existing));
+        if live_here && existing.ferry_instance.as_deref() != Some(&self.instance) {
+            return Err(Error::new(
+                ErrorKind::AlreadyExists,
+                format!("segment name `{}` is already published by a live engine of this process (key {key})", self.name),
+            ));
         }
         Ok(())
     }
@@ -838,13 +857,21 @@ impl TransferEngine {
 
     /// Resolves this process's identity through the resolver chain (with the explanation).
     pub async fn resolve_local(&self) -> Result<Resolution> {
-        let q = ResolveQuery { target: ResolveTarget::Local, local_segment: Some(&self.inner.name), local_rank: self.inner.local_rank };
+        let q = ResolveQuery {
+            target: ResolveTarget::Local,
+            local_segment: Some(self.inner.name.clone()),
+            local_rank: self.inner.local_rank,
+        };
         self.inner.resolvers.resolve(&q).await
     }
 
     /// Resolves a peer's identity through the resolver chain.
     pub async fn resolve_peer(&self, segment: &str) -> Result<Resolution> {
-        let q = ResolveQuery { target: ResolveTarget::Peer(segment), local_segment: Some(&self.inner.name), local_rank: self.inner.local_rank };
+        let q = ResolveQuery {
+            target: ResolveTarget::Peer(segment.to_owned()),
+            local_segment: Some(self.inner.name.clone()),
+            local_rank: self.inner.local_rank,
+        };
         self.inner.resolvers.resolve(&q).await
     }
 

@@ -10,31 +10,31 @@ use async_trait::async_trait;
 use crate::error::{Error, Result};
 
 /// Whose identity is asked for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ResolveTarget<'a> {
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ResolveTarget {
     /// This process.
     Local,
     /// The owner of the named segment.
-    Peer(&'a str),
+    Peer(String),
 }
 
 /// A question put to resolvers.
-#[derive(Debug, Clone, Copy)]
-pub struct ResolveQuery<'a> {
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResolveQuery {
     /// Whose identity.
-    pub target: ResolveTarget<'a>,
+    pub target: ResolveTarget,
     /// This process's segment name, if known.
-    pub local_segment: Option<&'a str>,
+    pub local_segment: Option<String>,
     /// This process's local rank on its node (`LOCAL_RANK`), if known.
     pub local_rank: Option<u32>,
 }
 
-impl<'a> ResolveQuery<'a> {
+impl ResolveQuery {
     /// The segment name the query is about (the peer's, or ours for `Local`).
-    pub fn segment_name(&self) -> Option<&'a str> {
-        match self.target {
+    pub fn segment_name(&self) -> Option<&str> {
+        match &self.target {
             ResolveTarget::Peer(name) => Some(name),
-            ResolveTarget::Local => self.local_segment,
+            ResolveTarget::Local => self.local_segment.as_deref(),
         }
     }
 }
@@ -148,7 +148,7 @@ pub trait SegmentResolver: Send + Sync + 'static {
     fn name(&self) -> &str;
 
     /// Answers what it can of `query`.
-    async fn resolve(&self, query: &ResolveQuery<'_>) -> Result<Identity>;
+    async fn resolve(&self, query: &ResolveQuery) -> Result<Identity>;
 }
 
 /// One line of an explanation: which resolver supplied which field.
@@ -221,7 +221,7 @@ impl ResolverChain {
     }
 
     /// Asks every link and merges the answers. A link's error stops the chain and names it.
-    pub async fn resolve(&self, query: &ResolveQuery<'_>) -> Result<Resolution> {
+    pub async fn resolve(&self, query: &ResolveQuery) -> Result<Resolution> {
         let mut res = Resolution::default();
         for link in &self.links {
             res.consulted.push(link.name().to_owned());
@@ -275,7 +275,7 @@ impl SegmentResolver for HostnameResolver {
         "hostname"
     }
 
-    async fn resolve(&self, query: &ResolveQuery<'_>) -> Result<Identity> {
+    async fn resolve(&self, query: &ResolveQuery) -> Result<Identity> {
         Ok(query.segment_name().and_then(Self::parse).unwrap_or_default())
     }
 }
@@ -302,7 +302,7 @@ mod tests {
         fn name(&self) -> &str {
             self.0
         }
-        async fn resolve(&self, _: &ResolveQuery<'_>) -> Result<Identity> {
+        async fn resolve(&self, _: &ResolveQuery) -> Result<Identity> {
             Ok(self.1.clone())
         }
     }
@@ -311,7 +311,7 @@ mod tests {
     async fn chain_merges_and_explains() {
         let env = Identity { physical_device: Some(6), rank: Some(2), ..Identity::default() };
         let chain = ResolverChain::with_defaults().with(Arc::new(Fixed("env", env)));
-        let q = ResolveQuery { target: ResolveTarget::Local, local_segment: Some("10.1.1.1:9000:npu_3"), local_rank: None };
+        let q = ResolveQuery { target: ResolveTarget::Local, local_segment: Some("10.1.1.1:9000:npu_3".into()), local_rank: None };
         let r = chain.resolve(&q).await.unwrap();
         assert_eq!(r.identity.physical_device, Some(3), "the earlier link wins");
         assert_eq!(r.identity.rank, Some(2));

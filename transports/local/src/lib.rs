@@ -24,7 +24,6 @@ use ferry_core::{
 pub const PROTOCOL: &str = "local";
 
 struct LiveEngine {
-    segment: String,
     memory: Weak<MemoryRegistry>,
 }
 
@@ -56,13 +55,7 @@ impl TransportFactory for LocalTransportFactory {
     async fn create(&self, ctx: &TransportContext) -> Result<Arc<dyn Transport>> {
         let mut dir = directory().lock().unwrap_or_else(|p| p.into_inner());
         dir.retain(|_, e| e.memory.strong_count() > 0);
-        if let Some((other, _)) = dir.iter().find(|(_, e)| e.segment == ctx.segment_name) {
-            return Err(Error::new(
-                ErrorKind::AlreadyExists,
-                format!("segment name `{}` is already used by a live engine of this process (instance {other})", ctx.segment_name),
-            ));
-        }
-        dir.insert(ctx.instance.clone(), LiveEngine { segment: ctx.segment_name.clone(), memory: Arc::downgrade(&ctx.memory) });
+        dir.insert(ctx.instance.clone(), LiveEngine { memory: Arc::downgrade(&ctx.memory) });
         Ok(Arc::new(LocalTransport { instance: ctx.instance.clone() }))
     }
 }

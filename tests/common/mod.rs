@@ -1,0 +1,48 @@
+//! Helpers shared by the integration tests.
+#![allow(dead_code, unreachable_pub)]
+
+use std::sync::Arc;
+
+use ferry::{EngineBuilder, InProcessMetadata, MetadataBackend, TransferEngine};
+
+/// A heap buffer whose address is registered with an engine. Kept alive for the test.
+pub struct Buffer {
+    data: Vec<u8>,
+}
+
+impl Buffer {
+    pub fn filled(len: usize, seed: u8) -> Self {
+        Self { data: (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect() }
+    }
+    pub fn zeroed(len: usize) -> Self {
+        Self { data: vec![0; len] }
+    }
+    pub fn addr(&self) -> u64 {
+        self.data.as_ptr() as u64
+    }
+    pub fn len(&self) -> u64 {
+        self.data.len() as u64
+    }
+    /// Reads the current contents (the engine writes through raw pointers).
+    pub fn bytes(&self) -> &[u8] {
+        // Keep the compiler from assuming nothing changed since the last read.
+        std::hint::black_box(&self.data)
+    }
+}
+
+/// Builder with every transport and a private metadata store (tests do not share state).
+pub fn builder(meta: &Arc<InProcessMetadata>) -> EngineBuilder {
+    ferry::builder().transports(all_transports()).metadata(meta.clone() as Arc<dyn MetadataBackend>)
+}
+
+pub fn all_transports() -> ferry::TransportRegistry {
+    ferry::default_transports()
+        .with(Arc::new(ferry_transport_local::LocalTransportFactory))
+        .with(Arc::new(ferry_transport_null::NullTransportFactory))
+}
+
+pub async fn pair(meta: &Arc<InProcessMetadata>) -> (TransferEngine, TransferEngine) {
+    let a = builder(meta).segment_name("prefill").build().await.unwrap();
+    let b = builder(meta).segment_name("decode").build().await.unwrap();
+    (a, b)
+}

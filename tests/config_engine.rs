@@ -1,0 +1,82 @@
+//! Engines built from mooncake.json files: what works, and the errors a bad file gets.
+
+mod common;
+
+use std::path::PathBuf;
+
+use common::builder;
+use ferry::{Config, ErrorKind, InProcessMetadata};
+
+fn write(name: &str, text: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("ferry-config-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let p = dir.join(name);
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+#[tokio::test]
+async fn an_unknown_protocol_names_the_file_the_line_and_what_is_installed() {
+    let p = write("rdma.json", "{\n  \"local_hostname\": \"10.0.0.2:17000\",\n  \"protocol\": \"rdma\"\n}\n");
+    let cfg = Config::from_file(&p).unwrap();
+    let e = builder(&InProcessMetadata::new()).config(cfg).build().await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Config);
+    let m = e.message();
+    assert!(m.contains(&p.display().to_string()), "{m}");
+    assert!(m.contains("`protocol` at line 3 column 3"), "{m}");
+    assert!(m.contains("installed: local, null"), "{m}");
+}
+
+#[tokio::test]
+async fn a_store_style_file_builds_an_engine_named_by_local_hostname() {
+    let p = write(
+        "store.json",
+        r#"{"local_hostname": "127.0.0.1:17500", "protocol": "local", "global_segment_size": "1GB",
+            "local_buffer_size": 1048576, "master_server_address": "127.0.0.1:50051"}"#,
+    );
+    let cfg = Config::from_file(&p).unwrap();
+    let e = builder(&InProcessMetadata::new()).config(cfg).build().await.unwrap();
+    assert_eq!(e.segment_name(), "127.0.0.1:17500");
+    assert_eq!(e.config().global_segment_size.unwrap().0, 1 << 30);
+}
+
+#[tokio::test]
+async fn a_connector_style_file_needs_a_role_and_a_metadata_backend_that_is_built_in() {
+    let p = write(
+        "connector.json",
+        r#"{"prefill_url": "127.0.0.1:13003", "decode_url": "127.0.0.1:13004",
+            "metadata_server": "127.0.0.1:2379", "metadata_backend": "etcd", "protocol": "local"}"#,
+    );
+    let path = p.display().to_string();
+    let no_role = Config::discover_with(|k| (k == "MOONCAKE_CONFIG_PATH").then(|| path.clone())).unwrap();
+    let e = ferry::builder().config(no_role).build().await.unwrap_err();
+    assert!(e.message().contains("FERRY_ROLE"), "{e}");
+    let with_role = Config::discover_with(|k| match k {
+        "MOONCAKE_CONFIG_PATH" => Some(path.clone()),
+        "FERRY_ROLE" => Some("prefill".into()),
+        _ => None,
+    })
+    .unwrap();
+    assert_eq!(with_role.local_segment_name().unwrap().as_deref(), Some("127.0.0.1:13003"));
+    // etcd is not compiled into this build: the error says so instead of hanging or guessing.
+    let e = ferry::builder().config(with_role).build().await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Config);
+    assert!(e.message().contains("etcd metadata backend is not built"), "{e}");
+}
+
+#[test]
+fn malformed_and_partial_files_are_config_errors() {
+    for (name, text, needle) in [
+        ("trunc.json", "{\"protocol\": \"tcp\"", "not valid JSON"),
+        ("type.json", "{\"transfer_timeout_ms\": \"soon\"}", "transfer_timeout_ms"),
+        ("array.json", "[1, 2]", "line 1"),
+        ("empty.json", "", "not valid JSON"),
+    ] {
+        let p = write(name, text);
+        let e = Config::from_file(&p).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Config, "{name}");
+        assert!(e.message().contains(name) && e.message().contains(needle), "{name}: {e}");
+    }
+    let e = Config::from_file("/nonexistent/ferry.json").unwrap_err();
+    assert!(e.message().contains("/nonexistent/ferry.json"), "{e}");
+}

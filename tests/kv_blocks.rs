@@ -1,0 +1,204 @@
+//! The KV-block API end to end: only the named blocks move, adjacent blocks merge into one
+//! request, and failures are reported per block.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use common::{Buffer, builder, pair};
+use ferry::{
+    Batch, BlockSlice, BlockTransfer, Capabilities, Error, ErrorKind, InProcessMetadata, KvLayout, Location,
+    OpenSegment, Opcode, Transport, TransportContext, TransportFactory,
+};
+
+const BLOCKS: u32 = 32;
+const BLOCK_LEN: u64 = 256;
+const T: Duration = Duration::from_secs(5);
+
+/// Two layers, K and V each: four regions of `BLOCKS` blocks.
+fn kv_cache(seed: u8) -> Vec<Buffer> {
+    (0..4).map(|r| Buffer::filled((BLOCKS as u64 * BLOCK_LEN) as usize, seed.wrapping_add(r))).collect()
+}
+
+fn block(buf: &Buffer, id: u32) -> &[u8] {
+    &buf.bytes()[(id as u64 * BLOCK_LEN) as usize..((id + 1) as u64 * BLOCK_LEN) as usize]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn selected_blocks_move_in_both_directions_and_nothing_else() {
+    let meta = InProcessMetadata::new();
+    let (prefill, decode) = pair(&meta).await;
+    let p_cache = kv_cache(10);
+    let d_cache: Vec<Buffer> = (0..4).map(|_| Buffer::zeroed((BLOCKS as u64 * BLOCK_LEN) as usize)).collect();
+    let regs = |c: &Vec<Buffer>| c.iter().map(|b| (b.addr(), b.len(), Location::Cpu(0))).collect::<Vec<_>>();
+    prefill.register_memory_batch(&regs(&p_cache)).await.unwrap();
+    decode.register_memory_batch(&regs(&d_cache)).await.unwrap();
+    let bases = |c: &Vec<Buffer>| c.iter().map(Buffer::addr).collect::<Vec<_>>();
+    let d_layout = decode.register_kv_layout(KvLayout::uniform(&bases(&d_cache), BLOCKS, BLOCK_LEN)).unwrap();
+    let p_layout = KvLayout::uniform(&bases(&p_cache), BLOCKS, BLOCK_LEN);
+    let peer = decode.open_segment("prefill").await.unwrap();
+
+    // Decode pulls prefill blocks 3,4,5,9 into its blocks 0,1,2,7.
+    let (local, remote) = ([0u32, 1, 2, 7], [3u32, 4, 5, 9]);
+    let spec = BlockTransfer { opcode: Opcode::Read, local_blocks: &local, remote_blocks: &remote, local_slice: None, remote_slice: None };
+    let kb = decode.submit_blocks(d_layout, peer, &p_layout, &spec).await.unwrap();
+    assert_eq!(kb.runs().len(), 8, "one merged run of three blocks and one single block, per region");
+    kb.wait(T).await.unwrap();
+    assert!(kb.failed_blocks().is_empty());
+    for r in 0..4 {
+        for (l, rm) in local.iter().zip(&remote) {
+            assert_eq!(block(&d_cache[r], *l), block(&p_cache[r], *rm), "region {r} block {l}");
+        }
+        for id in (0..BLOCKS).filter(|i| !local.contains(i)) {
+            assert!(block(&d_cache[r], id).iter().all(|&b| b == 0), "untouched block {id} of region {r} changed");
+        }
+    }
+
+    // Decode pushes its block 7 (a copy of prefill's 9) into prefill's block 30.
+    let before: Vec<Vec<u8>> = p_cache.iter().map(|b| b.bytes().to_vec()).collect();
+    let spec = BlockTransfer { opcode: Opcode::Write, local_blocks: &[7], remote_blocks: &[30], local_slice: None, remote_slice: None };
+    decode.submit_blocks(d_layout, peer, &p_layout, &spec).await.unwrap().wait(T).await.unwrap();
+    for r in 0..4 {
+        assert_eq!(block(&p_cache[r], 30), &before[r][9 * BLOCK_LEN as usize..10 * BLOCK_LEN as usize]);
+        assert_eq!(&p_cache[r].bytes()[..30 * BLOCK_LEN as usize], &before[r][..30 * BLOCK_LEN as usize]);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heterogeneous_parallelism_reads_half_blocks() {
+    let meta = InProcessMetadata::new();
+    let (prefill, decode) = pair(&meta).await;
+    // Prefill (TP=1) holds full 256-byte blocks; decode rank 1 of TP=2 holds 128-byte halves.
+    let p = Buffer::filled((BLOCKS as u64 * BLOCK_LEN) as usize, 1);
+    let d = Buffer::zeroed((BLOCKS as u64 * BLOCK_LEN / 2) as usize);
+    prefill.register_memory(p.addr(), p.len(), Location::Cpu(0)).await.unwrap();
+    decode.register_memory(d.addr(), d.len(), Location::Cpu(0)).await.unwrap();
+    let dl = decode.register_kv_layout(KvLayout::uniform(&[d.addr()], BLOCKS, BLOCK_LEN / 2)).unwrap();
+    let pl = KvLayout::uniform(&[p.addr()], BLOCKS, BLOCK_LEN);
+    let peer = decode.open_segment("prefill").await.unwrap();
+    let spec = BlockTransfer {
+        opcode: Opcode::Read,
+        local_blocks: &[0, 1],
+        remote_blocks: &[4, 5],
+        local_slice: None,
+        remote_slice: Some(BlockSlice { offset: BLOCK_LEN / 2, len: BLOCK_LEN / 2 }),
+    };
+    let kb = decode.submit_blocks(dl, peer, &pl, &spec).await.unwrap();
+    assert_eq!(kb.runs().len(), 2, "half blocks are not contiguous, so they do not merge");
+    kb.wait(T).await.unwrap();
+    let half = (BLOCK_LEN / 2) as usize;
+    assert_eq!(&d.bytes()[..half], &block(&p, 4)[half..]);
+    assert_eq!(&d.bytes()[half..2 * half], &block(&p, 5)[half..]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_block_requests_get_distinct_errors() {
+    let meta = InProcessMetadata::new();
+    let (prefill, decode) = pair(&meta).await;
+    let p = Buffer::filled(8 * 64, 1);
+    let d = Buffer::zeroed(8 * 64);
+    prefill.register_memory(p.addr(), p.len(), Location::Cpu(0)).await.unwrap();
+    decode.register_memory(d.addr(), d.len(), Location::Cpu(0)).await.unwrap();
+    // A layout reaching past registered memory is refused at registration.
+    let e = decode.register_kv_layout(KvLayout::uniform(&[d.addr()], 9, 64)).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::OutOfBounds, "{e}");
+    let dl = decode.register_kv_layout(KvLayout::uniform(&[d.addr()], 8, 64)).unwrap();
+    let peer = decode.open_segment("prefill").await.unwrap();
+    let spec = |l: &'static [u32], r: &'static [u32]| BlockTransfer { opcode: Opcode::Read, local_blocks: l, remote_blocks: r, local_slice: None, remote_slice: None };
+
+    let good = KvLayout::uniform(&[p.addr()], 8, 64);
+    let e = decode.submit_blocks(dl, peer, &good, &spec(&[8], &[0])).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::OutOfBounds);
+    let e = decode.submit_blocks(dl, peer, &good, &spec(&[0, 1], &[0])).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+    let e = decode.submit_blocks(dl, peer, &KvLayout::uniform(&[p.addr()], 8, 32), &spec(&[0], &[0])).await.unwrap_err();
+    assert!(e.message().contains("length mismatch"), "{e}");
+    // A remote layout that claims more than the peer published is caught by the remote check.
+    let e = decode.submit_blocks(dl, peer, &KvLayout::uniform(&[p.addr()], 100, 64), &spec(&[0], &[50])).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::OutOfBounds);
+    assert!(e.message().contains("remote range"), "{e}");
+    let e = decode.submit_blocks(ferry::KvLayoutId(999), peer, &good, &spec(&[0], &[0])).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::NotFound);
+    decode.unregister_kv_layout(dl).unwrap();
+    assert_eq!(decode.unregister_kv_layout(dl).unwrap_err().kind(), ErrorKind::NotFound);
+    assert!(d.bytes().iter().all(|&b| b == 0));
+}
+
+/// Fails every request that touches one poisoned remote address range; completes the rest.
+struct Poisoned {
+    bad: std::ops::Range<u64>,
+}
+
+#[async_trait]
+impl Transport for Poisoned {
+    fn protocol(&self) -> &str {
+        "poisoned"
+    }
+    fn capabilities(&self) -> Capabilities {
+        Capabilities { read: true, write: true, host_memory: true, cross_process: true, ..Default::default() }
+    }
+    fn submit(&self, _t: &Arc<OpenSegment>, batch: &Arc<Batch>, indices: &[u32]) -> ferry::Result<()> {
+        for &i in indices {
+            let r = batch.request(i as usize).request;
+            let hit = r.target_offset < self.bad.end && self.bad.start < r.target_offset + r.length;
+            batch.complete(i as usize, if hit { Err(Error::transport("link error")) } else { Ok(()) });
+        }
+        Ok(())
+    }
+}
+
+struct PoisonedFactory(std::ops::Range<u64>);
+#[async_trait]
+impl TransportFactory for PoisonedFactory {
+    fn protocol(&self) -> &'static str {
+        "poisoned"
+    }
+    async fn create(&self, _: &TransportContext) -> ferry::Result<Arc<dyn Transport>> {
+        Ok(Arc::new(Poisoned { bad: self.0.clone() }))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failures_are_reported_per_block() {
+    let meta = InProcessMetadata::new();
+    let remote_base = 0x4000_0000u64;
+    // Remote block 9 of region 1 is poisoned.
+    let poison = remote_base + 0x10_0000 + 9 * BLOCK_LEN;
+    let reg = ferry::TransportRegistry::new().with(Arc::new(PoisonedFactory(poison..poison + 1)));
+    let remote = {
+        let mut d = ferry::SegmentDescriptor::new("far", "poisoned");
+        for r in 0..2u64 {
+            d.buffers.push(ferry::BufferDesc {
+                addr: remote_base + r * 0x10_0000,
+                length: BLOCKS as u64 * BLOCK_LEN,
+                name: "cpu:0".into(),
+                device_id: None,
+                extra: Default::default(),
+            });
+        }
+        d
+    };
+    ferry::MetadataBackend::put(&*meta, "mooncake/ram/far", &remote.to_json()).await.unwrap();
+    let e = builder(&meta).transports(reg).protocol("poisoned").build().await.unwrap();
+    let bufs: Vec<Buffer> = (0..2).map(|_| Buffer::zeroed((BLOCKS as u64 * BLOCK_LEN) as usize)).collect();
+    e.register_memory_batch(&bufs.iter().map(|b| (b.addr(), b.len(), Location::Cpu(0))).collect::<Vec<_>>()).await.unwrap();
+    let ll = e.register_kv_layout(KvLayout::uniform(&[bufs[0].addr(), bufs[1].addr()], BLOCKS, BLOCK_LEN)).unwrap();
+    let rl = KvLayout::uniform(&[remote_base, remote_base + 0x10_0000], BLOCKS, BLOCK_LEN);
+    let peer = e.open_segment("far").await.unwrap();
+    // Pairs: 0<-1, 1<-2, 2<-8, 3<-9, 4<-10, 20<-20. Runs per region: [0,1]<-[1,2], [2,3,4]<-[8,9,10], [20]<-[20].
+    let spec = BlockTransfer {
+        opcode: Opcode::Read,
+        local_blocks: &[0, 1, 2, 3, 4, 20],
+        remote_blocks: &[1, 2, 8, 9, 10, 20],
+        local_slice: None,
+        remote_slice: None,
+    };
+    let kb = e.submit_blocks(ll, peer, &rl, &spec).await.unwrap();
+    assert_eq!(kb.runs().len(), 6);
+    let err = kb.wait(T).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Transport);
+    // The run carrying remote block 9 of region 1 failed; it also carried blocks 8 and 10.
+    assert_eq!(kb.failed_blocks(), vec![2, 3, 4]);
+}

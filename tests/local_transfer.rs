@@ -1,0 +1,208 @@
+//! Engines in one process moving data through the `local` transport, and the bad inputs that
+//! must be refused before a byte moves.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{Buffer, builder, pair};
+use ferry::{ErrorKind, InProcessMetadata, Location, Opcode, SegmentDescriptor, TransferRequest};
+
+const T: Duration = Duration::from_secs(5);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_and_write_between_two_engines() {
+    let meta = InProcessMetadata::new();
+    let (prefill, decode) = pair(&meta).await;
+    let src = Buffer::filled(1 << 20, 3);
+    let dst = Buffer::zeroed(1 << 20);
+    prefill.register_memory(src.addr(), src.len(), Location::Cpu(0)).await.unwrap();
+    decode.register_memory(dst.addr(), dst.len(), Location::Cpu(0)).await.unwrap();
+
+    let peer = decode.open_segment("prefill").await.unwrap();
+    assert_eq!(decode.segment(peer).unwrap().transport().protocol(), "local");
+    // Read the second half of prefill's buffer into the first half of ours.
+    let half = src.len() / 2;
+    let batch = decode
+        .submit(&[TransferRequest { opcode: Opcode::Read, source: dst.addr(), target: peer, target_offset: src.addr() + half, length: half }])
+        .await
+        .unwrap();
+    let status = batch.wait(T).await.unwrap();
+    assert!(status.is_success(), "{status:?}");
+    assert_eq!(&dst.bytes()[..half as usize], &src.bytes()[half as usize..]);
+    assert!(dst.bytes()[half as usize..].iter().all(|&b| b == 0), "nothing beyond the request was written");
+
+    // Write it back elsewhere in prefill's buffer.
+    decode
+        .transfer(&[TransferRequest { opcode: Opcode::Write, source: dst.addr(), target: peer, target_offset: src.addr(), length: 4096 }])
+        .await
+        .unwrap();
+    assert_eq!(&src.bytes()[..4096], &src.bytes()[half as usize..half as usize + 4096]);
+    assert!(batch.elapsed() > Duration::ZERO);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_reaches_its_own_segment_by_memcpy() {
+    let meta = InProcessMetadata::new();
+    let e = builder(&meta).protocol("null").segment_name("self").build().await.unwrap();
+    assert_eq!(e.protocols(), vec!["local", "null"], "local is tried before the configured protocol");
+    let buf = Buffer::filled(8192, 9);
+    e.register_memory(buf.addr(), buf.len(), Location::Any).await.unwrap();
+    let me = e.open_segment("self").await.unwrap();
+    assert_eq!(e.segment(me).unwrap().transport().protocol(), "local");
+    // Overlapping copy within one region (memmove semantics).
+    let expect: Vec<u8> = buf.bytes()[..4096].to_vec();
+    e.transfer(&[TransferRequest { opcode: Opcode::Write, source: buf.addr(), target: me, target_offset: buf.addr() + 100, length: 4096 }])
+        .await
+        .unwrap();
+    assert_eq!(&buf.bytes()[100..4196], &expect[..]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_requests_are_refused_before_any_byte_moves() {
+    let meta = InProcessMetadata::new();
+    let (prefill, decode) = pair(&meta).await;
+    let src = Buffer::filled(4096, 1);
+    let dst = Buffer::zeroed(4096);
+    prefill.register_memory(src.addr(), src.len(), Location::Cpu(0)).await.unwrap();
+    decode.register_memory(dst.addr(), dst.len(), Location::Cpu(0)).await.unwrap();
+    let peer = decode.open_segment("prefill").await.unwrap();
+    let req = |source, target_offset, length| TransferRequest { opcode: Opcode::Read, source, target: peer, target_offset, length };
+
+    let cases = [
+        (vec![req(dst.addr(), src.addr(), 0)], ErrorKind::InvalidArgument, "zero-length"),
+        (vec![req(dst.addr() + 4000, src.addr(), 200)], ErrorKind::OutOfBounds, "past the end"),
+        (vec![req(8, src.addr(), 8)], ErrorKind::OutOfBounds, "not inside any registered region"),
+        (vec![req(dst.addr(), src.addr() + 4000, 200)], ErrorKind::OutOfBounds, "remote range"),
+        (vec![req(dst.addr(), src.addr(), 10), req(dst.addr() + 10, src.addr() + 5000, 1)], ErrorKind::OutOfBounds, "request 1"),
+        (vec![], ErrorKind::InvalidArgument, "empty batch"),
+    ];
+    for (reqs, kind, needle) in cases {
+        let e = decode.submit(&reqs).await.unwrap_err();
+        assert_eq!(e.kind(), kind, "{e}");
+        assert!(e.to_string().contains(needle), "{e} should mention {needle}");
+    }
+    assert!(dst.bytes().iter().all(|&b| b == 0), "nothing was copied");
+
+    let unknown = ferry::SegmentHandle(9999);
+    assert_eq!(decode.submit(&[TransferRequest { target: unknown, ..req(dst.addr(), src.addr(), 1) }]).await.unwrap_err().kind(), ErrorKind::NotFound);
+    let e = decode.open_segment("nobody").await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::NotFound);
+    assert!(e.message().contains("mooncake/ram/nobody"), "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_owners_live_registry_is_checked_again() {
+    let meta = InProcessMetadata::new();
+    let (prefill, decode) = pair(&meta).await;
+    let src = Buffer::filled(4096, 1);
+    let dst = Buffer::zeroed(4096);
+    prefill.register_memory(src.addr(), src.len(), Location::Cpu(0)).await.unwrap();
+    decode.register_memory(dst.addr(), dst.len(), Location::Cpu(0)).await.unwrap();
+    let peer = decode.open_segment("prefill").await.unwrap();
+    // The peer gives the memory back after we cached its descriptor.
+    prefill.unregister_memory(src.addr()).await.unwrap();
+    let batch = decode
+        .submit(&[TransferRequest { opcode: Opcode::Read, source: dst.addr(), target: peer, target_offset: src.addr(), length: 16 }])
+        .await
+        .unwrap();
+    let e = batch.wait_ok(T).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::OutOfBounds, "{e}");
+    assert!(dst.bytes().iter().all(|&b| b == 0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_descriptor_cache_refreshes_when_the_peer_grows() {
+    let meta = InProcessMetadata::new();
+    let (prefill, decode) = pair(&meta).await;
+    let a = Buffer::filled(4096, 1);
+    let b = Buffer::filled(4096, 2);
+    let dst = Buffer::zeroed(4096);
+    prefill.register_memory(a.addr(), a.len(), Location::Cpu(0)).await.unwrap();
+    decode.register_memory(dst.addr(), dst.len(), Location::Cpu(0)).await.unwrap();
+    let peer = decode.open_segment("prefill").await.unwrap();
+    assert_eq!(decode.segment(peer).unwrap().descriptor().buffers.len(), 1);
+    prefill.register_memory(b.addr(), b.len(), Location::Cpu(0)).await.unwrap();
+    decode
+        .transfer(&[TransferRequest { opcode: Opcode::Read, source: dst.addr(), target: peer, target_offset: b.addr(), length: 4096 }])
+        .await
+        .unwrap();
+    assert_eq!(dst.bytes(), b.bytes());
+    assert_eq!(decode.segment(peer).unwrap().descriptor().buffers.len(), 2, "same handle, new descriptor");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_peer_is_unreachable_and_device_memory_is_refused() {
+    let meta = InProcessMetadata::new();
+    let (prefill, decode) = pair(&meta).await;
+    let src = Buffer::filled(4096, 1);
+    let dst = Buffer::zeroed(4096);
+    prefill.register_memory(src.addr(), src.len(), Location::Npu(0)).await.unwrap();
+    decode.register_memory(dst.addr(), dst.len(), Location::Cpu(0)).await.unwrap();
+    let peer = decode.open_segment("prefill").await.unwrap();
+    let req = TransferRequest { opcode: Opcode::Read, source: dst.addr(), target: peer, target_offset: src.addr(), length: 8 };
+    let e = decode.transfer(&[req]).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Unsupported, "{e}");
+    assert!(e.message().contains("npu:0"), "{e}");
+
+    drop(prefill);
+    // The descriptor is still in metadata, but its engine is gone: nothing serves it now.
+    let e = decode.transfer(&[req]).await.unwrap_err();
+    assert!(matches!(e.kind(), ErrorKind::PeerUnreachable | ErrorKind::Unsupported), "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn segment_names_are_unique_in_a_process_and_shutdown_unpublishes() {
+    let meta = InProcessMetadata::new();
+    let a = builder(&meta).segment_name("same").build().await.unwrap();
+    let e = builder(&meta).segment_name("same").build().await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::AlreadyExists, "{e}");
+    let key = "mooncake/ram/same";
+    let stored = ferry::MetadataBackend::get(&*meta, key).await.unwrap().unwrap();
+    let desc = SegmentDescriptor::from_json(key, &stored).unwrap();
+    assert_eq!(desc.protocol, "local");
+    assert_eq!(desc.ferry_instance.as_deref(), Some(a.instance_id()));
+    a.shutdown().await.unwrap();
+    assert!(ferry::MetadataBackend::get(&*meta, key).await.unwrap().is_none());
+    assert_eq!(a.open_segment("same").await.unwrap_err().kind(), ErrorKind::Shutdown);
+    // The name is free again.
+    drop(a);
+    builder(&meta).segment_name("same").build().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn host_port_names_publish_an_rpc_entry_and_cluster_ids_prefix_keys() {
+    let meta = InProcessMetadata::new();
+    let mut b = builder(&meta).segment_name("127.0.0.1:17123");
+    b.config_mut().cluster_id = Some("blue".into());
+    let _e = b.build().await.unwrap();
+    let rpc = ferry::MetadataBackend::get(&*meta, "mooncake/blue/rpc_meta/127.0.0.1:17123").await.unwrap().unwrap();
+    let rpc: ferry::RpcMeta = serde_json::from_slice(&rpc).unwrap();
+    assert_eq!(rpc, ferry::RpcMeta { ip_or_host_name: "127.0.0.1".into(), rpc_port: 17123 });
+    assert!(meta.keys().contains(&"mooncake/blue/ram/127.0.0.1:17123".to_owned()));
+}
+
+#[test]
+fn blocking_api_outside_a_runtime() {
+    let meta = InProcessMetadata::new();
+    let a = builder(&meta).segment_name("blk-a").build_blocking().unwrap();
+    let b = builder(&meta).segment_name("blk-b").build_blocking().unwrap();
+    let src = Buffer::filled(1024, 5);
+    let dst = Buffer::zeroed(1024);
+    a.register_memory_blocking(src.addr(), src.len(), Location::Cpu(0)).unwrap();
+    b.register_memory_blocking(dst.addr(), dst.len(), Location::Cpu(0)).unwrap();
+    let peer = b.open_segment_blocking("blk-a").unwrap();
+    b.transfer_blocking(&[TransferRequest { opcode: Opcode::Read, source: dst.addr(), target: peer, target_offset: src.addr(), length: 1024 }])
+        .unwrap();
+    assert_eq!(dst.bytes(), src.bytes());
+    b.unregister_memory_blocking(dst.addr()).unwrap();
+    a.shutdown_blocking().unwrap();
+}
+
+#[tokio::test]
+async fn blocking_calls_inside_a_runtime_are_an_error_not_a_panic() {
+    let meta = InProcessMetadata::new();
+    let e = builder(&meta).build().await.unwrap();
+    assert_eq!(e.open_segment_blocking("x").unwrap_err().kind(), ErrorKind::InvalidArgument);
+    assert_eq!(builder(&meta).build_blocking().unwrap_err().kind(), ErrorKind::InvalidArgument);
+}
