@@ -1,0 +1,126 @@
+//! `ferry doctor`: validates a config and prints what Ferry resolved from it, field by field,
+//! with where each value came from and which resolver answered each identity field.
+
+use std::path::PathBuf;
+
+use anyhow::Result;
+use clap::Args;
+use ferry::{Config, FieldSource, MetadataServer, ResolveQuery, ResolveTarget, ResolverChain};
+
+/// Options of `ferry doctor`.
+#[derive(Debug, Args)]
+pub(crate) struct DoctorArgs {
+    /// Config file (default: $MOONCAKE_CONFIG_PATH, else the embedded default).
+    #[arg(long, short)]
+    config: Option<PathBuf>,
+    /// This process's local rank (default: $LOCAL_RANK).
+    #[arg(long, env = "LOCAL_RANK")]
+    local_rank: Option<u32>,
+}
+
+fn source(cfg: &Config, field: &str) -> String {
+    match cfg.source_of(field) {
+        Some(FieldSource::Api) | None => "default".to_owned(),
+        Some(s) => s.to_string(),
+    }
+}
+
+pub(crate) async fn run(args: DoctorArgs) -> Result<std::process::ExitCode> {
+    let env = |k: &str| std::env::var(k).ok();
+    let loaded = match &args.config {
+        Some(path) => Config::from_file(path).and_then(|mut c| c.apply_env(env).map(|_| c)),
+        None => Config::discover_with(env),
+    };
+    let cfg = match loaded {
+        Ok(c) => c,
+        Err(e) => {
+            println!("config: INVALID");
+            println!("  {}", e.message());
+            return Ok(std::process::ExitCode::FAILURE);
+        }
+    };
+    let mut problems: Vec<String> = Vec::new();
+    let transports = ferry::default_transports();
+    let metadata = ferry::default_metadata();
+
+    match cfg.path() {
+        Some(p) => println!("config:           {} ({} style)", p.display(), cfg.style()),
+        None => println!("config:           embedded default (no file; set MOONCAKE_CONFIG_PATH or --config)"),
+    }
+
+    match cfg.local_segment_name() {
+        Ok(Some(name)) => println!("segment name:     {name}  [{}]", source(&cfg, "local_hostname").replace("default", "role URL")),
+        Ok(None) => println!("segment name:     (generated at start: ferry-<pid>-<n>)"),
+        Err(e) => problems.push(e.message().to_owned()),
+    }
+
+    let protocol = cfg.protocol();
+    match transports.for_config(&cfg) {
+        Ok(f) => println!("protocol:         {} [{}] -> transport `{}` (installed)", protocol, source(&cfg, "protocol"), f.protocol()),
+        Err(e) => problems.push(e.message().to_owned()),
+    }
+    let companions: Vec<&str> = transports.companions().map(|f| f.protocol()).filter(|p| *p != protocol).collect();
+    if !companions.is_empty() {
+        println!("also installed:   {} (tried first for same-process peers)", companions.join(", "));
+    }
+    println!("transports built: {}", transports.protocols().join(", "));
+
+    match cfg.metadata() {
+        Ok(server) => {
+            let detail = match &server {
+                MetadataServer::Embedded => "in-process store (no server)".to_owned(),
+                MetadataServer::P2pHandshake => "P2P handshake (descriptors fetched from peers)".to_owned(),
+                MetadataServer::Http(u) => format!("HTTP {u}"),
+                MetadataServer::Etcd(eps) => format!("etcd {}", eps.join(", ")),
+                MetadataServer::Redis(u) => format!("Redis {u}"),
+                other => format!("{other:?}"),
+            };
+            println!("metadata:         {detail} [{}]", source(&cfg, "metadata_server"));
+            if !metadata.kinds().contains(&server.kind()) {
+                problems.push(format!(
+                    "metadata backend `{}` is not built into this binary (available: {})",
+                    server.kind(),
+                    metadata.kinds().join(", ")
+                ));
+            }
+        }
+        Err(e) => problems.push(e.message().to_owned()),
+    }
+    let keys = ferry::MetadataKeys::new(cfg.cluster_id());
+    println!("key prefix:       {} [{}]", keys.prefix(), source(&cfg, "cluster_id"));
+    println!("transfer timeout: {:?} [{}]", cfg.transfer_timeout(), source(&cfg, "transfer_timeout_ms"));
+    if let Some(d) = &cfg.device_name {
+        println!("device_name:      {d:?}");
+    }
+    if let Some(m) = &cfg.master_server_address {
+        println!("master (store):   {m} (read; not used by the transfer engine)");
+    }
+    let unknown = cfg.unknown_fields();
+    if !unknown.is_empty() {
+        println!("unknown fields:   {} (kept, not used)", unknown.join(", "));
+    }
+
+    let chain = ResolverChain::with_defaults();
+    let local_segment = cfg.local_segment_name().ok().flatten();
+    let query = ResolveQuery { target: ResolveTarget::Local, local_segment, local_rank: args.local_rank };
+    println!("identity (resolver chain: {}):", chain.names().join(" -> "));
+    match chain.resolve(&query).await {
+        Ok(res) => {
+            for line in res.to_string().lines() {
+                println!("  {line}");
+            }
+        }
+        Err(e) => problems.push(e.message().to_owned()),
+    }
+
+    if problems.is_empty() {
+        println!("status:           OK");
+        Ok(std::process::ExitCode::SUCCESS)
+    } else {
+        println!("status:           {} problem(s)", problems.len());
+        for p in &problems {
+            println!("  - {p}");
+        }
+        Ok(std::process::ExitCode::FAILURE)
+    }
+}
