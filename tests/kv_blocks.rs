@@ -9,8 +9,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use common::{Buffer, builder, pair};
 use ferry::{
-    Batch, BlockSlice, BlockTransfer, Capabilities, Error, ErrorKind, InProcessMetadata, KvLayout, Location,
-    OpenSegment, Opcode, Transport, TransportContext, TransportFactory,
+    Batch, BlockSlice, BlockTransfer, Capabilities, Error, ErrorKind, InProcessMetadata, KvLayout, Location, Opcode,
+    OpenSegment, Transport, TransportContext, TransportFactory,
 };
 
 const BLOCKS: u32 = 32;
@@ -42,7 +42,13 @@ async fn selected_blocks_move_in_both_directions_and_nothing_else() {
 
     // Decode pulls prefill blocks 3,4,5,9 into its blocks 0,1,2,7.
     let (local, remote) = ([0u32, 1, 2, 7], [3u32, 4, 5, 9]);
-    let spec = BlockTransfer { opcode: Opcode::Read, local_blocks: &local, remote_blocks: &remote, local_slice: None, remote_slice: None };
+    let spec = BlockTransfer {
+        opcode: Opcode::Read,
+        local_blocks: &local,
+        remote_blocks: &remote,
+        local_slice: None,
+        remote_slice: None,
+    };
     let kb = decode.submit_blocks(d_layout, peer, &p_layout, &spec).await.unwrap();
     assert_eq!(kb.runs().len(), 8, "one merged run of three blocks and one single block, per region");
     kb.wait(T).await.unwrap();
@@ -58,7 +64,13 @@ async fn selected_blocks_move_in_both_directions_and_nothing_else() {
 
     // Decode pushes its block 7 (a copy of prefill's 9) into prefill's block 30.
     let before: Vec<Vec<u8>> = p_cache.iter().map(|b| b.bytes().to_vec()).collect();
-    let spec = BlockTransfer { opcode: Opcode::Write, local_blocks: &[7], remote_blocks: &[30], local_slice: None, remote_slice: None };
+    let spec = BlockTransfer {
+        opcode: Opcode::Write,
+        local_blocks: &[7],
+        remote_blocks: &[30],
+        local_slice: None,
+        remote_slice: None,
+    };
     decode.submit_blocks(d_layout, peer, &p_layout, &spec).await.unwrap().wait(T).await.unwrap();
     for r in 0..4 {
         assert_eq!(block(&p_cache[r], 30), &before[r][9 * BLOCK_LEN as usize..10 * BLOCK_LEN as usize]);
@@ -106,17 +118,25 @@ async fn bad_block_requests_get_distinct_errors() {
     assert_eq!(e.kind(), ErrorKind::OutOfBounds, "{e}");
     let dl = decode.register_kv_layout(KvLayout::uniform(&[d.addr()], 8, 64)).unwrap();
     let peer = decode.open_segment("prefill").await.unwrap();
-    let spec = |l: &'static [u32], r: &'static [u32]| BlockTransfer { opcode: Opcode::Read, local_blocks: l, remote_blocks: r, local_slice: None, remote_slice: None };
+    let spec = |l: &'static [u32], r: &'static [u32]| BlockTransfer {
+        opcode: Opcode::Read,
+        local_blocks: l,
+        remote_blocks: r,
+        local_slice: None,
+        remote_slice: None,
+    };
 
     let good = KvLayout::uniform(&[p.addr()], 8, 64);
     let e = decode.submit_blocks(dl, peer, &good, &spec(&[8], &[0])).await.unwrap_err();
     assert_eq!(e.kind(), ErrorKind::OutOfBounds);
     let e = decode.submit_blocks(dl, peer, &good, &spec(&[0, 1], &[0])).await.unwrap_err();
     assert_eq!(e.kind(), ErrorKind::InvalidArgument);
-    let e = decode.submit_blocks(dl, peer, &KvLayout::uniform(&[p.addr()], 8, 32), &spec(&[0], &[0])).await.unwrap_err();
+    let e =
+        decode.submit_blocks(dl, peer, &KvLayout::uniform(&[p.addr()], 8, 32), &spec(&[0], &[0])).await.unwrap_err();
     assert!(e.message().contains("length mismatch"), "{e}");
     // A remote layout that claims more than the peer published is caught by the remote check.
-    let e = decode.submit_blocks(dl, peer, &KvLayout::uniform(&[p.addr()], 100, 64), &spec(&[0], &[50])).await.unwrap_err();
+    let e =
+        decode.submit_blocks(dl, peer, &KvLayout::uniform(&[p.addr()], 100, 64), &spec(&[0], &[50])).await.unwrap_err();
     assert_eq!(e.kind(), ErrorKind::OutOfBounds);
     assert!(e.message().contains("remote range"), "{e}");
     let e = decode.submit_blocks(ferry::KvLayoutId(999), peer, &good, &spec(&[0], &[0])).await.unwrap_err();
@@ -183,7 +203,9 @@ async fn failures_are_reported_per_block() {
     ferry::MetadataBackend::put(&*meta, "mooncake/ram/far", &remote.to_json()).await.unwrap();
     let e = builder(&meta).transports(reg).protocol("poisoned").build().await.unwrap();
     let bufs: Vec<Buffer> = (0..2).map(|_| Buffer::zeroed((BLOCKS as u64 * BLOCK_LEN) as usize)).collect();
-    e.register_memory_batch(&bufs.iter().map(|b| (b.addr(), b.len(), Location::Cpu(0))).collect::<Vec<_>>()).await.unwrap();
+    e.register_memory_batch(&bufs.iter().map(|b| (b.addr(), b.len(), Location::Cpu(0))).collect::<Vec<_>>())
+        .await
+        .unwrap();
     let ll = e.register_kv_layout(KvLayout::uniform(&[bufs[0].addr(), bufs[1].addr()], BLOCKS, BLOCK_LEN)).unwrap();
     let rl = KvLayout::uniform(&[remote_base, remote_base + 0x10_0000], BLOCKS, BLOCK_LEN);
     let peer = e.open_segment("far").await.unwrap();

@@ -24,7 +24,13 @@ async fn read_and_write_between_two_engines() {
     // Read the second half of prefill's buffer into the first half of ours.
     let half = src.len() / 2;
     let batch = decode
-        .submit(&[TransferRequest { opcode: Opcode::Read, source: dst.addr(), target: peer, target_offset: src.addr() + half, length: half }])
+        .submit(&[TransferRequest {
+            opcode: Opcode::Read,
+            source: dst.addr(),
+            target: peer,
+            target_offset: src.addr() + half,
+            length: half,
+        }])
         .await
         .unwrap();
     let status = batch.wait(T).await.unwrap();
@@ -34,7 +40,13 @@ async fn read_and_write_between_two_engines() {
 
     // Write it back elsewhere in prefill's buffer.
     decode
-        .transfer(&[TransferRequest { opcode: Opcode::Write, source: dst.addr(), target: peer, target_offset: src.addr(), length: 4096 }])
+        .transfer(&[TransferRequest {
+            opcode: Opcode::Write,
+            source: dst.addr(),
+            target: peer,
+            target_offset: src.addr(),
+            length: 4096,
+        }])
         .await
         .unwrap();
     assert_eq!(&src.bytes()[..4096], &src.bytes()[half as usize..half as usize + 4096]);
@@ -52,9 +64,15 @@ async fn an_engine_reaches_its_own_segment_by_memcpy() {
     assert_eq!(e.segment(me).unwrap().transport().protocol(), "local");
     // Overlapping copy within one region (memmove semantics).
     let expect: Vec<u8> = buf.bytes()[..4096].to_vec();
-    e.transfer(&[TransferRequest { opcode: Opcode::Write, source: buf.addr(), target: me, target_offset: buf.addr() + 100, length: 4096 }])
-        .await
-        .unwrap();
+    e.transfer(&[TransferRequest {
+        opcode: Opcode::Write,
+        source: buf.addr(),
+        target: me,
+        target_offset: buf.addr() + 100,
+        length: 4096,
+    }])
+    .await
+    .unwrap();
     assert_eq!(&buf.bytes()[100..4196], &expect[..]);
 }
 
@@ -67,14 +85,24 @@ async fn bad_requests_are_refused_before_any_byte_moves() {
     prefill.register_memory(src.addr(), src.len(), Location::Cpu(0)).await.unwrap();
     decode.register_memory(dst.addr(), dst.len(), Location::Cpu(0)).await.unwrap();
     let peer = decode.open_segment("prefill").await.unwrap();
-    let req = |source, target_offset, length| TransferRequest { opcode: Opcode::Read, source, target: peer, target_offset, length };
+    let req = |source, target_offset, length| TransferRequest {
+        opcode: Opcode::Read,
+        source,
+        target: peer,
+        target_offset,
+        length,
+    };
 
     let cases = [
         (vec![req(dst.addr(), src.addr(), 0)], ErrorKind::InvalidArgument, "zero-length"),
         (vec![req(dst.addr() + 4000, src.addr(), 200)], ErrorKind::OutOfBounds, "past the end"),
         (vec![req(8, src.addr(), 8)], ErrorKind::OutOfBounds, "not inside any registered region"),
         (vec![req(dst.addr(), src.addr() + 4000, 200)], ErrorKind::OutOfBounds, "remote range"),
-        (vec![req(dst.addr(), src.addr(), 10), req(dst.addr() + 10, src.addr() + 5000, 1)], ErrorKind::OutOfBounds, "request 1"),
+        (
+            vec![req(dst.addr(), src.addr(), 10), req(dst.addr() + 10, src.addr() + 5000, 1)],
+            ErrorKind::OutOfBounds,
+            "request 1",
+        ),
         (vec![], ErrorKind::InvalidArgument, "empty batch"),
     ];
     for (reqs, kind, needle) in cases {
@@ -85,7 +113,14 @@ async fn bad_requests_are_refused_before_any_byte_moves() {
     assert!(dst.bytes().iter().all(|&b| b == 0), "nothing was copied");
 
     let unknown = ferry::SegmentHandle(9999);
-    assert_eq!(decode.submit(&[TransferRequest { target: unknown, ..req(dst.addr(), src.addr(), 1) }]).await.unwrap_err().kind(), ErrorKind::NotFound);
+    assert_eq!(
+        decode
+            .submit(&[TransferRequest { target: unknown, ..req(dst.addr(), src.addr(), 1) }])
+            .await
+            .unwrap_err()
+            .kind(),
+        ErrorKind::NotFound
+    );
     let e = decode.open_segment("nobody").await.unwrap_err();
     assert_eq!(e.kind(), ErrorKind::NotFound);
     assert!(e.message().contains("mooncake/ram/nobody"), "{e}");
@@ -103,7 +138,13 @@ async fn the_owners_live_registry_is_checked_again() {
     // The peer gives the memory back after we cached its descriptor.
     prefill.unregister_memory(src.addr()).await.unwrap();
     let batch = decode
-        .submit(&[TransferRequest { opcode: Opcode::Read, source: dst.addr(), target: peer, target_offset: src.addr(), length: 16 }])
+        .submit(&[TransferRequest {
+            opcode: Opcode::Read,
+            source: dst.addr(),
+            target: peer,
+            target_offset: src.addr(),
+            length: 16,
+        }])
         .await
         .unwrap();
     let e = batch.wait_ok(T).await.unwrap_err();
@@ -124,7 +165,13 @@ async fn the_descriptor_cache_refreshes_when_the_peer_grows() {
     assert_eq!(decode.segment(peer).unwrap().descriptor().buffers.len(), 1);
     prefill.register_memory(b.addr(), b.len(), Location::Cpu(0)).await.unwrap();
     decode
-        .transfer(&[TransferRequest { opcode: Opcode::Read, source: dst.addr(), target: peer, target_offset: b.addr(), length: 4096 }])
+        .transfer(&[TransferRequest {
+            opcode: Opcode::Read,
+            source: dst.addr(),
+            target: peer,
+            target_offset: b.addr(),
+            length: 4096,
+        }])
         .await
         .unwrap();
     assert_eq!(dst.bytes(), b.bytes());
@@ -140,7 +187,13 @@ async fn a_dropped_peer_is_unreachable_and_device_memory_is_refused() {
     prefill.register_memory(src.addr(), src.len(), Location::Npu(0)).await.unwrap();
     decode.register_memory(dst.addr(), dst.len(), Location::Cpu(0)).await.unwrap();
     let peer = decode.open_segment("prefill").await.unwrap();
-    let req = TransferRequest { opcode: Opcode::Read, source: dst.addr(), target: peer, target_offset: src.addr(), length: 8 };
+    let req = TransferRequest {
+        opcode: Opcode::Read,
+        source: dst.addr(),
+        target: peer,
+        target_offset: src.addr(),
+        length: 8,
+    };
     let e = decode.transfer(&[req]).await.unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Unsupported, "{e}");
     assert!(e.message().contains("npu:0"), "{e}");
@@ -192,8 +245,14 @@ fn blocking_api_outside_a_runtime() {
     a.register_memory_blocking(src.addr(), src.len(), Location::Cpu(0)).unwrap();
     b.register_memory_blocking(dst.addr(), dst.len(), Location::Cpu(0)).unwrap();
     let peer = b.open_segment_blocking("blk-a").unwrap();
-    b.transfer_blocking(&[TransferRequest { opcode: Opcode::Read, source: dst.addr(), target: peer, target_offset: src.addr(), length: 1024 }])
-        .unwrap();
+    b.transfer_blocking(&[TransferRequest {
+        opcode: Opcode::Read,
+        source: dst.addr(),
+        target: peer,
+        target_offset: src.addr(),
+        length: 1024,
+    }])
+    .unwrap();
     assert_eq!(dst.bytes(), src.bytes());
     b.unregister_memory_blocking(dst.addr()).unwrap();
     a.shutdown_blocking().unwrap();

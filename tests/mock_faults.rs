@@ -10,9 +10,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use common::Buffer;
 use ferry::{
-    Batch, Capabilities, Error, ErrorKind, Identity, InProcessMetadata, Location, MetadataBackend, OpenSegment,
-    Opcode, ResolveQuery, ResolverChain, SegmentDescriptor, SegmentResolver, TransferRequest, Transport,
-    TransportContext, TransportFactory, TransportRegistry, WatchEvent,
+    Batch, Capabilities, Error, ErrorKind, Identity, InProcessMetadata, Location, MetadataBackend, Opcode, OpenSegment,
+    ResolveQuery, ResolverChain, SegmentDescriptor, SegmentResolver, TransferRequest, Transport, TransportContext,
+    TransportFactory, TransportRegistry, WatchEvent,
 };
 use mockall::mock;
 
@@ -67,8 +67,13 @@ impl TransportFactory for Fixed {
 
 fn wire_basics(w: &mut MockWire) {
     w.expect_protocol().return_const("wire".to_owned());
-    w.expect_capabilities()
-        .return_const(Capabilities { read: true, write: true, host_memory: true, cross_process: true, ..Default::default() });
+    w.expect_capabilities().return_const(Capabilities {
+        read: true,
+        write: true,
+        host_memory: true,
+        cross_process: true,
+        ..Default::default()
+    });
     w.expect_serves().returning(|d| d.protocol == "wire");
     w.expect_publish().return_const(());
     w.expect_shutdown().return_const(());
@@ -76,7 +81,13 @@ fn wire_basics(w: &mut MockWire) {
 
 fn peer_descriptor(addr: u64, len: u64) -> Vec<u8> {
     let mut d = SegmentDescriptor::new("peer", "wire");
-    d.buffers.push(ferry::BufferDesc { addr, length: len, name: "cpu:0".into(), device_id: None, extra: Default::default() });
+    d.buffers.push(ferry::BufferDesc {
+        addr,
+        length: len,
+        name: "cpu:0".into(),
+        device_id: None,
+        extra: Default::default(),
+    });
     d.to_json()
 }
 
@@ -134,9 +145,8 @@ async fn a_failed_publication_fails_the_build_and_rolls_back_registration() {
 async fn a_transport_refusing_registration_rolls_it_back() {
     let mut wire = MockWire::new();
     wire_basics(&mut wire);
-    wire.expect_register_memory().returning(|r| {
-        if r.len() > 100 { Err(Error::transport("cannot pin that much")) } else { Ok(()) }
-    });
+    wire.expect_register_memory()
+        .returning(|r| if r.len() > 100 { Err(Error::transport("cannot pin that much")) } else { Ok(()) });
     wire.expect_unregister_memory().times(1).returning(|_| Ok(()));
     let e = engine_with(wire, InProcessMetadata::new()).await.unwrap();
     let (a, b) = (Buffer::zeroed(64), Buffer::zeroed(4096));
@@ -180,7 +190,13 @@ async fn submit_errors_fail_every_request_and_peer_loss_refreshes_the_descriptor
     e.register_memory(buf.addr(), buf.len(), Location::Cpu(0)).await.unwrap();
     let peer = e.open_segment("peer").await.unwrap();
     let reqs: Vec<TransferRequest> = (0..4)
-        .map(|i| TransferRequest { opcode: Opcode::Write, source: buf.addr() + i * 16, target: peer, target_offset: remote + i * 16, length: 16 })
+        .map(|i| TransferRequest {
+            opcode: Opcode::Write,
+            source: buf.addr() + i * 16,
+            target: peer,
+            target_offset: remote + i * 16,
+            length: 16,
+        })
         .collect();
 
     // 1. The transport refuses the whole batch.
@@ -196,7 +212,8 @@ async fn submit_errors_fail_every_request_and_peer_loss_refreshes_the_descriptor
 
     // 3. The peer re-published with a different buffer: the next submit refetches and sees it.
     MetadataBackend::put(&*meta, "mooncake/ram/peer", &peer_descriptor(remote + (1 << 20), 1 << 20)).await.unwrap();
-    let moved: Vec<TransferRequest> = reqs.iter().map(|r| TransferRequest { target_offset: r.target_offset + (1 << 20), ..*r }).collect();
+    let moved: Vec<TransferRequest> =
+        reqs.iter().map(|r| TransferRequest { target_offset: r.target_offset + (1 << 20), ..*r }).collect();
     e.transfer(&moved).await.unwrap();
     assert!(!e.segment(peer).unwrap().is_stale());
     assert_eq!(calls.load(Ordering::SeqCst), 3);
@@ -216,7 +233,13 @@ async fn a_transport_that_never_completes_times_out_and_can_be_cancelled() {
     e.register_memory(buf.addr(), buf.len(), Location::Cpu(0)).await.unwrap();
     let peer = e.open_segment("peer").await.unwrap();
     let b = e
-        .submit(&[TransferRequest { opcode: Opcode::Read, source: buf.addr(), target: peer, target_offset: remote, length: 64 }])
+        .submit(&[TransferRequest {
+            opcode: Opcode::Read,
+            source: buf.addr(),
+            target: peer,
+            target_offset: remote,
+            length: 64,
+        }])
         .await
         .unwrap();
     assert_eq!(b.wait(Duration::from_millis(30)).await.unwrap_err().kind(), ErrorKind::Timeout);

@@ -49,14 +49,21 @@ pub(crate) async fn run(args: DoctorArgs) -> Result<std::process::ExitCode> {
     }
 
     match cfg.local_segment_name() {
-        Ok(Some(name)) => println!("segment name:     {name}  [{}]", source(&cfg, "local_hostname").replace("default", "role URL")),
+        Ok(Some(name)) => {
+            println!("segment name:     {name}  [{}]", source(&cfg, "local_hostname").replace("default", "role URL"))
+        }
         Ok(None) => println!("segment name:     (generated at start: ferry-<pid>-<n>)"),
         Err(e) => problems.push(e.message().to_owned()),
     }
 
     let protocol = cfg.protocol();
     match transports.for_config(&cfg) {
-        Ok(f) => println!("protocol:         {} [{}] -> transport `{}` (installed)", protocol, source(&cfg, "protocol"), f.protocol()),
+        Ok(f) => println!(
+            "protocol:         {} [{}] -> transport `{}` (installed)",
+            protocol,
+            source(&cfg, "protocol"),
+            f.protocol()
+        ),
         Err(e) => problems.push(e.message().to_owned()),
     }
     let companions: Vec<&str> = transports.companions().map(|f| f.protocol()).filter(|p| *p != protocol).collect();

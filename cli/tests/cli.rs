@@ -35,7 +35,20 @@ fn demo_runs_a_verified_block_transfer_with_no_config() {
 #[test]
 fn demo_json_summary_counts_what_moved() {
     let out = ferry()
-        .args(["demo", "--json", "--layers", "1", "--transfers", "5", "--blocks", "32", "--blocks-per-transfer", "4", "--block-size", "1KiB"])
+        .args([
+            "demo",
+            "--json",
+            "--layers",
+            "1",
+            "--transfers",
+            "5",
+            "--blocks",
+            "32",
+            "--blocks-per-transfer",
+            "4",
+            "--block-size",
+            "1KiB",
+        ])
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
@@ -95,7 +108,8 @@ fn doctor_reports_every_problem_with_file_and_position() {
 
 #[test]
 fn doctor_follows_mooncake_config_path_and_env_overrides() {
-    let p = tmp("env.json", r#"{"prefill_url": "10.0.0.1:13003", "decode_url": "10.0.0.2:13003", "protocol": "local"}"#);
+    let p =
+        tmp("env.json", r#"{"prefill_url": "10.0.0.1:13003", "decode_url": "10.0.0.2:13003", "protocol": "local"}"#);
     let out = ferry().arg("doctor").env("MOONCAKE_CONFIG_PATH", &p).env("FERRY_ROLE", "decode").output().unwrap();
     let s = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{s}");

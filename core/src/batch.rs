@@ -323,7 +323,12 @@ impl Batch {
         let (i, e) = errors.iter().min_by_key(|(i, _)| *i).expect("a batch that did not succeed has an error");
         Err(Error::new(
             e.kind(),
-            format!("{} of {} request(s) failed; first, request {i}: {}", status.failed + status.cancelled, status.total, e.message()),
+            format!(
+                "{} of {} request(s) failed; first, request {i}: {}",
+                status.failed + status.cancelled,
+                status.total,
+                e.message()
+            ),
         ))
     }
 

@@ -140,9 +140,9 @@ impl<'de> Deserialize<'de> for ByteSize {
             N(u64),
             S(String),
         }
-        match Raw::deserialize(d).map_err(|_| {
-            serde::de::Error::custom("expected a non-negative integer or a size string such as \"4GB\"")
-        })? {
+        match Raw::deserialize(d)
+            .map_err(|_| serde::de::Error::custom("expected a non-negative integer or a size string such as \"4GB\""))?
+        {
             Raw::N(n) => Ok(ByteSize(n)),
             Raw::S(s) => ByteSize::parse(&s).map_err(serde::de::Error::custom),
         }
@@ -212,7 +212,10 @@ impl MetadataServer {
         };
         if let Some(b) = backend.as_deref() {
             if b != parsed.kind() {
-                return Err(format!("metadata_backend {b:?} contradicts metadata_server {server:?} ({})", parsed.kind()));
+                return Err(format!(
+                    "metadata_backend {b:?} contradicts metadata_server {server:?} ({})",
+                    parsed.kind()
+                ));
             }
         }
         Ok(parsed)
@@ -351,9 +354,8 @@ impl Config {
     /// Reads and parses a config file.
     pub fn from_file(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref();
-        let text = std::fs::read_to_string(path).map_err(|e| {
-            Error::config(format!("config {}: cannot be read", path.display())).with_source(e)
-        })?;
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| Error::config(format!("config {}: cannot be read", path.display())).with_source(e))?;
         Self::from_json_str(&text, Some(path))
     }
 
@@ -366,9 +368,8 @@ impl Config {
     /// [`discover`](Self::discover) with an explicit environment (for tests and embedding).
     pub fn discover_with(env: impl Fn(&str) -> Option<String>) -> Result<Self> {
         let mut cfg = match env(CONFIG_PATH_ENV).filter(|p| !p.is_empty()) {
-            Some(p) => Self::from_file(&p).map_err(|e| {
-                Error::config(format!("{} (named by {CONFIG_PATH_ENV})", e.message()))
-            })?,
+            Some(p) => Self::from_file(&p)
+                .map_err(|e| Error::config(format!("{} (named by {CONFIG_PATH_ENV})", e.message())))?,
             None => Self::embedded(),
         };
         cfg.apply_env(env)?;
@@ -493,12 +494,7 @@ impl Config {
 
     /// A config error about `field`, naming the file and the field's position when known.
     pub fn field_error(&self, field: &str, msg: &str) -> Error {
-        let file = self
-            .origin
-            .path
-            .as_ref()
-            .map(|p| p.display().to_string())
-            .unwrap_or_else(|| "inline config".into());
+        let file = self.origin.path.as_ref().map(|p| p.display().to_string()).unwrap_or_else(|| "inline config".into());
         let from_env = ENV_OVERRIDES
             .iter()
             .find(|(_, f)| *f == field)
@@ -621,7 +617,8 @@ mod tests {
         let e = Config::from_json_str("{\"protocol\": \"tcp\",", Some(Path::new("p.json"))).unwrap_err();
         assert!(e.message().contains("not valid JSON") && e.message().contains("p.json"), "{e}");
 
-        let c = Config::from_json_str("{\n\n   \"metadata_server\": \"gopher://x\"}", Some(Path::new("q.json"))).unwrap();
+        let c =
+            Config::from_json_str("{\n\n   \"metadata_server\": \"gopher://x\"}", Some(Path::new("q.json"))).unwrap();
         let e = c.metadata().unwrap_err();
         assert!(e.message().contains("q.json") && e.message().contains("line 3 column 4"), "{e}");
     }

@@ -193,17 +193,8 @@ const DESCRIPTOR_FIELDS: &[&str] = &[
     "timestamp",
 ];
 const BUFFER_FIELDS: &[&str] = &["addr", "length", "name", "device_id"];
-const RANK_INFO_FIELDS: &[&str] = &[
-    "rankId",
-    "hostIp",
-    "hostPort",
-    "deviceLogicId",
-    "devicePhyId",
-    "deviceType",
-    "deviceIp",
-    "devicePort",
-    "pid",
-];
+const RANK_INFO_FIELDS: &[&str] =
+    &["rankId", "hostIp", "hostPort", "deviceLogicId", "devicePhyId", "deviceType", "deviceIp", "devicePort", "pid"];
 
 /// The members of JSON object `value` whose names are not in `known`.
 pub(crate) fn unknown_fields(value: &Value, known: &[&str]) -> Map<String, Value> {
@@ -241,11 +232,7 @@ impl MetadataKeys {
     /// Key of a segment's descriptor: `<prefix>ram/<name>`, or `<prefix><name>` for a name that
     /// already contains `/`.
     pub fn segment(&self, name: &str) -> String {
-        if name.contains('/') {
-            format!("{}{name}", self.prefix)
-        } else {
-            format!("{}ram/{name}", self.prefix)
-        }
+        if name.contains('/') { format!("{}{name}", self.prefix) } else { format!("{}ram/{name}", self.prefix) }
     }
 
     /// Key of a segment's rpc entry: `<prefix>rpc_meta/<name>`.
@@ -313,8 +300,9 @@ mod tests {
         assert!(e.message().contains("buffers[0].addr"), "{e}");
         assert!(e.message().contains("mooncake/ram/x"));
         assert!(e.message().contains("line 1"));
-        let e = SegmentDescriptor::from_json("p", br#"{"name":"x","protocol":"tcp","buffers":[{"addr":-1,"length":1}]}"#)
-            .unwrap_err();
+        let e =
+            SegmentDescriptor::from_json("p", br#"{"name":"x","protocol":"tcp","buffers":[{"addr":-1,"length":1}]}"#)
+                .unwrap_err();
         assert!(e.message().contains("buffers[0].addr"), "{e}");
         let e = SegmentDescriptor::from_json(
             "p",

@@ -143,11 +143,9 @@ impl EngineBuilder {
             .build()
             .map_err(|e| Error::new(ErrorKind::Transport, "cannot start the engine's runtime").with_source(e))?;
         let handle = rt.handle().clone();
-        rt.block_on(self.build_on(handle))
-            .map(|engine| {
-                *engine.inner.owned_runtime.lock().unwrap_or_else(|p| p.into_inner()) = Some(rt);
-                engine
-            })
+        let engine = rt.block_on(self.build_on(handle))?;
+        *engine.inner.owned_runtime.lock().unwrap_or_else(|p| p.into_inner()) = Some(rt);
+        Ok(engine)
     }
 
     async fn build_on(self, runtime: tokio::runtime::Handle) -> Result<TransferEngine> {
@@ -304,12 +302,14 @@ impl EngineInner {
         let key = self.keys.segment(&self.name);
         let Ok(Some(bytes)) = self.metadata.get(&key).await else { return Ok(()) };
         let Ok(existing) = SegmentDescriptor::from_json(&key, &bytes) else { return Ok(()) };
-        let live_here =
-            self.transports.iter().any(|t| !t.capabilities().cross_process && t.serves(&existing));
+        let live_here = self.transports.iter().any(|t| !t.capabilities().cross_process && t.serves(&existing));
         if live_here && existing.ferry_instance.as_deref() != Some(&self.instance) {
             return Err(Error::new(
                 ErrorKind::AlreadyExists,
-                format!("segment name `{}` is already published by a live engine of this process (key {key})", self.name),
+                format!(
+                    "segment name `{}` is already published by a live engine of this process (key {key})",
+                    self.name
+                ),
             ));
         }
         Ok(())
@@ -342,7 +342,15 @@ impl EngineInner {
         let desc = self.descriptor();
         let key = self.keys.segment(&self.name);
         self.metadata.put(&key, &desc.to_json()).await.map_err(|e| {
-            Error::new(e.kind(), format!("publishing segment `{}` to {} metadata (key {key}): {}", self.name, self.metadata.name(), e.message()))
+            Error::new(
+                e.kind(),
+                format!(
+                    "publishing segment `{}` to {} metadata (key {key}): {}",
+                    self.name,
+                    self.metadata.name(),
+                    e.message()
+                ),
+            )
         })?;
         if let Some(id) = HostnameResolver::parse(&self.name) {
             let rpc = RpcMeta { ip_or_host_name: id.host.unwrap_or_default(), rpc_port: id.port.unwrap_or(0) };
@@ -355,11 +363,17 @@ impl EngineInner {
     async fn fetch(&self, name: &str) -> Result<SegmentDescriptor> {
         let key = self.keys.segment(name);
         let bytes = self.metadata.get(&key).await.map_err(|e| {
-            Error::new(e.kind(), format!("looking up segment `{name}` in {} metadata: {}", self.metadata.name(), e.message()))
-                .with_source(e)
+            Error::new(
+                e.kind(),
+                format!("looking up segment `{name}` in {} metadata: {}", self.metadata.name(), e.message()),
+            )
+            .with_source(e)
         })?;
         let bytes = bytes.ok_or_else(|| {
-            Error::not_found(format!("segment `{name}` is not published in the {} metadata store (key {key})", self.metadata.name()))
+            Error::not_found(format!(
+                "segment `{name}` is not published in the {} metadata store (key {key})",
+                self.metadata.name()
+            ))
         })?;
         SegmentDescriptor::from_json(&key, &bytes)
     }
@@ -555,7 +569,9 @@ impl TransferEngine {
     /// Runs `fut` to completion on the engine's runtime, for callers outside any runtime.
     pub fn block_on<F: Future>(&self, fut: F) -> Result<F::Output> {
         if tokio::runtime::Handle::try_current().is_ok() {
-            return Err(Error::invalid("a blocking Ferry call was made from inside an async runtime; use the async method"));
+            return Err(Error::invalid(
+                "a blocking Ferry call was made from inside an async runtime; use the async method",
+            ));
         }
         Ok(self.inner.runtime.block_on(fut))
     }
@@ -736,7 +752,10 @@ impl TransferEngine {
                 if (r.opcode == Opcode::Read && !caps.read) || (r.opcode == Opcode::Write && !caps.write) {
                     return Err(request_error(
                         i,
-                        Error::new(ErrorKind::Unsupported, format!("transport `{}` cannot {:?}", seg.transport().protocol(), r.opcode)),
+                        Error::new(
+                            ErrorKind::Unsupported,
+                            format!("transport `{}` cannot {:?}", seg.transport().protocol(), r.opcode),
+                        ),
                     ));
                 }
                 if let Err(e) = seg.check_remote(r.target_offset, r.length) {
@@ -759,7 +778,8 @@ impl TransferEngine {
             self.start(&segments[0], &batch, &indices);
         } else {
             for (slot, seg) in segments.iter().enumerate() {
-                let indices: Vec<u32> = (0..requests.len() as u32).filter(|&i| slot_of[i as usize] as usize == slot).collect();
+                let indices: Vec<u32> =
+                    (0..requests.len() as u32).filter(|&i| slot_of[i as usize] as usize == slot).collect();
                 self.start(seg, &batch, &indices);
             }
         }
@@ -797,7 +817,10 @@ impl TransferEngine {
         let ranges = layout.validate()?;
         for (i, (base, len)) in ranges.into_iter().enumerate() {
             self.inner.memory.lease(base, len).map_err(|e| {
-                Error::new(e.kind(), format!("KV layout region {i} ({base:#x}+{len}) is not registered memory: {}", e.message()))
+                Error::new(
+                    e.kind(),
+                    format!("KV layout region {i} ({base:#x}+{len}) is not registered memory: {}", e.message()),
+                )
             })?;
         }
         let id = KvLayoutId(self.inner.next_layout.fetch_add(1, Ordering::Relaxed));

@@ -223,7 +223,17 @@ mod tests {
         let runs = plan_block_transfer(&local, &remote, &spec(&[1, 2, 3, 7, 8], &[4, 5, 6, 9, 11])).unwrap();
         // Region 0: [1..4)->[4..7) merged, 7->9 and 8->11 separate (remote not adjacent).
         assert_eq!(runs.len(), 6);
-        assert_eq!(runs[0], BlockRun { region: 0, first_pair: 0, pairs: 3, local_addr: 0x1000 + 256, remote_addr: 0x9000 + 4 * 256, len: 768 });
+        assert_eq!(
+            runs[0],
+            BlockRun {
+                region: 0,
+                first_pair: 0,
+                pairs: 3,
+                local_addr: 0x1000 + 256,
+                remote_addr: 0x9000 + 4 * 256,
+                len: 768
+            }
+        );
         assert_eq!(runs[1].pairs, 1);
         assert_eq!(runs[3].region, 1);
     }

@@ -49,11 +49,7 @@ impl FromStr for Location {
         if s == "*" || s.is_empty() {
             return Ok(Location::Any);
         }
-        let bad = || {
-            Error::invalid(format!(
-                "location tag {s:?} is not one of `cpu:N`, `npu:N`, `cuda:N` or `*`"
-            ))
-        };
+        let bad = || Error::invalid(format!("location tag {s:?} is not one of `cpu:N`, `npu:N`, `cuda:N` or `*`"));
         let (kind, index) = s.split_once(':').ok_or_else(bad)?;
         let index: u32 = index.parse().map_err(|_| bad())?;
         match kind {
@@ -190,9 +186,8 @@ impl MemoryRegistry {
     }
 
     fn remove_checked(map: &mut BTreeMap<u64, Arc<Region>>, addr: u64) -> Result<Arc<Region>> {
-        let region = map
-            .get(&addr)
-            .ok_or_else(|| Error::not_found(format!("no registered region starts at {addr:#x}")))?;
+        let region =
+            map.get(&addr).ok_or_else(|| Error::not_found(format!("no registered region starts at {addr:#x}")))?;
         // The map holds one reference; any other is a lease held by an in-flight request or a
         // caller. Holding the write lock means no new lease can be taken meanwhile.
         let leases = Arc::strong_count(region) - 1;
@@ -217,7 +212,9 @@ impl MemoryRegistry {
             if Arc::strong_count(region) > 1 {
                 return Err(Error::new(
                     ErrorKind::Busy,
-                    format!("batch unregistration entry {i}: region {addr:#x} has transfers in flight; nothing was unregistered"),
+                    format!(
+                        "batch unregistration entry {i}: region {addr:#x} has transfers in flight; nothing was unregistered"
+                    ),
                 ));
             }
             if addrs[..i].contains(addr) {
@@ -258,10 +255,7 @@ impl MemoryRegistry {
         ranges: impl Iterator<Item = (u64, u64)>,
     ) -> std::result::Result<Vec<RegionLease>, (usize, Error)> {
         let map = self.regions.read().unwrap_or_else(|p| p.into_inner());
-        ranges
-            .enumerate()
-            .map(|(i, (addr, len))| Self::find_in(&map, addr, len).cloned().map_err(|e| (i, e)))
-            .collect()
+        ranges.enumerate().map(|(i, (addr, len))| Self::find_in(&map, addr, len).cloned().map_err(|e| (i, e))).collect()
     }
 
     /// Snapshot of all regions, in address order.
@@ -284,10 +278,7 @@ impl MemoryRegistry {
 fn overlap(addr: u64, len: u64, existing: &Region) -> Error {
     Error::new(
         ErrorKind::AlreadyExists,
-        format!(
-            "range {addr:#x}+{len} overlaps registered region {:#x}+{}",
-            existing.addr, existing.len
-        ),
+        format!("range {addr:#x}+{len} overlaps registered region {:#x}+{}", existing.addr, existing.len),
     )
 }
 

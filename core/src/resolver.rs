@@ -311,7 +311,11 @@ mod tests {
     async fn chain_merges_and_explains() {
         let env = Identity { physical_device: Some(6), rank: Some(2), ..Identity::default() };
         let chain = ResolverChain::with_defaults().with(Arc::new(Fixed("env", env)));
-        let q = ResolveQuery { target: ResolveTarget::Local, local_segment: Some("10.1.1.1:9000:npu_3".into()), local_rank: None };
+        let q = ResolveQuery {
+            target: ResolveTarget::Local,
+            local_segment: Some("10.1.1.1:9000:npu_3".into()),
+            local_rank: None,
+        };
         let r = chain.resolve(&q).await.unwrap();
         assert_eq!(r.identity.physical_device, Some(3), "the earlier link wins");
         assert_eq!(r.identity.rank, Some(2));

@@ -33,8 +33,12 @@ impl std::fmt::Debug for OpenSegment {
 impl OpenSegment {
     /// Wraps a (validated) descriptor and the transport that reaches it.
     pub fn new(handle: SegmentHandle, descriptor: SegmentDescriptor, transport: Arc<dyn Transport>) -> Self {
-        let mut ranges: Vec<(u64, u64)> =
-            descriptor.buffers.iter().filter(|b| b.length > 0).map(|b| (b.addr, b.addr.saturating_add(b.length))).collect();
+        let mut ranges: Vec<(u64, u64)> = descriptor
+            .buffers
+            .iter()
+            .filter(|b| b.length > 0)
+            .map(|b| (b.addr, b.addr.saturating_add(b.length)))
+            .collect();
         ranges.sort_unstable();
         Self { handle, descriptor, ranges, transport, stale: AtomicBool::new(false) }
     }

@@ -182,9 +182,9 @@ impl TransportRegistry {
 
     /// The factory for `name` (a protocol or an alias, case-insensitive).
     pub fn find(&self, name: &str) -> Option<&Arc<dyn TransportFactory>> {
-        self.factories
-            .iter()
-            .find(|f| f.protocol().eq_ignore_ascii_case(name) || f.aliases().iter().any(|a| a.eq_ignore_ascii_case(name)))
+        self.factories.iter().find(|f| {
+            f.protocol().eq_ignore_ascii_case(name) || f.aliases().iter().any(|a| a.eq_ignore_ascii_case(name))
+        })
     }
 
     /// Factories marked [`companion`](TransportFactory::companion).

@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use async_trait::async_trait;
 use ferry_core::{
-    Batch, Capabilities, Error, ErrorKind, MemoryRegistry, OpenSegment, Opcode, Result, SegmentDescriptor, Transport,
+    Batch, Capabilities, Error, ErrorKind, MemoryRegistry, Opcode, OpenSegment, Result, SegmentDescriptor, Transport,
     TransportContext, TransportFactory,
 };
 
@@ -134,7 +134,10 @@ impl Transport for LocalTransport {
     /// Copies inline: a memcpy transport finishes its requests before `submit` returns.
     fn submit(&self, target: &Arc<OpenSegment>, batch: &Arc<Batch>, indices: &[u32]) -> Result<()> {
         let owner = target.descriptor().ferry_instance.as_deref().and_then(live_memory).ok_or_else(|| {
-            Error::unreachable(format!("the engine that published segment `{}` is no longer running in this process", target.name()))
+            Error::unreachable(format!(
+                "the engine that published segment `{}` is no longer running in this process",
+                target.name()
+            ))
         })?;
         for &i in indices {
             let i = i as usize;
