@@ -5,7 +5,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{Buffer, builder, pair};
+use common::{Buffer, builder, connected, pair};
 use ferry::{ErrorKind, InProcessMetadata, Location, Opcode, SegmentDescriptor, TransferRequest};
 
 const T: Duration = Duration::from_secs(5);
@@ -13,13 +13,8 @@ const T: Duration = Duration::from_secs(5);
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn read_and_write_between_two_engines() {
     let meta = InProcessMetadata::new();
-    let (prefill, decode) = pair(&meta).await;
-    let src = Buffer::filled(1 << 20, 3);
-    let dst = Buffer::zeroed(1 << 20);
-    prefill.register_memory(src.addr(), src.len(), Location::Cpu(0)).await.unwrap();
-    decode.register_memory(dst.addr(), dst.len(), Location::Cpu(0)).await.unwrap();
-
-    let peer = decode.open_segment("prefill").await.unwrap();
+    let common::Connected { prefill: _prefill, decode, src, dst, peer } =
+        connected(&meta, 1 << 20, Location::Cpu(0)).await;
     assert_eq!(decode.segment(peer).unwrap().transport().protocol(), "local");
     // Read the second half of prefill's buffer into the first half of ours.
     let half = src.len() / 2;
@@ -79,12 +74,8 @@ async fn an_engine_reaches_its_own_segment_by_memcpy() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_requests_are_refused_before_any_byte_moves() {
     let meta = InProcessMetadata::new();
-    let (prefill, decode) = pair(&meta).await;
-    let src = Buffer::filled(4096, 1);
-    let dst = Buffer::zeroed(4096);
-    prefill.register_memory(src.addr(), src.len(), Location::Cpu(0)).await.unwrap();
-    decode.register_memory(dst.addr(), dst.len(), Location::Cpu(0)).await.unwrap();
-    let peer = decode.open_segment("prefill").await.unwrap();
+    let common::Connected { prefill: _prefill, decode, src, dst, peer } =
+        connected(&meta, 4096, Location::Cpu(0)).await;
     let req = |source, target_offset, length| TransferRequest {
         opcode: Opcode::Read,
         source,
@@ -129,12 +120,7 @@ async fn bad_requests_are_refused_before_any_byte_moves() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_owners_live_registry_is_checked_again() {
     let meta = InProcessMetadata::new();
-    let (prefill, decode) = pair(&meta).await;
-    let src = Buffer::filled(4096, 1);
-    let dst = Buffer::zeroed(4096);
-    prefill.register_memory(src.addr(), src.len(), Location::Cpu(0)).await.unwrap();
-    decode.register_memory(dst.addr(), dst.len(), Location::Cpu(0)).await.unwrap();
-    let peer = decode.open_segment("prefill").await.unwrap();
+    let common::Connected { prefill, decode, src, dst, peer } = connected(&meta, 4096, Location::Cpu(0)).await;
     // The peer gives the memory back after we cached its descriptor.
     prefill.unregister_memory(src.addr()).await.unwrap();
     let batch = decode
@@ -181,12 +167,7 @@ async fn the_descriptor_cache_refreshes_when_the_peer_grows() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dropped_peer_is_unreachable_and_device_memory_is_refused() {
     let meta = InProcessMetadata::new();
-    let (prefill, decode) = pair(&meta).await;
-    let src = Buffer::filled(4096, 1);
-    let dst = Buffer::zeroed(4096);
-    prefill.register_memory(src.addr(), src.len(), Location::Npu(0)).await.unwrap();
-    decode.register_memory(dst.addr(), dst.len(), Location::Cpu(0)).await.unwrap();
-    let peer = decode.open_segment("prefill").await.unwrap();
+    let common::Connected { prefill, decode, src, dst, peer } = connected(&meta, 4096, Location::Npu(0)).await;
     let req = TransferRequest {
         opcode: Opcode::Read,
         source: dst.addr(),

@@ -46,3 +46,23 @@ pub async fn pair(meta: &Arc<InProcessMetadata>) -> (TransferEngine, TransferEng
     let b = builder(meta).segment_name("decode").build().await.unwrap();
     (a, b)
 }
+
+/// Two engines with one buffer each (prefill's filled, decode's zeroed) and decode's handle on
+/// prefill's segment.
+pub struct Connected {
+    pub prefill: TransferEngine,
+    pub decode: TransferEngine,
+    pub src: Buffer,
+    pub dst: Buffer,
+    pub peer: ferry::SegmentHandle,
+}
+
+pub async fn connected(meta: &Arc<InProcessMetadata>, len: usize, src_location: ferry::Location) -> Connected {
+    let (prefill, decode) = pair(meta).await;
+    let src = Buffer::filled(len, 3);
+    let dst = Buffer::zeroed(len);
+    prefill.register_memory(src.addr(), src.len(), src_location).await.unwrap();
+    decode.register_memory(dst.addr(), dst.len(), ferry::Location::Cpu(0)).await.unwrap();
+    let peer = decode.open_segment(prefill.segment_name()).await.unwrap();
+    Connected { prefill, decode, src, dst, peer }
+}
