@@ -11,6 +11,8 @@
 //! |---|---|---|
 //! | `local` | same-process memcpy (`local`) | yes |
 //! | `null`  | no-op, for measuring engine overhead (`null`) | no |
+//! | `tcp`   | Mooncake-compatible TCP (`tcp`) | yes |
+//! | `p2p`   | P2P handshake metadata (`P2PHANDSHAKE`) | yes |
 //!
 //! ```
 //! use ferry::{BlockTransfer, KvLayout, Location, Opcode};
@@ -49,6 +51,14 @@ pub mod transports {
     pub use ferry_transport_local as local;
     #[cfg(feature = "null")]
     pub use ferry_transport_null as null;
+    #[cfg(feature = "tcp")]
+    pub use ferry_transport_tcp as tcp;
+}
+
+/// The metadata backend crates compiled into this build.
+pub mod metadata_backends {
+    #[cfg(feature = "p2p")]
+    pub use ferry_metadata_p2p as p2p;
 }
 
 /// A transport registry holding every transport compiled in.
@@ -59,13 +69,19 @@ pub fn default_transports() -> TransportRegistry {
     registry.install(std::sync::Arc::new(ferry_transport_local::LocalTransportFactory));
     #[cfg(feature = "null")]
     registry.install(std::sync::Arc::new(ferry_transport_null::NullTransportFactory));
+    #[cfg(feature = "tcp")]
+    registry.install(std::sync::Arc::new(ferry_transport_tcp::TcpTransportFactory));
     registry
 }
 
 /// A metadata registry holding every metadata backend compiled in (the embedded in-process
 /// backend is always available).
 pub fn default_metadata() -> MetadataRegistry {
-    MetadataRegistry::new()
+    #[allow(unused_mut)]
+    let mut registry = MetadataRegistry::new();
+    #[cfg(feature = "p2p")]
+    registry.install(std::sync::Arc::new(ferry_metadata_p2p::P2pMetadataFactory));
+    registry
 }
 
 /// An engine builder on the embedded default config with every compiled-in transport and

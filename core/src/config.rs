@@ -29,6 +29,9 @@ pub const ENV_OVERRIDES: &[(&str, &str)] = &[
     ("FERRY_DEVICE_NAME", "device_name"),
     ("FERRY_ROLE", "role"),
     ("FERRY_TRANSFER_TIMEOUT_MS", "transfer_timeout_ms"),
+    ("FERRY_TCP_LANES", "tcp_lanes"),
+    ("FERRY_TCP_DATA_PORT", "tcp_data_port"),
+    ("FERRY_RPC_PORT", "rpc_port"),
     (CLUSTER_ID_ENV, "cluster_id"),
 ];
 
@@ -285,6 +288,16 @@ pub struct Config {
     /// Metadata cluster id (key prefix `mooncake/<id>/`); also `MC_METADATA_CLUSTER_ID`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cluster_id: Option<String>,
+    /// TCP transport: persistent connections per peer (default 4).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tcp_lanes: Option<u32>,
+    /// TCP transport: data port to listen on (default: any free port).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tcp_data_port: Option<u16>,
+    /// P2P handshake: RPC port to listen on (default: the port in `local_hostname`, else a free
+    /// port in 15000..17000).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rpc_port: Option<u16>,
     /// Fields Ferry does not know. Kept so nothing is lost; `ferry doctor` lists them.
     #[serde(flatten, skip_deserializing)]
     pub extra: Map<String, Value>,
@@ -308,6 +321,9 @@ const KNOWN_FIELDS: &[&str] = &[
     "local_buffer_size",
     "transfer_timeout_ms",
     "cluster_id",
+    "tcp_lanes",
+    "tcp_data_port",
+    "rpc_port",
 ];
 
 impl Config {
@@ -392,6 +408,11 @@ impl Config {
                         Some(value.parse().map_err(|_| bad("not a whole number of milliseconds".into()))?)
                 }
                 "cluster_id" => self.cluster_id = Some(value.clone()),
+                "tcp_lanes" => self.tcp_lanes = Some(value.parse().map_err(|_| bad("not a whole number".into()))?),
+                "tcp_data_port" => {
+                    self.tcp_data_port = Some(value.parse().map_err(|_| bad("not a port number".into()))?)
+                }
+                "rpc_port" => self.rpc_port = Some(value.parse().map_err(|_| bad("not a port number".into()))?),
                 _ => unreachable!("ENV_OVERRIDES names only known fields"),
             }
             self.sources.insert(field, FieldSource::Env(var));
@@ -414,6 +435,9 @@ impl Config {
             "local_buffer_size" => self.local_buffer_size.is_some(),
             "transfer_timeout_ms" => self.transfer_timeout_ms.is_some(),
             "cluster_id" => self.cluster_id.is_some(),
+            "tcp_lanes" => self.tcp_lanes.is_some(),
+            "tcp_data_port" => self.tcp_data_port.is_some(),
+            "rpc_port" => self.rpc_port.is_some(),
             _ => false,
         }
     }

@@ -150,10 +150,17 @@ impl EngineBuilder {
 
     async fn build_on(self, runtime: tokio::runtime::Handle) -> Result<TransferEngine> {
         let config = self.config;
+        // Everything the config alone can refute is checked before any connection is made.
         let server = config.metadata()?;
-        let name = match config.local_segment_name()? {
+        let primary_factory = self.transports.for_config(&config)?.clone();
+        let configured_name = config.local_segment_name()?;
+        let metadata = match self.metadata {
+            Some(m) => m,
+            None => self.metadata_registry.connect(&config).await?,
+        };
+        let name = match metadata.segment_name_hint().or(configured_name) {
             Some(n) => n,
-            None if server == MetadataServer::Embedded || self.metadata.is_some() => {
+            None if server == MetadataServer::Embedded || metadata.name() == "embedded" => {
                 static NEXT: AtomicU64 = AtomicU64::new(0);
                 format!("ferry-{}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed))
             }
@@ -163,11 +170,6 @@ impl EngineBuilder {
                     "no segment name: set local_hostname (or role with prefill_url/decode_url, or FERRY_LOCAL_HOSTNAME)",
                 ));
             }
-        };
-        let primary_factory = self.transports.for_config(&config)?.clone();
-        let metadata = match self.metadata {
-            Some(m) => m,
-            None => self.metadata_registry.connect(&config).await?,
         };
         let keys = MetadataKeys::new(config.cluster_id());
         let instance = new_instance_id();
@@ -719,6 +721,9 @@ impl TransferEngine {
     /// the peer may have registered more memory). When any request is invalid, nothing is
     /// started and the error names the request's index. Returns the batch to poll, await,
     /// or cancel.
+    ///
+    /// The caller must not run two transfers into overlapping destination ranges at the same
+    /// time, nor touch a destination range until its request completed (as with any DMA engine).
     pub async fn submit(&self, requests: &[TransferRequest]) -> Result<Arc<Batch>> {
         self.inner.check_open()?;
         if requests.is_empty() {
@@ -876,6 +881,36 @@ impl TransferEngine {
         spec: &BlockTransfer<'_>,
     ) -> Result<BlockBatch> {
         self.block_on(self.submit_blocks(local, target, remote_layout, spec))?
+    }
+
+    /// Sends a notification to the owner of segment `name` over the metadata backend's control
+    /// channel (the P2P handshake's Notify frame, which Mooncake peers understand too).
+    ///
+    /// Errors: [`ErrorKind::Unsupported`] when the backend has no control channel, the
+    /// backend's error (for example [`ErrorKind::PeerUnreachable`]) otherwise.
+    pub async fn send_notification(&self, name: &str, message: impl Into<String>) -> Result<()> {
+        self.inner.check_open()?;
+        let n = crate::Notification { name: self.inner.name.clone(), notify_msg: message.into() };
+        self.inner.metadata.notify(name, &n).await
+    }
+
+    /// Submits `requests`, waits until every byte landed, then notifies the target segment of
+    /// the first request with `message`: the target receives the notification only after the
+    /// data. When the transfer fails no notification is sent.
+    pub async fn transfer_with_notification(
+        &self,
+        requests: &[TransferRequest],
+        message: impl Into<String>,
+    ) -> Result<()> {
+        let first = requests.first().ok_or_else(|| Error::invalid("empty batch: no requests to submit"))?;
+        let target = self.inner.cached(first.target)?.name().to_owned();
+        self.transfer(requests).await?;
+        self.send_notification(&target, message).await
+    }
+
+    /// Takes the notifications received so far, oldest first.
+    pub fn get_notifications(&self) -> Vec<crate::Notification> {
+        self.inner.metadata.drain_notifications()
     }
 
     /// Resolves this process's identity through the resolver chain (with the explanation).

@@ -35,7 +35,7 @@ pub use engine::{BlockBatch, EngineBuilder, KvLayoutId, TransferEngine};
 pub use error::{Error, ErrorKind, Result};
 pub use kv::{BlockRun, BlockSlice, BlockTransfer, KvLayout, KvRegion, plan_block_transfer};
 pub use memory::{Location, MemoryRegistry, Region, RegionLease};
-pub use metadata::{InProcessMetadata, MetadataBackend, MetadataFactory, MetadataRegistry, WatchEvent};
+pub use metadata::{InProcessMetadata, MetadataBackend, MetadataFactory, MetadataRegistry, Notification, WatchEvent};
 pub use resolver::{
     Answer, HostnameResolver, Identity, IdentityField, Resolution, ResolveQuery, ResolveTarget, ResolverChain,
     SegmentResolver,

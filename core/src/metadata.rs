@@ -73,6 +73,37 @@ pub trait MetadataBackend: Send + Sync + 'static {
         let _ = prefix;
         Ok(None)
     }
+
+    /// The segment name this backend assigns the local engine, if it decides it (the P2P
+    /// handshake names an engine `host:rpc_port`). `None`: the config's name is used.
+    fn segment_name_hint(&self) -> Option<String> {
+        None
+    }
+
+    /// Sends a notification to the owner of `segment` over the backend's control channel.
+    /// Backends without one answer [`ErrorKind::Unsupported`](crate::ErrorKind::Unsupported).
+    async fn notify(&self, segment: &str, notification: &Notification) -> Result<()> {
+        let _ = (segment, notification);
+        Err(Error::new(
+            crate::ErrorKind::Unsupported,
+            format!("the {} metadata backend has no control channel for notifications", self.name()),
+        ))
+    }
+
+    /// Takes the notifications received so far (oldest first).
+    fn drain_notifications(&self) -> Vec<Notification> {
+        Vec::new()
+    }
+}
+
+/// A notification: a short message from one engine to another, delivered over the control
+/// channel (Mooncake's Notify frame: `{"name": ..., "notify_msg": ...}`).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Notification {
+    /// Sender's segment name.
+    pub name: String,
+    /// The message.
+    pub notify_msg: String,
 }
 
 type Watchers = Vec<(String, mpsc::Sender<WatchEvent>)>;

@@ -66,3 +66,32 @@ pub async fn connected(meta: &Arc<InProcessMetadata>, len: usize, src_location: 
     let peer = decode.open_segment(prefill.segment_name()).await.unwrap();
     Connected { prefill, decode, src, dst, peer }
 }
+
+/// A registry with only the TCP transport (no same-process shortcut), so bytes cross sockets.
+pub fn tcp_only() -> ferry::TransportRegistry {
+    ferry::TransportRegistry::new().with(Arc::new(ferry_transport_tcp::TcpTransportFactory))
+}
+
+/// An engine on P2P handshake metadata and the TCP transport only.
+pub async fn p2p_tcp_engine(timeout: std::time::Duration) -> TransferEngine {
+    let cfg = ferry::Config::from_json_str(
+        r#"{"local_hostname": "127.0.0.1", "metadata_server": "P2PHANDSHAKE", "protocol": "tcp"}"#,
+        None,
+    )
+    .unwrap();
+    ferry::builder().config(cfg).transports(tcp_only()).transfer_timeout(timeout).build().await.unwrap()
+}
+
+/// Byte `k` of a test pattern with `seed` (the interop scripts compute the same).
+pub fn pattern(k: u64, seed: u64) -> u8 {
+    ((k + seed) % 251) as u8
+}
+
+/// A buffer holding `pattern` from offset 0.
+pub fn pattern_buffer(len: usize, seed: u64) -> Buffer {
+    let mut b = Buffer::zeroed(len);
+    for (k, byte) in b.data.iter_mut().enumerate() {
+        *byte = pattern(k as u64, seed);
+    }
+    b
+}

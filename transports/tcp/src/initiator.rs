@@ -1,0 +1,308 @@
+//! The initiator side: persistent connections ("lanes") per peer, requests pipelined on each,
+//! payloads moved straight between the socket and registered memory.
+//!
+//! Each lane is one task that owns a connection's write half and a reader task that owns its
+//! read half. The writer sends requests in order and queues them for the reader, which reads the
+//! responses in the same order. Every request carries a deadline; a response that misses it, or
+//! a broken connection, fails exactly the requests that connection carried, and the lane
+//! reconnects for the next one. A connection the peer closed while idle is reopened and the
+//! requests written to it retried (READ and WRITE are both idempotent).
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use ferry_core::{Batch, Error, ErrorKind, Opcode};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::sync::mpsc;
+use tokio::time::{Instant, timeout_at};
+
+use crate::memory::{bytes, bytes_mut};
+use crate::wire::{HEADER_LEN, Header, STATUS_LEN, Status};
+
+/// Payloads up to this size are sent in one write together with their header.
+const COALESCE: usize = 64 * 1024;
+
+/// One request handed to a lane.
+#[derive(Clone)]
+pub(crate) struct Job {
+    pub(crate) batch: Arc<Batch>,
+    pub(crate) index: usize,
+    pub(crate) deadline: Instant,
+}
+
+impl Job {
+    fn live(&self) -> bool {
+        !self.batch.is_cancelled() && self.batch.is_pending(self.index)
+    }
+    fn finish(&self, outcome: Result<(), Error>) {
+        self.batch.complete(self.index, outcome);
+    }
+}
+
+/// A peer's lanes.
+pub(crate) struct Peer {
+    lanes: Vec<mpsc::UnboundedSender<Job>>,
+    next: AtomicUsize,
+}
+
+/// Where and how to reach a peer.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) struct PeerAddr {
+    pub(crate) host: String,
+    pub(crate) port: u16,
+    pub(crate) v2: bool,
+}
+
+impl Peer {
+    /// Starts `lanes` lane tasks for `addr` on `runtime`.
+    pub(crate) fn start(addr: PeerAddr, lanes: usize, runtime: &tokio::runtime::Handle) -> Self {
+        let lanes = (0..lanes.max(1))
+            .map(|_| {
+                let (tx, rx) = mpsc::unbounded_channel();
+                runtime.spawn(lane(addr.clone(), rx));
+                tx
+            })
+            .collect();
+        Self { lanes, next: AtomicUsize::new(0) }
+    }
+
+    /// Queues a request on the next lane. Fails (handing the job back) only when the lanes have
+    /// stopped.
+    pub(crate) fn send(&self, job: Job) -> Result<(), Job> {
+        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.lanes.len();
+        self.lanes[i].send(job).map_err(|e| e.0)
+    }
+}
+
+fn lost(addr: &PeerAddr, what: &str, e: impl std::fmt::Display) -> Error {
+    Error::unreachable(format!("tcp peer {}:{}: {what}: {e}", addr.host, addr.port))
+}
+
+async fn lane(addr: PeerAddr, mut rx: mpsc::UnboundedReceiver<Job>) {
+    let mut carry: VecDeque<Job> = VecDeque::new();
+    loop {
+        let job = match carry.pop_front() {
+            Some(j) => j,
+            None => match rx.recv().await {
+                Some(j) => j,
+                None => return,
+            },
+        };
+        if !job.live() {
+            continue;
+        }
+        let stream = match timeout_at(job.deadline, TcpStream::connect((addr.host.as_str(), addr.port))).await {
+            Ok(Ok(s)) => s,
+            outcome => {
+                let err = match outcome {
+                    Ok(Err(e)) => lost(&addr, "cannot connect", e),
+                    _ => {
+                        Error::timeout(format!("tcp peer {}:{}: connect did not finish in time", addr.host, addr.port))
+                    }
+                };
+                // Everything already waiting for this peer would fail the same way.
+                job.finish(Err(err.duplicate()));
+                for j in carry.drain(..) {
+                    j.finish(Err(err.duplicate()));
+                }
+                while let Ok(j) = rx.try_recv() {
+                    j.finish(Err(err.duplicate()));
+                }
+                continue;
+            }
+        };
+        carry.push_front(job);
+        carry = connection(&addr, stream, carry, &mut rx).await;
+    }
+}
+
+/// Runs one connection until it breaks or the lane closes. Returns requests to retry on a new
+/// connection (those written to a connection the peer had already closed while idle).
+async fn connection(
+    addr: &PeerAddr,
+    stream: TcpStream,
+    mut queue: VecDeque<Job>,
+    rx: &mut mpsc::UnboundedReceiver<Job>,
+) -> VecDeque<Job> {
+    if let Err(e) = stream.set_nodelay(true) {
+        tracing::debug!(error = %e, "tcp initiator: set_nodelay failed");
+    }
+    let (r, mut w) = stream.into_split();
+    let (inflight_tx, inflight_rx) = mpsc::unbounded_channel::<Job>();
+    let mut reader = tokio::spawn(read_responses(addr.clone(), r, inflight_rx));
+    let mut buf = Vec::with_capacity(HEADER_LEN + COALESCE);
+    loop {
+        while let Some(job) = queue.pop_front() {
+            if !job.live() {
+                continue;
+            }
+            let deadline = job.deadline;
+            let expects_response = addr.v2 || job.batch.request(job.index).request.opcode == Opcode::Read;
+            if expects_response {
+                if let Err(mpsc::error::SendError(job)) = inflight_tx.send(job.clone()) {
+                    queue.push_front(job);
+                    break;
+                }
+            }
+            match timeout_at(deadline, write_request(&mut w, &job, addr.v2, &mut buf)).await {
+                Ok(Ok(())) => {
+                    if !expects_response {
+                        job.finish(Ok(())); // v1 WRITE: no acknowledgement exists
+                    }
+                }
+                Ok(Err(e)) => {
+                    if !expects_response {
+                        job.finish(Err(lost(addr, "write failed", &e)));
+                    }
+                    tracing::debug!(error = %e, "tcp initiator: write failed; connection dropped");
+                    return finish(w, inflight_tx, reader, queue).await;
+                }
+                Err(_) => {
+                    if !expects_response {
+                        job.finish(Err(Error::timeout("tcp request not sent before its deadline")));
+                    }
+                    return finish(w, inflight_tx, reader, queue).await;
+                }
+            }
+        }
+        tokio::select! {
+            next = rx.recv() => match next {
+                Some(job) => queue.push_back(job),
+                None => return finish(w, inflight_tx, reader, queue).await,
+            },
+            retry = &mut reader => {
+                // The reader ended: the connection is gone. Its requests were failed or handed
+                // back for retry.
+                let mut retry = retry.unwrap_or_default();
+                retry.extend(queue);
+                return retry;
+            }
+        }
+    }
+}
+
+async fn finish(
+    mut w: OwnedWriteHalf,
+    inflight_tx: mpsc::UnboundedSender<Job>,
+    reader: tokio::task::JoinHandle<VecDeque<Job>>,
+    queue: VecDeque<Job>,
+) -> VecDeque<Job> {
+    drop(inflight_tx);
+    let _ = w.shutdown().await;
+    let mut retry = reader.await.unwrap_or_default();
+    retry.extend(queue);
+    retry
+}
+
+async fn write_request(w: &mut OwnedWriteHalf, job: &Job, v2: bool, buf: &mut Vec<u8>) -> std::io::Result<()> {
+    let v = job.batch.request(job.index);
+    let r = &v.request;
+    let header = Header { size: r.length, addr: r.target_offset, opcode: r.opcode, v2 }.encode();
+    if r.opcode == Opcode::Read {
+        return w.write_all(&header).await;
+    }
+    let payload = bytes(&v.local, r.source, r.length)
+        .ok_or_else(|| std::io::Error::other("local range outside its leased region"))?;
+    if payload.len() <= COALESCE {
+        buf.clear();
+        buf.extend_from_slice(&header);
+        buf.extend_from_slice(payload);
+        w.write_all(buf).await
+    } else {
+        w.write_all(&header).await?;
+        w.write_all(payload).await
+    }
+}
+
+/// Reads responses in request order. Returns the requests to retry when the peer closed the
+/// connection while nothing was in flight.
+async fn read_responses(
+    addr: PeerAddr,
+    mut r: OwnedReadHalf,
+    mut inflight: mpsc::UnboundedReceiver<Job>,
+) -> VecDeque<Job> {
+    let failure = loop {
+        let job = tokio::select! {
+            biased;
+            job = inflight.recv() => match job {
+                Some(j) => j,
+                None => return VecDeque::new(),
+            },
+            // Nothing in flight: watch for the peer closing the idle connection.
+            closed = idle_close(&mut r) => {
+                tracing::trace!(?closed, "tcp initiator: idle connection closed by peer");
+                inflight.close();
+                let mut retry = VecDeque::new();
+                while let Ok(j) = inflight.try_recv() {
+                    retry.push_back(j);
+                }
+                return retry;
+            }
+        };
+        match timeout_at(job.deadline, read_response(&mut r, &job, addr.v2)).await {
+            Ok(Ok(outcome)) => job.finish(outcome),
+            Ok(Err(e)) => {
+                let err = lost(&addr, "connection lost", e);
+                job.finish(Err(err.duplicate()));
+                break err;
+            }
+            Err(_) => {
+                let err = Error::timeout(format!(
+                    "tcp peer {}:{}: no response before the request's deadline",
+                    addr.host, addr.port
+                ));
+                job.finish(Err(err.duplicate()));
+                break err;
+            }
+        }
+    };
+    inflight.close();
+    while let Some(j) = inflight.recv().await {
+        j.finish(Err(failure.duplicate()));
+    }
+    VecDeque::new()
+}
+
+/// Completes when the peer closes (or breaks) a connection on which nothing is in flight; a
+/// byte arriving unasked is a protocol error and also ends the connection.
+async fn idle_close(r: &mut OwnedReadHalf) -> std::io::Result<usize> {
+    let mut b = [0u8; 1];
+    r.peek(&mut b).await
+}
+
+async fn read_response(r: &mut OwnedReadHalf, job: &Job, v2: bool) -> std::io::Result<Result<(), Error>> {
+    let v = job.batch.request(job.index);
+    let req = &v.request;
+    if v2 {
+        let mut st = [0u8; STATUS_LEN];
+        r.read_exact(&mut st).await?;
+        match Status::decode(&st) {
+            Ok(Status::Ok) => {}
+            Ok(Status::Rejected) => {
+                return Ok(Err(Error::new(
+                    ErrorKind::OutOfBounds,
+                    format!(
+                        "peer rejected {:?} of {:#x}+{}: outside its registered memory",
+                        req.opcode, req.target_offset, req.length
+                    ),
+                )));
+            }
+            Err(e) => return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, e)),
+        }
+    }
+    if req.opcode == Opcode::Read {
+        let dst = bytes_mut(&v.local, req.source, req.length)
+            .ok_or_else(|| std::io::Error::other("local range outside its leased region"))?;
+        r.read_exact(dst).await?;
+    }
+    Ok(Ok(()))
+}
+
+/// Default request deadline from a timeout.
+pub(crate) fn deadline(timeout: Duration) -> Instant {
+    Instant::now() + timeout
+}
