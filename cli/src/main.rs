@@ -2,6 +2,7 @@
 //! engines on the embedded default; `ferry doctor` validates a config and explains what Ferry
 //! resolved from it.
 
+mod bench;
 mod demo;
 mod doctor;
 mod stats;
@@ -22,6 +23,9 @@ enum Command {
     /// Two engines in this process, KV-shaped buffers, block-level transfers in both directions,
     /// checksums verified. Needs no server and no config.
     Demo(demo::DemoArgs),
+    /// Measure transfers against a target, with the flags of Mooncake's transfer_engine_bench
+    /// (`--mode=target|initiator`, `--segment_id`, `--operation`, `--block_size`, ...).
+    Bench(bench::BenchArgs),
     /// Validate a mooncake.json (FILE, else $MOONCAKE_CONFIG_PATH, else the embedded default)
     /// and print what Ferry resolved from it.
     Doctor(doctor::DoctorArgs),
@@ -43,6 +47,7 @@ fn main() -> std::process::ExitCode {
     let result = runtime.block_on(async {
         match cli.command {
             Command::Demo(args) => demo::run(args).await,
+            Command::Bench(args) => bench::run(args).await,
             Command::Doctor(args) => doctor::run(args).await,
         }
     });

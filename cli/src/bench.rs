@@ -1,0 +1,259 @@
+//! `ferry bench`: the flags of Mooncake's `transfer_engine_bench`, so the two can be swapped in
+//! one command line, plus latency percentiles, a progress bar and JSON output.
+//!
+//! Target: `ferry bench --mode=target --metadata_server=P2PHANDSHAKE --local_server_name=127.0.0.1`
+//! prints `listening on <host>:<port>` and serves its buffer until interrupted.
+//! Initiator: `ferry bench --segment_id=<host>:<port> --operation=read --block_size=65536 ...`
+//! ends with Mooncake's `throughput X GB/s` line.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail, ensure};
+use clap::{Args, ValueEnum};
+use ferry::{ByteSize, Config, Location, Opcode, TransferEngine, TransferRequest};
+use indicatif::{ProgressBar, ProgressStyle};
+
+use crate::stats::{fmt_latency, percentile};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Mode {
+    Target,
+    Initiator,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Operation {
+    Read,
+    Write,
+}
+
+/// Options of `ferry bench` (names and defaults as in Mooncake's `transfer_engine_bench`, except
+/// where noted).
+#[derive(Debug, Args)]
+pub(crate) struct BenchArgs {
+    /// Running mode: the initiator reads/writes blocks of the target's buffer.
+    #[arg(long, value_enum, default_value_t = Mode::Initiator)]
+    mode: Mode,
+    /// Transfer protocol.
+    #[arg(long, default_value = "tcp")]
+    protocol: String,
+    /// Metadata server (Mooncake's default is an etcd address; Ferry's is P2PHANDSHAKE).
+    #[arg(long = "metadata_server", default_value = "P2PHANDSHAKE")]
+    metadata_server: String,
+    /// Local server name for segment discovery.
+    #[arg(long = "local_server_name", default_value = "127.0.0.1")]
+    local_server_name: String,
+    /// Segment to access (initiator): the target's `listening on` address with P2PHANDSHAKE.
+    #[arg(long = "segment_id")]
+    segment_id: Option<String>,
+    /// Operation: read or write.
+    #[arg(long, value_enum, default_value_t = Operation::Read)]
+    operation: Operation,
+    /// Total size of the data buffer (units accepted: 1GiB, 512MB).
+    #[arg(long = "buffer_size", default_value = "1GiB", value_parser = parse_size)]
+    buffer_size: u64,
+    /// Bytes per transfer request.
+    #[arg(long = "block_size", default_value = "65536", value_parser = parse_size)]
+    block_size: u64,
+    /// Requests per batch.
+    #[arg(long = "batch_size", default_value_t = 128)]
+    batch_size: u32,
+    /// Submitting threads (Mooncake's default is 12).
+    #[arg(long, default_value_t = 4)]
+    threads: u32,
+    /// Test duration in seconds.
+    #[arg(long, default_value_t = 10)]
+    duration: u64,
+    /// Throughput unit: GB, GiB, Gb, MB, MiB, Mb, KB, KiB, Kb.
+    #[arg(long = "report_unit", default_value = "GB")]
+    report_unit: String,
+    /// Digits after the decimal point.
+    #[arg(long = "report_precision", default_value_t = 2)]
+    report_precision: usize,
+    /// Print a JSON summary on stdout instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+fn parse_size(s: &str) -> Result<u64, String> {
+    ByteSize::parse(s).map(|b| b.0).and_then(|b| if b == 0 { Err("size must be non-zero".into()) } else { Ok(b) })
+}
+
+fn unit_divisor(unit: &str) -> Result<f64> {
+    Ok(match unit {
+        "GB" => 1e9,
+        "GiB" => (1u64 << 30) as f64,
+        "Gb" => 1e9 / 8.0,
+        "MB" => 1e6,
+        "MiB" => (1u64 << 20) as f64,
+        "Mb" => 1e6 / 8.0,
+        "KB" => 1e3,
+        "KiB" => 1024.0,
+        "Kb" => 1e3 / 8.0,
+        other => bail!("--report_unit {other:?} is not one of GB, GiB, Gb, MB, MiB, Mb, KB, KiB, Kb"),
+    })
+}
+
+/// Peak resident set size of this process (Linux `VmHWM`), in bytes.
+fn peak_rss() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+async fn engine(args: &BenchArgs) -> Result<TransferEngine> {
+    let cfg = serde_json::json!({
+        "local_hostname": args.local_server_name,
+        "metadata_server": args.metadata_server,
+        "protocol": args.protocol,
+    });
+    let mut config = Config::from_json_str(&cfg.to_string(), None)?;
+    config.apply_env(|k| std::env::var(k).ok())?;
+    Ok(ferry::builder().config(config).build().await?)
+}
+
+pub(crate) async fn run(args: BenchArgs) -> Result<std::process::ExitCode> {
+    ensure!(args.block_size <= args.buffer_size, "--block_size must not exceed --buffer_size");
+    ensure!(args.batch_size > 0 && args.threads > 0, "--batch_size and --threads must be at least 1");
+    let divisor = unit_divisor(&args.report_unit)?;
+    let len = usize::try_from(args.buffer_size).context("--buffer_size too large for this machine")?;
+    // The buffer is touched once so its pages exist before timing starts.
+    let mut buffer = vec![0u8; len];
+    for (i, chunk) in buffer.chunks_mut(4096).enumerate() {
+        chunk[0] = i as u8;
+    }
+    let engine = engine(&args).await?;
+    let base = buffer.as_ptr() as u64;
+    engine.register_memory(base, args.buffer_size, Location::Cpu(0)).await.context("registering the buffer")?;
+
+    if args.mode == Mode::Target {
+        println!("listening on {}", engine.segment_name());
+        eprintln!("ferry bench target: serving {} bytes; stop with Ctrl-C or SIGTERM", args.buffer_size);
+        wait_for_signal().await?;
+        engine.shutdown().await?;
+        drop(buffer);
+        return Ok(std::process::ExitCode::SUCCESS);
+    }
+
+    let segment = args.segment_id.clone().context("--segment_id is required in initiator mode")?;
+    let peer = engine.open_segment(&segment).await?;
+    let remote = engine.segment(peer)?;
+    let rbuf = remote.descriptor().buffers.first().cloned().context("the target publishes no buffer")?;
+    let span = rbuf.length.min(args.buffer_size);
+    ensure!(span >= args.block_size, "the target's buffer ({} bytes) is smaller than --block_size", rbuf.length);
+    let slots = span / args.block_size;
+    let opcode = if args.operation == Operation::Read { Opcode::Read } else { Opcode::Write };
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let bytes = Arc::new(AtomicU64::new(0));
+    let bar = if args.json { ProgressBar::hidden() } else { ProgressBar::new(args.duration) };
+    bar.set_style(
+        ProgressStyle::with_template("[{bar:40}] {pos}/{len} s  {msg}").expect("static template").progress_chars("=> "),
+    );
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for t in 0..args.threads {
+        let (engine, stop, bytes) = (engine.clone(), stop.clone(), bytes.clone());
+        let (batch_size, block, timeout) = (args.batch_size as u64, args.block_size, engine.transfer_timeout());
+        let (lbase, rbase, threads) = (base, rbuf.addr, u64::from(args.threads));
+        tasks.push(tokio::spawn(async move {
+            let mut latencies = Vec::new();
+            let mut round = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let reqs: Vec<TransferRequest> = (0..batch_size)
+                    .map(|i| {
+                        // Thread t uses every threads-th group of batch_size slots: no two threads
+                        // move the same block at once.
+                        let slot = ((round * threads + u64::from(t)) * batch_size + i) % slots;
+                        TransferRequest {
+                            opcode,
+                            source: lbase + slot * block,
+                            target: peer,
+                            target_offset: rbase + slot * block,
+                            length: block,
+                        }
+                    })
+                    .collect();
+                let t0 = Instant::now();
+                engine.submit(&reqs).await?.wait_ok(timeout).await?;
+                latencies.push(t0.elapsed());
+                bytes.fetch_add(batch_size * block, Ordering::Relaxed);
+                round += 1;
+            }
+            anyhow::Ok(latencies)
+        }));
+    }
+    let deadline = started + Duration::from_secs(args.duration);
+    while Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(200).min(deadline - Instant::now())).await;
+        let secs = started.elapsed().as_secs_f64();
+        bar.set_position(secs as u64);
+        bar.set_message(format!("{:.2} {}/s", bytes.load(Ordering::Relaxed) as f64 / secs / divisor, args.report_unit));
+        if tasks.iter().any(|t| t.is_finished()) {
+            break;
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    let mut latencies = Vec::new();
+    for t in tasks {
+        latencies.extend(t.await.context("a submitting task panicked")??);
+    }
+    let elapsed = started.elapsed();
+    bar.finish_and_clear();
+    latencies.sort_unstable();
+    let moved = bytes.load(Ordering::Relaxed);
+    let rate = moved as f64 / elapsed.as_secs_f64() / divisor;
+    let p = args.report_precision;
+    let peak = peak_rss();
+    if args.json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "operation": format!("{:?}", args.operation).to_lowercase(),
+                "protocol": args.protocol,
+                "block_size": args.block_size,
+                "batch_size": args.batch_size,
+                "threads": args.threads,
+                "duration_s": elapsed.as_secs_f64(),
+                "bytes": moved,
+                "batches": latencies.len(),
+                "throughput": rate,
+                "unit": format!("{}/s", args.report_unit),
+                "batch_latency_us": {
+                    "p50": percentile(&latencies, 50.0).as_secs_f64() * 1e6,
+                    "p99": percentile(&latencies, 99.0).as_secs_f64() * 1e6,
+                    "p999": percentile(&latencies, 99.9).as_secs_f64() * 1e6,
+                },
+                "peak_rss_bytes": peak,
+                "buffer_bytes": args.buffer_size,
+            })
+        );
+    } else {
+        println!(
+            "Test completed: duration {:.2}, batch count {}, batch latency p50 {} p99 {} p999 {}, peak RSS {} MiB (buffer {} MiB)",
+            elapsed.as_secs_f64(),
+            latencies.len(),
+            fmt_latency(percentile(&latencies, 50.0)),
+            fmt_latency(percentile(&latencies, 99.0)),
+            fmt_latency(percentile(&latencies, 99.9)),
+            peak.map(|b| b >> 20).unwrap_or(0),
+            args.buffer_size >> 20,
+        );
+        println!("throughput {rate:.p$} {}/s", args.report_unit);
+    }
+    engine.shutdown().await?;
+    drop(buffer);
+    Ok(std::process::ExitCode::SUCCESS)
+}
+
+async fn wait_for_signal() -> Result<()> {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        r = tokio::signal::ctrl_c() => r?,
+        _ = term.recv() => {}
+    }
+    Ok(())
+}
