@@ -58,8 +58,10 @@ fn overhead(c: &mut Criterion) {
         let b = engine(&rt, reg, protocol, &meta, &format!("{protocol}-b"));
         let src = vec![1u8; BATCH * REQ as usize];
         let dst = vec![0u8; BATCH * REQ as usize];
-        rt.block_on(a.register_memory(src.as_ptr() as u64, src.len() as u64, Location::Cpu(0))).unwrap();
-        rt.block_on(b.register_memory(dst.as_ptr() as u64, dst.len() as u64, Location::Cpu(0))).unwrap();
+        // SAFETY: the buffers outlive the engines' use of them (the benchmark loop below).
+        rt.block_on(unsafe { a.register_memory(src.as_ptr() as u64, src.len() as u64, Location::Cpu(0)) }).unwrap();
+        // SAFETY: as above.
+        rt.block_on(unsafe { b.register_memory(dst.as_ptr() as u64, dst.len() as u64, Location::Cpu(0)) }).unwrap();
         let peer = rt.block_on(b.open_segment(a.segment_name())).unwrap();
         assert_eq!(b.segment(peer).unwrap().transport().protocol(), protocol);
         let reqs: Vec<TransferRequest> = (0..BATCH as u64)
@@ -97,8 +99,10 @@ fn bandwidth(c: &mut Criterion) {
     for (label, size) in [("1MiB", 1usize << 20), ("64MiB", 64usize << 20)] {
         let src = vec![7u8; size];
         let mut dst = vec![1u8; size];
-        rt.block_on(a.register_memory(src.as_ptr() as u64, size as u64, Location::Cpu(0))).unwrap();
-        rt.block_on(b.register_memory(dst.as_ptr() as u64, size as u64, Location::Cpu(0))).unwrap();
+        // SAFETY: both buffers are unregistered below before they are dropped.
+        rt.block_on(unsafe { a.register_memory(src.as_ptr() as u64, size as u64, Location::Cpu(0)) }).unwrap();
+        // SAFETY: as above.
+        rt.block_on(unsafe { b.register_memory(dst.as_ptr() as u64, size as u64, Location::Cpu(0)) }).unwrap();
         let peer = rt.block_on(b.open_segment("bw-a")).unwrap();
         let req = [TransferRequest {
             opcode: Opcode::Read,

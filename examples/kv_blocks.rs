@@ -22,8 +22,12 @@ fn main() -> anyhow::Result<()> {
     let d_cache: Vec<Vec<u8>> = (0..2 * LAYERS).map(|_| vec![0u8; region_len]).collect();
     let regions =
         |c: &[Vec<u8>]| c.iter().map(|t| (t.as_ptr() as u64, t.len() as u64, Location::Cpu(0))).collect::<Vec<_>>();
-    prefill.block_on(prefill.register_memory_batch(&regions(&p_cache)))??;
-    decode.block_on(decode.register_memory_batch(&regions(&d_cache)))??;
+    let (p_regions, d_regions) = (regions(&p_cache), regions(&d_cache));
+    // SAFETY: the tensors are heap buffers that live until the end of `main`, after both
+    // engines shut down, and no reference into them is held while transfers run.
+    prefill.block_on(unsafe { prefill.register_memory_batch(&p_regions) })??;
+    // SAFETY: as above.
+    decode.block_on(unsafe { decode.register_memory_batch(&d_regions) })??;
 
     // The prefill side describes its layout; in a real deployment it sends this (it is
     // serialisable) to the decode side together with the request's block ids.

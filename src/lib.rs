@@ -26,8 +26,11 @@
 //! let mut src = vec![7u8; 8 * 64];
 //! let mut dst = vec![0u8; 8 * 64];
 //! let (src_addr, dst_addr) = (src.as_mut_ptr() as u64, dst.as_mut_ptr() as u64);
-//! prefill.register_memory_blocking(src_addr, src.len() as u64, Location::Cpu(0))?;
-//! decode.register_memory_blocking(dst_addr, dst.len() as u64, Location::Cpu(0))?;
+//! // SAFETY: both vectors outlive the engines' use of them, and are read only after the
+//! // transfer completed.
+//! unsafe { prefill.register_memory_blocking(src_addr, src.len() as u64, Location::Cpu(0)) }?;
+//! // SAFETY: as above.
+//! unsafe { decode.register_memory_blocking(dst_addr, dst.len() as u64, Location::Cpu(0)) }?;
 //! let local = decode.register_kv_layout(KvLayout::uniform(&[dst_addr], 8, 64))?;
 //! let remote = KvLayout::uniform(&[src_addr], 8, 64);
 //!

@@ -1,6 +1,9 @@
 //! The KV-block API end to end: only the named blocks move, adjacent blocks merge into one
 //! request, and failures are reported per block.
 
+// Test buffers are `common::Buffer`s that outlive the engines they are registered with.
+#![allow(clippy::undocumented_unsafe_blocks)]
+
 mod common;
 
 use std::sync::Arc;
@@ -33,8 +36,8 @@ async fn selected_blocks_move_in_both_directions_and_nothing_else() {
     let p_cache = kv_cache(10);
     let d_cache: Vec<Buffer> = (0..4).map(|_| Buffer::zeroed((BLOCKS as u64 * BLOCK_LEN) as usize)).collect();
     let regs = |c: &Vec<Buffer>| c.iter().map(|b| (b.addr(), b.len(), Location::Cpu(0))).collect::<Vec<_>>();
-    prefill.register_memory_batch(&regs(&p_cache)).await.unwrap();
-    decode.register_memory_batch(&regs(&d_cache)).await.unwrap();
+    unsafe { prefill.register_memory_batch(&regs(&p_cache)).await }.unwrap();
+    unsafe { decode.register_memory_batch(&regs(&d_cache)).await }.unwrap();
     let bases = |c: &Vec<Buffer>| c.iter().map(Buffer::addr).collect::<Vec<_>>();
     let d_layout = decode.register_kv_layout(KvLayout::uniform(&bases(&d_cache), BLOCKS, BLOCK_LEN)).unwrap();
     let p_layout = KvLayout::uniform(&bases(&p_cache), BLOCKS, BLOCK_LEN);
@@ -85,8 +88,8 @@ async fn heterogeneous_parallelism_reads_half_blocks() {
     // Prefill (TP=1) holds full 256-byte blocks; decode rank 1 of TP=2 holds 128-byte halves.
     let p = Buffer::filled((BLOCKS as u64 * BLOCK_LEN) as usize, 1);
     let d = Buffer::zeroed((BLOCKS as u64 * BLOCK_LEN / 2) as usize);
-    prefill.register_memory(p.addr(), p.len(), Location::Cpu(0)).await.unwrap();
-    decode.register_memory(d.addr(), d.len(), Location::Cpu(0)).await.unwrap();
+    unsafe { prefill.register_memory(p.addr(), p.len(), Location::Cpu(0)).await }.unwrap();
+    unsafe { decode.register_memory(d.addr(), d.len(), Location::Cpu(0)).await }.unwrap();
     let dl = decode.register_kv_layout(KvLayout::uniform(&[d.addr()], BLOCKS, BLOCK_LEN / 2)).unwrap();
     let pl = KvLayout::uniform(&[p.addr()], BLOCKS, BLOCK_LEN);
     let peer = decode.open_segment("prefill").await.unwrap();
@@ -111,8 +114,8 @@ async fn bad_block_requests_get_distinct_errors() {
     let (prefill, decode) = pair(&meta).await;
     let p = Buffer::filled(8 * 64, 1);
     let d = Buffer::zeroed(8 * 64);
-    prefill.register_memory(p.addr(), p.len(), Location::Cpu(0)).await.unwrap();
-    decode.register_memory(d.addr(), d.len(), Location::Cpu(0)).await.unwrap();
+    unsafe { prefill.register_memory(p.addr(), p.len(), Location::Cpu(0)).await }.unwrap();
+    unsafe { decode.register_memory(d.addr(), d.len(), Location::Cpu(0)).await }.unwrap();
     // A layout reaching past registered memory is refused at registration.
     let e = decode.register_kv_layout(KvLayout::uniform(&[d.addr()], 9, 64)).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::OutOfBounds, "{e}");
@@ -203,9 +206,8 @@ async fn failures_are_reported_per_block() {
     ferry::MetadataBackend::put(&*meta, "mooncake/ram/far", &remote.to_json()).await.unwrap();
     let e = builder(&meta).transports(reg).protocol("poisoned").build().await.unwrap();
     let bufs: Vec<Buffer> = (0..2).map(|_| Buffer::zeroed((BLOCKS as u64 * BLOCK_LEN) as usize)).collect();
-    e.register_memory_batch(&bufs.iter().map(|b| (b.addr(), b.len(), Location::Cpu(0))).collect::<Vec<_>>())
-        .await
-        .unwrap();
+    let regions: Vec<_> = bufs.iter().map(|b| (b.addr(), b.len(), Location::Cpu(0))).collect();
+    unsafe { e.register_memory_batch(&regions).await }.unwrap();
     let ll = e.register_kv_layout(KvLayout::uniform(&[bufs[0].addr(), bufs[1].addr()], BLOCKS, BLOCK_LEN)).unwrap();
     let rl = KvLayout::uniform(&[remote_base, remote_base + 0x10_0000], BLOCKS, BLOCK_LEN);
     let peer = e.open_segment("far").await.unwrap();

@@ -1,6 +1,9 @@
 //! Engines in one process moving data through the `local` transport, and the bad inputs that
 //! must be refused before a byte moves.
 
+// Test buffers are `common::Buffer`s that outlive the engines they are registered with.
+#![allow(clippy::undocumented_unsafe_blocks)]
+
 mod common;
 
 use std::time::Duration;
@@ -54,7 +57,7 @@ async fn an_engine_reaches_its_own_segment_by_memcpy() {
     let e = builder(&meta).protocol("null").segment_name("self").build().await.unwrap();
     assert_eq!(e.protocols(), vec!["local", "null"], "local is tried before the configured protocol");
     let buf = Buffer::filled(8192, 9);
-    e.register_memory(buf.addr(), buf.len(), Location::Any).await.unwrap();
+    unsafe { e.register_memory(buf.addr(), buf.len(), Location::Any).await }.unwrap();
     let me = e.open_segment("self").await.unwrap();
     assert_eq!(e.segment(me).unwrap().transport().protocol(), "local");
     // Overlapping copy within one region (memmove semantics).
@@ -145,11 +148,11 @@ async fn the_descriptor_cache_refreshes_when_the_peer_grows() {
     let a = Buffer::filled(4096, 1);
     let b = Buffer::filled(4096, 2);
     let dst = Buffer::zeroed(4096);
-    prefill.register_memory(a.addr(), a.len(), Location::Cpu(0)).await.unwrap();
-    decode.register_memory(dst.addr(), dst.len(), Location::Cpu(0)).await.unwrap();
+    unsafe { prefill.register_memory(a.addr(), a.len(), Location::Cpu(0)).await }.unwrap();
+    unsafe { decode.register_memory(dst.addr(), dst.len(), Location::Cpu(0)).await }.unwrap();
     let peer = decode.open_segment("prefill").await.unwrap();
     assert_eq!(decode.segment(peer).unwrap().descriptor().buffers.len(), 1);
-    prefill.register_memory(b.addr(), b.len(), Location::Cpu(0)).await.unwrap();
+    unsafe { prefill.register_memory(b.addr(), b.len(), Location::Cpu(0)).await }.unwrap();
     decode
         .transfer(&[TransferRequest {
             opcode: Opcode::Read,
@@ -223,8 +226,8 @@ fn blocking_api_outside_a_runtime() {
     let b = builder(&meta).segment_name("blk-b").build_blocking().unwrap();
     let src = Buffer::filled(1024, 5);
     let dst = Buffer::zeroed(1024);
-    a.register_memory_blocking(src.addr(), src.len(), Location::Cpu(0)).unwrap();
-    b.register_memory_blocking(dst.addr(), dst.len(), Location::Cpu(0)).unwrap();
+    unsafe { a.register_memory_blocking(src.addr(), src.len(), Location::Cpu(0)) }.unwrap();
+    unsafe { b.register_memory_blocking(dst.addr(), dst.len(), Location::Cpu(0)) }.unwrap();
     let peer = b.open_segment_blocking("blk-a").unwrap();
     b.transfer_blocking(&[TransferRequest {
         opcode: Opcode::Read,

@@ -1,6 +1,9 @@
 //! Error paths that real components cannot produce on demand, injected with mockall doubles of
 //! the three core traits.
 
+// Test buffers are `common::Buffer`s that outlive the engines they are registered with.
+#![allow(clippy::undocumented_unsafe_blocks)]
+
 mod common;
 
 use std::sync::Arc;
@@ -136,7 +139,7 @@ async fn a_failed_publication_fails_the_build_and_rolls_back_registration() {
     wire.expect_unregister_memory().times(1).returning(|_| Ok(()));
     let e = engine_with(wire, Arc::new(meta)).await.unwrap();
     let buf = Buffer::zeroed(64);
-    let err = e.register_memory(buf.addr(), buf.len(), Location::Cpu(0)).await.unwrap_err();
+    let err = unsafe { e.register_memory(buf.addr(), buf.len(), Location::Cpu(0)).await }.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Timeout, "{err}");
     assert!(e.memory().is_empty(), "the registration was rolled back");
 }
@@ -150,10 +153,8 @@ async fn a_transport_refusing_registration_rolls_it_back() {
     wire.expect_unregister_memory().times(1).returning(|_| Ok(()));
     let e = engine_with(wire, InProcessMetadata::new()).await.unwrap();
     let (a, b) = (Buffer::zeroed(64), Buffer::zeroed(4096));
-    let err = e
-        .register_memory_batch(&[(a.addr(), a.len(), Location::Any), (b.addr(), b.len(), Location::Any)])
-        .await
-        .unwrap_err();
+    let regions = [(a.addr(), a.len(), Location::Any), (b.addr(), b.len(), Location::Any)];
+    let err = unsafe { e.register_memory_batch(&regions).await }.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Transport);
     assert!(e.memory().is_empty());
     assert!(e.local_descriptor().buffers.is_empty());
@@ -187,7 +188,7 @@ async fn submit_errors_fail_every_request_and_peer_loss_refreshes_the_descriptor
         }
     });
     let e = engine_with(wire, meta.clone()).await.unwrap();
-    e.register_memory(buf.addr(), buf.len(), Location::Cpu(0)).await.unwrap();
+    unsafe { e.register_memory(buf.addr(), buf.len(), Location::Cpu(0)).await }.unwrap();
     let peer = e.open_segment("peer").await.unwrap();
     let reqs: Vec<TransferRequest> = (0..4)
         .map(|i| TransferRequest {
@@ -230,7 +231,7 @@ async fn a_transport_that_never_completes_times_out_and_can_be_cancelled() {
     wire.expect_submit().returning(|_, _, _| Ok(())); // accepts, then goes silent
     let e = engine_with(wire, meta).await.unwrap();
     let buf = Buffer::zeroed(64);
-    e.register_memory(buf.addr(), buf.len(), Location::Cpu(0)).await.unwrap();
+    unsafe { e.register_memory(buf.addr(), buf.len(), Location::Cpu(0)).await }.unwrap();
     let peer = e.open_segment("peer").await.unwrap();
     let b = e
         .submit(&[TransferRequest {

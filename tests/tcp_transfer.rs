@@ -1,6 +1,9 @@
 //! The TCP transport and the P2P handshake between Ferry engines over real loopback sockets,
 //! and the bad input and faults the target must survive.
 
+// Test buffers are `common::Buffer`s that outlive the engines they are registered with.
+#![allow(clippy::undocumented_unsafe_blocks)]
+
 mod common;
 
 use std::sync::Arc;
@@ -27,8 +30,8 @@ async fn reads_and_writes_of_every_size_cross_the_socket() {
     const LEN: usize = 20 << 20;
     let remote = pattern_buffer(LEN, 5);
     let local = Buffer::zeroed(LEN);
-    target.register_memory(remote.addr(), remote.len(), Location::Cpu(0)).await.unwrap();
-    initiator.register_memory(local.addr(), local.len(), Location::Cpu(0)).await.unwrap();
+    unsafe { target.register_memory(remote.addr(), remote.len(), Location::Cpu(0)).await }.unwrap();
+    unsafe { initiator.register_memory(local.addr(), local.len(), Location::Cpu(0)).await }.unwrap();
     let peer = initiator.open_segment(target.segment_name()).await.unwrap();
     assert_eq!(initiator.segment(peer).unwrap().transport().protocol(), "tcp");
     assert_eq!(initiator.segment(peer).unwrap().descriptor().tcp_proto_version, Some(2));
@@ -41,7 +44,7 @@ async fn reads_and_writes_of_every_size_cross_the_socket() {
     }
     // Write a different pattern into the target.
     let src = pattern_buffer(LEN, 77);
-    initiator.register_memory(src.addr(), src.len(), Location::Cpu(0)).await.unwrap();
+    unsafe { initiator.register_memory(src.addr(), src.len(), Location::Cpu(0)).await }.unwrap();
     for size in [1u64, 4096, 3 << 20] {
         initiator.transfer(&[req(Opcode::Write, src.addr(), peer, remote.addr() + 100, size)]).await.unwrap();
         assert_eq!(&remote.bytes()[100..100 + size as usize], &src.bytes()[..size as usize], "write of {size} bytes");
@@ -54,8 +57,8 @@ async fn a_large_batch_is_pipelined_over_the_lanes() {
     let initiator = p2p_tcp_engine(T).await;
     let remote = pattern_buffer(1 << 20, 9);
     let local = Buffer::zeroed(1 << 20);
-    target.register_memory(remote.addr(), remote.len(), Location::Cpu(0)).await.unwrap();
-    initiator.register_memory(local.addr(), local.len(), Location::Cpu(0)).await.unwrap();
+    unsafe { target.register_memory(remote.addr(), remote.len(), Location::Cpu(0)).await }.unwrap();
+    unsafe { initiator.register_memory(local.addr(), local.len(), Location::Cpu(0)).await }.unwrap();
     let peer = initiator.open_segment(target.segment_name()).await.unwrap();
     let reqs: Vec<TransferRequest> =
         (0..256u64).map(|i| req(Opcode::Read, local.addr() + i * 4096, peer, remote.addr() + i * 4096, 4096)).collect();
@@ -71,11 +74,9 @@ async fn a_rejected_request_fails_alone_and_the_connection_keeps_serving() {
     let a = pattern_buffer(8192, 1);
     let b = pattern_buffer(8192, 2);
     let local = Buffer::zeroed(8192);
-    target
-        .register_memory_batch(&[(a.addr(), a.len(), Location::Cpu(0)), (b.addr(), b.len(), Location::Cpu(0))])
-        .await
-        .unwrap();
-    initiator.register_memory(local.addr(), local.len(), Location::Cpu(0)).await.unwrap();
+    let regions = [(a.addr(), a.len(), Location::Cpu(0)), (b.addr(), b.len(), Location::Cpu(0))];
+    unsafe { target.register_memory_batch(&regions).await }.unwrap();
+    unsafe { initiator.register_memory(local.addr(), local.len(), Location::Cpu(0)).await }.unwrap();
     let peer = initiator.open_segment(target.segment_name()).await.unwrap();
     // The target gives `a` back after we cached its descriptor: our check passes, its check fails.
     target.unregister_memory(a.addr()).await.unwrap();
@@ -106,7 +107,7 @@ async fn raw_target(timeout: Duration) -> (ferry::TransferEngine, Buffer, u16) {
         .await
         .unwrap();
     let buf = pattern_buffer(1 << 16, 3);
-    e.register_memory(buf.addr(), buf.len(), Location::Cpu(0)).await.unwrap();
+    unsafe { e.register_memory(buf.addr(), buf.len(), Location::Cpu(0)).await }.unwrap();
     let port = e.local_descriptor().tcp_data_port.unwrap();
     (e, buf, port)
 }
@@ -212,8 +213,8 @@ async fn notifications_arrive_after_the_data() {
     let initiator = p2p_tcp_engine(T).await;
     let remote = Buffer::zeroed(4096);
     let local = pattern_buffer(4096, 4);
-    target.register_memory(remote.addr(), remote.len(), Location::Cpu(0)).await.unwrap();
-    initiator.register_memory(local.addr(), local.len(), Location::Cpu(0)).await.unwrap();
+    unsafe { target.register_memory(remote.addr(), remote.len(), Location::Cpu(0)).await }.unwrap();
+    unsafe { initiator.register_memory(local.addr(), local.len(), Location::Cpu(0)).await }.unwrap();
     let peer = initiator.open_segment(target.segment_name()).await.unwrap();
     initiator
         .transfer_with_notification(&[req(Opcode::Write, local.addr(), peer, remote.addr(), 4096)], "req-7:2")
@@ -265,7 +266,7 @@ async fn a_silent_peer_times_out_and_a_dead_peer_is_unreachable() {
         .await
         .unwrap();
     let local = Buffer::zeroed(4096);
-    e.register_memory(local.addr(), local.len(), Location::Cpu(0)).await.unwrap();
+    unsafe { e.register_memory(local.addr(), local.len(), Location::Cpu(0)).await }.unwrap();
 
     let peer = e.open_segment("silent").await.unwrap();
     let t = Instant::now();
@@ -283,19 +284,19 @@ async fn a_silent_peer_times_out_and_a_dead_peer_is_unreachable() {
 async fn a_peer_that_goes_away_fails_its_requests_and_a_restarted_one_is_reachable() {
     let initiator = p2p_tcp_engine(Duration::from_secs(2)).await;
     let local = Buffer::zeroed(1 << 20);
-    initiator.register_memory(local.addr(), local.len(), Location::Cpu(0)).await.unwrap();
+    unsafe { initiator.register_memory(local.addr(), local.len(), Location::Cpu(0)).await }.unwrap();
 
     let first = p2p_tcp_engine(T).await;
     let name = first.segment_name().to_owned();
     let remote = pattern_buffer(1 << 20, 1);
-    first.register_memory(remote.addr(), remote.len(), Location::Cpu(0)).await.unwrap();
+    unsafe { first.register_memory(remote.addr(), remote.len(), Location::Cpu(0)).await }.unwrap();
     let peer = initiator.open_segment(&name).await.unwrap();
     initiator.transfer(&[req(Opcode::Read, local.addr(), peer, remote.addr(), 1 << 20)]).await.unwrap();
 
     // Another peer keeps working throughout.
     let other = p2p_tcp_engine(T).await;
     let other_buf = pattern_buffer(4096, 2);
-    other.register_memory(other_buf.addr(), other_buf.len(), Location::Cpu(0)).await.unwrap();
+    unsafe { other.register_memory(other_buf.addr(), other_buf.len(), Location::Cpu(0)).await }.unwrap();
     let other_peer = initiator.open_segment(other.segment_name()).await.unwrap();
 
     first.shutdown().await.unwrap();
@@ -317,7 +318,7 @@ async fn a_peer_that_goes_away_fails_its_requests_and_a_restarted_one_is_reachab
     let again = ferry::builder().config(cfg).transports(tcp_only()).build().await.unwrap();
     assert_eq!(again.segment_name(), name);
     let remote2 = pattern_buffer(4096, 3);
-    again.register_memory(remote2.addr(), remote2.len(), Location::Cpu(0)).await.unwrap();
+    unsafe { again.register_memory(remote2.addr(), remote2.len(), Location::Cpu(0)).await }.unwrap();
     initiator.transfer(&[req(Opcode::Read, local.addr(), peer, remote2.addr(), 4096)]).await.unwrap();
     assert_eq!(&local.bytes()[..4096], remote2.bytes());
 }

@@ -578,21 +578,35 @@ impl TransferEngine {
         Ok(self.inner.runtime.block_on(fut))
     }
 
-    /// Registers `[addr, addr + len)` at `location` and republishes the descriptor.
+    /// Registers `[addr, addr + len)` at `location` and republishes the descriptor. From now on
+    /// local requests may use the range, and peers may read and write it.
     ///
     /// Errors: [`ErrorKind::InvalidArgument`] for a zero length, [`ErrorKind::AlreadyExists`]
     /// for an overlap, a transport's error (the registration is then rolled back).
-    pub async fn register_memory(&self, addr: u64, len: u64, location: Location) -> Result<()> {
-        self.register_memory_batch(&[(addr, len, location)]).await
+    ///
+    /// # Safety
+    /// See [`MemoryRegistry::register`]: the range must be memory this process owns, valid for
+    /// reads and writes by any thread (host memory, or device memory the transports can reach)
+    /// until it is unregistered or the engine is shut down, and Rust code must not hold
+    /// references into it while transfers may touch it.
+    #[allow(unsafe_code)]
+    pub async unsafe fn register_memory(&self, addr: u64, len: u64, location: Location) -> Result<()> {
+        // SAFETY: the caller's contract is this function's contract.
+        unsafe { self.register_memory_batch(&[(addr, len, location)]).await }
     }
 
     /// Registers several regions: all or none.
-    pub async fn register_memory_batch(&self, regions: &[(u64, u64, Location)]) -> Result<()> {
+    ///
+    /// # Safety
+    /// As for [`register_memory`](Self::register_memory), for every region.
+    #[allow(unsafe_code)]
+    pub async unsafe fn register_memory_batch(&self, regions: &[(u64, u64, Location)]) -> Result<()> {
         self.inner.check_open()?;
         if regions.is_empty() {
             return Err(Error::invalid("no regions to register"));
         }
-        let added = self.inner.memory.register_batch(regions)?;
+        // SAFETY: the caller's contract is this function's contract.
+        let added = unsafe { self.inner.memory.register_batch(regions) }?;
         if let Err(e) = self.attach(&added).await {
             let addrs: Vec<u64> = added.iter().map(|r| r.addr()).collect();
             drop(added);
@@ -656,8 +670,13 @@ impl TransferEngine {
     }
 
     /// Blocking form of [`register_memory`](Self::register_memory).
-    pub fn register_memory_blocking(&self, addr: u64, len: u64, location: Location) -> Result<()> {
-        self.block_on(self.register_memory(addr, len, location))?
+    ///
+    /// # Safety
+    /// As for [`register_memory`](Self::register_memory).
+    #[allow(unsafe_code)]
+    pub unsafe fn register_memory_blocking(&self, addr: u64, len: u64, location: Location) -> Result<()> {
+        // SAFETY: the caller's contract is this function's contract.
+        self.block_on(unsafe { self.register_memory(addr, len, location) })?
     }
 
     /// Blocking form of [`unregister_memory`](Self::unregister_memory).

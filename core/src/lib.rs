@@ -1,8 +1,10 @@
 //! # ferry-core
 //!
 //! The device-free heart of Ferry, a KV-cache transfer engine for disaggregated LLM serving.
-//! This crate holds no sockets, no FFI and no device code (and no `unsafe`): it defines the three
-//! traits everything else plugs into and the engine that ties them together.
+//! This crate holds no sockets, no FFI and no device code, and never dereferences a pointer: its
+//! only `unsafe` items are the registration functions, whose contract (the memory is valid until
+//! unregistered) is what the transports rely on. It defines the three traits everything else
+//! plugs into and the engine that ties them together.
 //!
 //! - [`Transport`]: moves bytes between local registered memory and a remote segment.
 //! - [`MetadataBackend`]: the key/value store where segment descriptors are published.
@@ -14,7 +16,7 @@
 //!
 //! Most users depend on the `ferry` facade crate instead, which pre-installs the transports
 //! compiled in.
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
 
 pub mod batch;
 pub mod config;

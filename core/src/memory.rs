@@ -128,7 +128,15 @@ impl MemoryRegistry {
     /// Registers `[addr, addr + len)`. Fails with [`ErrorKind::InvalidArgument`] for a zero length,
     /// [`ErrorKind::OutOfBounds`] when the range wraps around the address space, and
     /// [`ErrorKind::AlreadyExists`] when it overlaps a registered region.
-    pub fn register(&self, addr: u64, len: u64, location: Location) -> Result<Arc<Region>> {
+    ///
+    /// # Safety
+    /// Registration is the promise every transport relies on before it reads or writes the range:
+    /// `[addr, addr + len)` must be memory owned by this process and valid for reads and writes
+    /// from any thread (host memory, or device memory for transports that declare
+    /// `device_memory`) until the region is unregistered (or its engine is shut down), and no
+    /// Rust reference may be held into it while a transfer may touch it.
+    #[allow(unsafe_code)]
+    pub unsafe fn register(&self, addr: u64, len: u64, location: Location) -> Result<Arc<Region>> {
         let mut map = self.regions.write().unwrap_or_else(|p| p.into_inner());
         Self::insert_checked(&mut map, addr, len, location)
     }
@@ -158,7 +166,11 @@ impl MemoryRegistry {
     /// Registers several regions atomically: either all are registered or none is (a failure
     /// rolls back the ones registered before it). Regions in the batch must not overlap each
     /// other either.
-    pub fn register_batch(&self, regions: &[(u64, u64, Location)]) -> Result<Vec<Arc<Region>>> {
+    ///
+    /// # Safety
+    /// As for [`register`](Self::register), for every region.
+    #[allow(unsafe_code)]
+    pub unsafe fn register_batch(&self, regions: &[(u64, u64, Location)]) -> Result<Vec<Arc<Region>>> {
         let mut map = self.regions.write().unwrap_or_else(|p| p.into_inner());
         let mut done = Vec::with_capacity(regions.len());
         for (i, (addr, len, loc)) in regions.iter().enumerate() {
@@ -287,6 +299,20 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
+    // These tests register made-up addresses: the registry itself never dereferences them, and
+    // nothing here transfers.
+    #[allow(unsafe_code)]
+    fn reg(r: &MemoryRegistry, addr: u64, len: u64, loc: Location) -> Result<Arc<Region>> {
+        // SAFETY: no transport is attached; the addresses are only compared, never accessed.
+        unsafe { r.register(addr, len, loc) }
+    }
+
+    #[allow(unsafe_code)]
+    fn reg_batch(r: &MemoryRegistry, regions: &[(u64, u64, Location)]) -> Result<Vec<Arc<Region>>> {
+        // SAFETY: as in `reg`.
+        unsafe { r.register_batch(regions) }
+    }
+
     #[test]
     fn location_tags_parse_and_print() {
         for tag in ["cpu:0", "npu:7", "cuda:3", "*"] {
@@ -302,36 +328,35 @@ mod tests {
     #[test]
     fn overlapping_and_zero_length_are_refused_with_distinct_kinds() {
         let r = MemoryRegistry::new();
-        r.register(1000, 100, Location::Cpu(0)).unwrap();
-        assert_eq!(r.register(1050, 10, Location::Any).unwrap_err().kind(), ErrorKind::AlreadyExists);
-        assert_eq!(r.register(900, 101, Location::Any).unwrap_err().kind(), ErrorKind::AlreadyExists);
-        assert_eq!(r.register(2000, 0, Location::Any).unwrap_err().kind(), ErrorKind::InvalidArgument);
-        assert_eq!(r.register(u64::MAX - 1, 10, Location::Any).unwrap_err().kind(), ErrorKind::OutOfBounds);
+        reg(&r, 1000, 100, Location::Cpu(0)).unwrap();
+        assert_eq!(reg(&r, 1050, 10, Location::Any).unwrap_err().kind(), ErrorKind::AlreadyExists);
+        assert_eq!(reg(&r, 900, 101, Location::Any).unwrap_err().kind(), ErrorKind::AlreadyExists);
+        assert_eq!(reg(&r, 2000, 0, Location::Any).unwrap_err().kind(), ErrorKind::InvalidArgument);
+        assert_eq!(reg(&r, u64::MAX - 1, 10, Location::Any).unwrap_err().kind(), ErrorKind::OutOfBounds);
         // Adjacent regions are fine.
-        r.register(900, 100, Location::Any).unwrap();
-        r.register(1100, 100, Location::Any).unwrap();
+        reg(&r, 900, 100, Location::Any).unwrap();
+        reg(&r, 1100, 100, Location::Any).unwrap();
         assert_eq!(r.len(), 3);
     }
 
     #[test]
     fn batch_registration_rolls_back() {
         let r = MemoryRegistry::new();
-        r.register(5000, 10, Location::Any).unwrap();
-        let err = r
-            .register_batch(&[(0, 10, Location::Any), (100, 10, Location::Any), (5005, 1, Location::Any)])
-            .unwrap_err();
+        reg(&r, 5000, 10, Location::Any).unwrap();
+        let err =
+            reg_batch(&r, &[(0, 10, Location::Any), (100, 10, Location::Any), (5005, 1, Location::Any)]).unwrap_err();
         assert_eq!(err.kind(), ErrorKind::AlreadyExists);
         assert!(err.message().contains("entry 2"));
         assert_eq!(r.len(), 1, "the first two entries were rolled back");
         // Overlap within the batch itself.
-        assert!(r.register_batch(&[(0, 10, Location::Any), (5, 10, Location::Any)]).is_err());
+        assert!(reg_batch(&r, &[(0, 10, Location::Any), (5, 10, Location::Any)]).is_err());
         assert_eq!(r.len(), 1);
     }
 
     #[test]
     fn leases_block_unregistration() {
         let r = MemoryRegistry::new();
-        r.register(1000, 100, Location::Any).unwrap();
+        reg(&r, 1000, 100, Location::Any).unwrap();
         let lease = r.lease(1010, 20).unwrap();
         assert_eq!(r.unregister(1000).unwrap_err().kind(), ErrorKind::Busy);
         assert_eq!(r.unregister_batch(&[1000]).unwrap_err().kind(), ErrorKind::Busy);
@@ -343,8 +368,8 @@ mod tests {
     #[test]
     fn unregister_batch_is_all_or_nothing() {
         let r = MemoryRegistry::new();
-        r.register(0, 10, Location::Any).unwrap();
-        r.register(10, 10, Location::Any).unwrap();
+        reg(&r, 0, 10, Location::Any).unwrap();
+        reg(&r, 10, 10, Location::Any).unwrap();
         assert_eq!(r.unregister_batch(&[0, 99]).unwrap_err().kind(), ErrorKind::NotFound);
         assert_eq!(r.len(), 2);
         assert_eq!(r.unregister_batch(&[0, 0]).unwrap_err().kind(), ErrorKind::InvalidArgument);
@@ -355,7 +380,7 @@ mod tests {
     #[test]
     fn lookups_report_why() {
         let r = MemoryRegistry::new();
-        r.register(1000, 100, Location::Any).unwrap();
+        reg(&r, 1000, 100, Location::Any).unwrap();
         assert!(r.lease(1000, 100).is_ok());
         let e = r.lease(1050, 51).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::OutOfBounds);
@@ -377,7 +402,7 @@ mod tests {
             let mut accepted: Vec<(u64, u64)> = Vec::new();
             for (addr, len) in attempts {
                 let model_ok = len > 0 && accepted.iter().all(|&(a, l)| addr + len <= a || a + l <= addr);
-                let got = r.register(addr, len, Location::Any);
+                let got = reg(&r, addr, len, Location::Any);
                 prop_assert_eq!(got.is_ok(), model_ok);
                 if model_ok { accepted.push((addr, len)); }
             }

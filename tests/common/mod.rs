@@ -8,17 +8,28 @@ use ferry::{EngineBuilder, InProcessMetadata, MetadataBackend, TransferEngine};
 /// A heap buffer whose address is registered with an engine. Kept alive for the test.
 pub struct Buffer {
     data: Vec<u8>,
+    addr: u64,
 }
 
 impl Buffer {
     pub fn filled(len: usize, seed: u8) -> Self {
-        Self { data: (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect() }
+        Self::from(
+            std::iter::repeat_n(0u8, len)
+                .enumerate()
+                .map(|(i, _)| (i as u8).wrapping_mul(31).wrapping_add(seed))
+                .collect(),
+        )
     }
     pub fn zeroed(len: usize) -> Self {
-        Self { data: vec![0; len] }
+        Self::from(vec![0; len])
+    }
+    fn from(mut data: Vec<u8>) -> Self {
+        // The address comes from a mutable pointer: engines write through it.
+        let addr = data.as_mut_ptr() as u64;
+        Self { data, addr }
     }
     pub fn addr(&self) -> u64 {
-        self.data.as_ptr() as u64
+        self.addr
     }
     pub fn len(&self) -> u64 {
         self.data.len() as u64
@@ -61,8 +72,10 @@ pub async fn connected(meta: &Arc<InProcessMetadata>, len: usize, src_location: 
     let (prefill, decode) = pair(meta).await;
     let src = Buffer::filled(len, 3);
     let dst = Buffer::zeroed(len);
-    prefill.register_memory(src.addr(), src.len(), src_location).await.unwrap();
-    decode.register_memory(dst.addr(), dst.len(), ferry::Location::Cpu(0)).await.unwrap();
+    // SAFETY: `Connected` owns both buffers together with the engines.
+    unsafe { prefill.register_memory(src.addr(), src.len(), src_location).await }.unwrap();
+    // SAFETY: as above.
+    unsafe { decode.register_memory(dst.addr(), dst.len(), ferry::Location::Cpu(0)).await }.unwrap();
     let peer = decode.open_segment(prefill.segment_name()).await.unwrap();
     Connected { prefill, decode, src, dst, peer }
 }
