@@ -249,3 +249,55 @@ async fn blocking_calls_inside_a_runtime_are_an_error_not_a_panic() {
     assert_eq!(e.open_segment_blocking("x").unwrap_err().kind(), ErrorKind::InvalidArgument);
     assert_eq!(builder(&meta).build_blocking().unwrap_err().kind(), ErrorKind::InvalidArgument);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_shutdown_no_peer_reaches_the_memory_and_held_batches_keep_it_registered() {
+    let meta = InProcessMetadata::new();
+    let common::Connected { prefill, decode, src, dst, peer } = connected(&meta, 4096, Location::Cpu(0)).await;
+    // decode keeps a finished batch: its memory stays leased, so shutdown must refuse to release it.
+    let held = decode
+        .submit(&[TransferRequest {
+            opcode: Opcode::Read,
+            source: dst.addr(),
+            target: peer,
+            target_offset: src.addr(),
+            length: 64,
+        }])
+        .await
+        .unwrap();
+    held.wait_ok(T).await.unwrap();
+
+    prefill.shutdown().await.unwrap();
+    // prefill's memory may now be freed: decode's cached descriptor still lists it, but nothing
+    // may touch it any more.
+    let e = decode
+        .transfer(&[TransferRequest {
+            opcode: Opcode::Read,
+            source: dst.addr(),
+            target: peer,
+            target_offset: src.addr(),
+            length: 64,
+        }])
+        .await
+        .unwrap_err();
+    assert!(matches!(e.kind(), ErrorKind::Shutdown | ErrorKind::PeerUnreachable), "{e}");
+
+    let short = builder(&meta).segment_name("short").transfer_timeout(Duration::from_millis(50)).build().await.unwrap();
+    let buf = Buffer::zeroed(64);
+    unsafe { short.register_memory(buf.addr(), buf.len(), Location::Cpu(0)).await }.unwrap();
+    let me = short.open_segment("short").await.unwrap();
+    let own = short
+        .submit(&[TransferRequest {
+            opcode: Opcode::Write,
+            source: buf.addr(),
+            target: me,
+            target_offset: buf.addr(),
+            length: 8,
+        }])
+        .await
+        .unwrap();
+    let e = short.shutdown().await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Busy, "a held batch keeps its memory registered: {e}");
+    drop(own);
+    drop(held);
+}

@@ -174,6 +174,14 @@ impl Batch {
     /// Records the outcome of request `i`. The first outcome wins; later ones (for example a
     /// completion racing a cancellation) are ignored. Returns whether this call set it.
     pub fn complete(&self, i: usize, result: Result<()>) -> bool {
+        if i >= self.state.len() {
+            tracing::error!(
+                index = i,
+                len = self.state.len(),
+                "a transport completed a request index outside its batch"
+            );
+            return false;
+        }
         let new = match &result {
             Ok(()) => COMPLETED,
             Err(e) if e.kind() == ErrorKind::Cancelled => CANCELLED,
@@ -297,14 +305,20 @@ impl Batch {
     /// Blocking form of [`wait`](Self::wait), for callers outside an async runtime. Needs no
     /// runtime itself.
     pub fn wait_blocking(&self, timeout: Duration) -> Result<BatchStatus> {
-        let deadline = Instant::now() + timeout;
+        // A timeout too large to add to `now` means "no deadline".
+        let deadline = Instant::now().checked_add(timeout);
         let mut done = self.done_lock.lock().unwrap_or_else(|p| p.into_inner());
         while !*done {
-            let now = Instant::now();
-            if now >= deadline {
-                return Err(self.timeout_error(timeout));
-            }
-            done = self.done_cv.wait_timeout(done, deadline - now).unwrap_or_else(|p| p.into_inner()).0;
+            done = match deadline {
+                None => self.done_cv.wait(done).unwrap_or_else(|p| p.into_inner()),
+                Some(deadline) => {
+                    let now = Instant::now();
+                    if now >= deadline {
+                        return Err(self.timeout_error(timeout));
+                    }
+                    self.done_cv.wait_timeout(done, deadline - now).unwrap_or_else(|p| p.into_inner()).0
+                }
+            };
         }
         Ok(self.status())
     }
@@ -402,9 +416,10 @@ mod tests {
     fn blocking_wait_needs_no_runtime() {
         let b = batch(1);
         assert_eq!(b.wait_blocking(Duration::from_millis(10)).unwrap_err().kind(), ErrorKind::Timeout);
+        assert!(!b.complete(7, Ok(())), "an index outside the batch is ignored, not a panic");
         let b2 = b.clone();
         let t = std::thread::spawn(move || b2.complete(0, Ok(())));
-        b.wait_ok_blocking(Duration::from_secs(5)).unwrap();
+        b.wait_ok_blocking(Duration::MAX).unwrap();
         t.join().unwrap();
         assert!(b.elapsed() < Duration::from_secs(5));
     }

@@ -337,8 +337,8 @@ impl Config {
     /// Parses JSON text. `path` (if any) is used in error messages and provenance.
     pub fn from_json_str(text: &str, path: Option<&Path>) -> Result<Self> {
         let origin_name = path.map(|p| p.display().to_string()).unwrap_or_else(|| "inline config".into());
-        let de = &mut serde_json::Deserializer::from_str(text);
-        let mut cfg: Config = serde_path_to_error::deserialize(de).map_err(|e| {
+        let mut de = serde_json::Deserializer::from_str(text);
+        let mut cfg: Config = serde_path_to_error::deserialize(&mut de).map_err(|e| {
             let field = e.path().to_string();
             let inner = e.into_inner();
             let detail = strip_position(&inner.to_string());
@@ -355,8 +355,16 @@ impl Config {
             let (line, column) = field_position(text, top).unwrap_or((inner.line(), inner.column()));
             Error::config(format!("config {origin_name}: field `{field}` at line {line} column {column}: {detail}"))
         })?;
+        de.end().map_err(|e| {
+            Error::config(format!(
+                "config {origin_name}: trailing data after the JSON object at line {} column {}",
+                e.line(),
+                e.column()
+            ))
+        })?;
         // Unknown fields in a second pass (a flattened catch-all would lose error positions).
-        let value: Value = serde_json::from_str(text).expect("parsed above");
+        let value: Value =
+            serde_json::from_str(text).map_err(|e| Error::config(format!("config {origin_name}: {e}")))?;
         cfg.extra = crate::descriptor::unknown_fields(&value, KNOWN_FIELDS);
         let source = path.map(|p| FieldSource::File(p.to_owned())).unwrap_or(FieldSource::Inline);
         cfg.origin = Origin { path: path.map(Path::to_owned), text: Some(text.to_owned()) };
@@ -634,6 +642,9 @@ mod tests {
         assert_eq!(e.kind(), ErrorKind::Config);
         let m = e.message();
         assert!(m.contains("/tmp/m.json") && m.contains("global_segment_size") && m.contains("line 3"), "{m}");
+
+        let e = Config::from_json_str("{\"protocol\": \"tcp\"} {}", None).unwrap_err();
+        assert!(e.message().contains("trailing data"), "{e}");
 
         let e = Config::from_json_str("{\"protocol\": 5}", None).unwrap_err();
         assert!(e.message().contains("`protocol`"), "{e}");

@@ -130,8 +130,8 @@ impl SegmentDescriptor {
     /// Decodes a descriptor from JSON bytes. `origin` names where it came from (a metadata key,
     /// a peer) and appears in the error.
     pub fn from_json(origin: &str, bytes: &[u8]) -> Result<Self> {
-        let de = &mut serde_json::Deserializer::from_slice(bytes);
-        let desc: Self = serde_path_to_error::deserialize(de).map_err(|e| {
+        let mut de = serde_json::Deserializer::from_slice(bytes);
+        let desc: Self = serde_path_to_error::deserialize(&mut de).map_err(|e| {
             let path = e.path().to_string();
             let inner = e.into_inner();
             Error::invalid(format!(
@@ -141,10 +141,18 @@ impl SegmentDescriptor {
                 crate::config::strip_position(&inner.to_string())
             ))
         })?;
+        de.end().map_err(|e| {
+            Error::invalid(format!(
+                "segment descriptor from {origin} has trailing data at line {} column {}",
+                e.line(),
+                e.column()
+            ))
+        })?;
         let mut desc = desc;
         // Unknown fields are collected in a second pass: a flattened catch-all would make serde
         // buffer the input and lose the field path and position of errors.
-        let value: Value = serde_json::from_slice(bytes).expect("parsed above");
+        let value: Value = serde_json::from_slice(bytes)
+            .map_err(|e| Error::invalid(format!("segment descriptor from {origin} is malformed: {e}")))?;
         desc.extra = unknown_fields(&value, DESCRIPTOR_FIELDS);
         for (buf, v) in desc.buffers.iter_mut().zip(value["buffers"].as_array().into_iter().flatten()) {
             buf.extra = unknown_fields(v, BUFFER_FIELDS);
@@ -312,6 +320,8 @@ mod tests {
         assert!(e.message().contains("wraps"), "{e}");
         assert!(SegmentDescriptor::from_json("p", b"{\"name\":\"x\"").is_err());
         assert!(SegmentDescriptor::from_json("p", br#"{"name":"","protocol":"tcp"}"#).is_err());
+        let e = SegmentDescriptor::from_json("p", br#"{"name":"x","protocol":"tcp"} trailing"#).unwrap_err();
+        assert!(e.message().contains("trailing"), "{e}");
     }
 
     #[test]

@@ -264,6 +264,8 @@ struct EngineInner {
 
 impl Drop for EngineInner {
     fn drop(&mut self) {
+        // Peers in this process and transports still holding the registry get no new leases.
+        self.memory.close();
         if let Some(task) = self.watch_task.lock().unwrap_or_else(|p| p.into_inner()).take() {
             task.abort();
         }
@@ -390,6 +392,12 @@ impl EngineInner {
     /// Fetches `name` and stores it under its existing handle or a new one.
     async fn load_segment(&self, name: &str) -> Result<Arc<OpenSegment>> {
         let desc = self.fetch(name).await?;
+        if desc.name != name {
+            return Err(Error::invalid(format!(
+                "the descriptor stored for segment `{name}` names another segment, `{}`",
+                desc.name
+            )));
+        }
         let transport = self.pick_transport(&desc)?;
         let mut table = self.segments.write().unwrap_or_else(|p| p.into_inner());
         let handle = match table.by_name.get(name) {
@@ -769,10 +777,11 @@ impl TransferEngine {
         }
         let mut refreshed = vec![false; segments.len()];
         'validate: loop {
+            let caps: Vec<_> = segments.iter().map(|s| s.transport().capabilities()).collect();
             for (i, r) in requests.iter().enumerate() {
                 let slot = slot_of[i] as usize;
                 let seg = &segments[slot];
-                let caps = seg.transport().capabilities();
+                let caps = caps[slot];
                 if (r.opcode == Opcode::Read && !caps.read) || (r.opcode == Opcode::Write && !caps.write) {
                     return Err(request_error(
                         i,
@@ -825,13 +834,21 @@ impl TransferEngine {
     /// completed.
     pub async fn transfer(&self, requests: &[TransferRequest]) -> Result<()> {
         let batch = self.submit(requests).await?;
-        batch.wait_ok(self.transfer_timeout()).await
+        let outcome = batch.wait_ok(self.transfer_timeout()).await;
+        if outcome.as_ref().is_err_and(|e| e.kind() == ErrorKind::Timeout) {
+            batch.cancel();
+        }
+        outcome
     }
 
     /// Blocking form of [`transfer`](Self::transfer).
     pub fn transfer_blocking(&self, requests: &[TransferRequest]) -> Result<()> {
         let batch = self.submit_blocking(requests)?;
-        batch.wait_ok_blocking(self.transfer_timeout())
+        let outcome = batch.wait_ok_blocking(self.transfer_timeout());
+        if outcome.as_ref().is_err_and(|e| e.kind() == ErrorKind::Timeout) {
+            batch.cancel();
+        }
+        outcome
     }
 
     /// Registers a KV layout of local memory. Every region's bytes must lie inside one
@@ -952,20 +969,37 @@ impl TransferEngine {
         self.inner.resolvers.resolve(&q).await
     }
 
-    /// Removes this engine's entries from metadata and stops its transports. Later calls fail
-    /// with [`ErrorKind::Shutdown`]. Idempotent.
+    /// Shuts the engine down, after which its registered memory may be freed:
+    ///
+    /// 1. the memory registry closes (new requests from peers or from this engine are refused);
+    /// 2. the transports stop (their servers and connections end);
+    /// 3. it waits, up to the transfer timeout, until no request holds registered memory
+    ///    (batches hold their memory until dropped: drop finished batches first), then forgets
+    ///    every region — if leases remain, it fails with [`ErrorKind::Busy`] and the memory must
+    ///    not be freed yet;
+    /// 4. its entries are removed from metadata.
+    ///
+    /// Later calls fail with [`ErrorKind::Shutdown`]. Idempotent.
     pub async fn shutdown(&self) -> Result<()> {
         if self.inner.shut_down.swap(true, Ordering::AcqRel) {
             return Ok(());
         }
-        let mut first_err = None;
+        self.inner.memory.close();
+        for t in &self.inner.transports {
+            t.shutdown().await;
+        }
+        let deadline = tokio::time::Instant::now() + self.transfer_timeout();
+        let mut first_err = loop {
+            match self.inner.memory.clear() {
+                Ok(()) => break None,
+                Err(e) if tokio::time::Instant::now() >= deadline => break Some(e),
+                Err(_) => tokio::time::sleep(Duration::from_millis(2)).await,
+            }
+        };
         for key in [self.inner.keys.segment(&self.inner.name), self.inner.keys.rpc(&self.inner.name)] {
             if let Err(e) = self.inner.metadata.delete(&key).await {
                 first_err.get_or_insert(e);
             }
-        }
-        for t in &self.inner.transports {
-            t.shutdown().await;
         }
         if let Some(task) = self.inner.watch_task.lock().unwrap_or_else(|p| p.into_inner()).take() {
             task.abort();

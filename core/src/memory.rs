@@ -62,7 +62,7 @@ impl FromStr for Location {
 }
 
 /// One registered region: `[addr, addr + len)` in this process's address space.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Region {
     addr: u64,
     len: u64,
@@ -117,6 +117,8 @@ pub fn checked_range(addr: u64, len: u64) -> Result<u64> {
 #[derive(Debug, Default)]
 pub struct MemoryRegistry {
     regions: RwLock<BTreeMap<u64, Arc<Region>>>,
+    /// Set (under the write lock) by [`close`](MemoryRegistry::close): no new leases.
+    closed: std::sync::atomic::AtomicBool,
 }
 
 impl MemoryRegistry {
@@ -243,7 +245,40 @@ impl MemoryRegistry {
     /// when the range is not inside a single registered region.
     pub fn lease(&self, addr: u64, len: u64) -> Result<RegionLease> {
         let map = self.regions.read().unwrap_or_else(|p| p.into_inner());
+        self.check_open()?;
         Self::find_in(&map, addr, len).cloned()
+    }
+
+    fn check_open(&self) -> Result<()> {
+        if self.closed.load(std::sync::atomic::Ordering::Acquire) {
+            return Err(Error::new(ErrorKind::Shutdown, "the memory registry is closed: its engine shut down"));
+        }
+        Ok(())
+    }
+
+    /// Stops handing out leases (every later lookup fails with [`ErrorKind::Shutdown`]).
+    /// Leases already given stay valid until dropped; see [`leases`](Self::leases).
+    pub fn close(&self) {
+        let _map = self.regions.write().unwrap_or_else(|p| p.into_inner());
+        self.closed.store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    /// Number of leases outstanding on all regions (requests and batches holding memory).
+    pub fn leases(&self) -> usize {
+        let map = self.regions.read().unwrap_or_else(|p| p.into_inner());
+        map.values().map(|r| Arc::strong_count(r) - 1).sum()
+    }
+
+    /// Removes every region (after [`close`](Self::close) and once [`leases`](Self::leases) is
+    /// zero; fails with [`ErrorKind::Busy`] while any lease is outstanding).
+    pub fn clear(&self) -> Result<()> {
+        let mut map = self.regions.write().unwrap_or_else(|p| p.into_inner());
+        let leased: usize = map.values().map(|r| Arc::strong_count(r) - 1).sum();
+        if leased > 0 {
+            return Err(Error::new(ErrorKind::Busy, format!("{leased} lease(s) on registered memory are outstanding")));
+        }
+        map.clear();
+        Ok(())
     }
 
     fn find_in(map: &BTreeMap<u64, Arc<Region>>, addr: u64, len: u64) -> Result<&Arc<Region>> {
@@ -267,13 +302,14 @@ impl MemoryRegistry {
         ranges: impl Iterator<Item = (u64, u64)>,
     ) -> std::result::Result<Vec<RegionLease>, (usize, Error)> {
         let map = self.regions.read().unwrap_or_else(|p| p.into_inner());
+        self.check_open().map_err(|e| (0, e))?;
         ranges.enumerate().map(|(i, (addr, len))| Self::find_in(&map, addr, len).cloned().map_err(|e| (i, e))).collect()
     }
 
-    /// Snapshot of all regions, in address order.
-    pub fn regions(&self) -> Vec<Arc<Region>> {
+    /// Snapshot of all regions (copies, not leases), in address order.
+    pub fn regions(&self) -> Vec<Region> {
         let map = self.regions.read().unwrap_or_else(|p| p.into_inner());
-        map.values().cloned().collect()
+        map.values().map(|r| Region::clone(r)).collect()
     }
 
     /// Number of registered regions.
@@ -363,6 +399,22 @@ mod tests {
         drop(lease);
         r.unregister(1000).unwrap();
         assert_eq!(r.unregister(1000).unwrap_err().kind(), ErrorKind::NotFound);
+    }
+
+    #[test]
+    fn a_closed_registry_gives_no_new_leases_and_clears_once_leases_are_gone() {
+        let r = MemoryRegistry::new();
+        reg(&r, 0, 100, Location::Any).unwrap();
+        let held = r.lease(0, 10).unwrap();
+        let snapshot = r.regions();
+        assert_eq!(r.leases(), 1, "a snapshot is not a lease");
+        r.close();
+        assert_eq!(r.lease(0, 10).unwrap_err().kind(), ErrorKind::Shutdown);
+        assert_eq!(r.clear().unwrap_err().kind(), ErrorKind::Busy);
+        drop(held);
+        r.clear().unwrap();
+        assert!(r.is_empty());
+        assert_eq!(snapshot.len(), 1);
     }
 
     #[test]

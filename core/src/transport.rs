@@ -103,7 +103,7 @@ pub trait Transport: Send + Sync + 'static {
         Ok(())
     }
 
-    /// Called before a region is removed from the engine's registry.
+    /// Called after a region was removed from the engine's registry (no request holds it).
     async fn unregister_memory(&self, region: &Region) -> Result<()> {
         let _ = region;
         Ok(())

@@ -24,6 +24,7 @@ use ferry_core::{
 pub const PROTOCOL: &str = "local";
 
 struct LiveEngine {
+    segment: String,
     memory: Weak<MemoryRegistry>,
 }
 
@@ -33,9 +34,13 @@ fn directory() -> &'static Mutex<HashMap<String, LiveEngine>> {
     DIR.get_or_init(Default::default)
 }
 
-fn live_memory(instance: &str) -> Option<Arc<MemoryRegistry>> {
+/// The live registry of the engine that published `desc`. The descriptor's claimed instance
+/// must belong to an engine of this process *with that segment name*: a descriptor that names
+/// another engine's instance is not trusted.
+fn live_memory(desc: &SegmentDescriptor) -> Option<Arc<MemoryRegistry>> {
+    let instance = desc.ferry_instance.as_deref()?;
     let dir = directory().lock().unwrap_or_else(|p| p.into_inner());
-    dir.get(instance).and_then(|e| e.memory.upgrade())
+    dir.get(instance).filter(|e| e.segment == desc.name).and_then(|e| e.memory.upgrade())
 }
 
 /// Factory for the `local` transport (a companion: installed beside any configured protocol).
@@ -55,7 +60,10 @@ impl TransportFactory for LocalTransportFactory {
     async fn create(&self, ctx: &TransportContext) -> Result<Arc<dyn Transport>> {
         let mut dir = directory().lock().unwrap_or_else(|p| p.into_inner());
         dir.retain(|_, e| e.memory.strong_count() > 0);
-        dir.insert(ctx.instance.clone(), LiveEngine { memory: Arc::downgrade(&ctx.memory) });
+        dir.insert(
+            ctx.instance.clone(),
+            LiveEngine { segment: ctx.segment_name.clone(), memory: Arc::downgrade(&ctx.memory) },
+        );
         Ok(Arc::new(LocalTransport { instance: ctx.instance.clone() }))
     }
 }
@@ -128,12 +136,12 @@ impl Transport for LocalTransport {
     }
 
     fn serves(&self, target: &SegmentDescriptor) -> bool {
-        target.ferry_instance.as_deref().is_some_and(|id| live_memory(id).is_some())
+        live_memory(target).is_some()
     }
 
     /// Copies inline: a memcpy transport finishes its requests before `submit` returns.
     fn submit(&self, target: &Arc<OpenSegment>, batch: &Arc<Batch>, indices: &[u32]) -> Result<()> {
-        let owner = target.descriptor().ferry_instance.as_deref().and_then(live_memory).ok_or_else(|| {
+        let owner = live_memory(target.descriptor()).ok_or_else(|| {
             Error::unreachable(format!(
                 "the engine that published segment `{}` is no longer running in this process",
                 target.name()
