@@ -21,6 +21,29 @@ else
     RUNNER=(cargo test --workspace --no-fail-fast)
 fi
 
+# Mooncake's wheel, for the interop tests (tests/interop_mooncake.rs). If it cannot be installed
+# those tests fail and say why; nothing is skipped.
+need_debs=()
+for pkg in libibverbs1 libnuma1 librdmacm1 python3-venv; do
+    dpkg -s "$pkg" >/dev/null 2>&1 || need_debs+=("$pkg")
+done
+if [ ${#need_debs[@]} -gt 0 ]; then
+    say "apt-get install ${need_debs[*]}"
+    if [ "$(id -u)" = 0 ]; then
+        (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_debs[@]}") >/dev/null \
+            || echo "WARNING: could not install ${need_debs[*]}; the Mooncake interop tests will fail" >&2
+    else
+        echo "WARNING: not root; install ${need_debs[*]} for the Mooncake interop tests" >&2
+    fi
+fi
+VENV=.venv-mooncake
+if ! "$VENV/bin/python" -c 'import mooncake.engine' >/dev/null 2>&1; then
+    say "pip install mooncake-transfer-engine-non-cuda into $VENV"
+    { python3 -m venv "$VENV" && "$VENV/bin/pip" install -q mooncake-transfer-engine-non-cuda; } \
+        || echo "WARNING: could not install the Mooncake wheel; the interop tests will fail and say so" >&2
+fi
+export FERRY_MOONCAKE_PYTHON="$PWD/$VENV/bin/python"
+
 # --- servers -------------------------------------------------------------------------------
 # The suite needs no external server yet: the embedded in-process metadata store serves every
 # test. Metadata backends that need etcd or Redis start them here, on loopback, in $WORK.

@@ -1,0 +1,103 @@
+#!/usr/bin/env python3
+"""A Mooncake Transfer Engine peer (PyPI wheel) for Ferry's interop tests.
+
+  mooncake_peer.py target SIZE SEED
+      Serves a SIZE-byte buffer filled with pattern SEED over P2PHANDSHAKE + tcp. Prints one JSON
+      line {"segment", "addr", "size"}, then answers stdin commands:
+        check OFFSET LENGTH SEED   -> "ok" or "mismatch at N"
+        quit
+  mooncake_peer.py initiator SEGMENT REMOTE_ADDR REMOTE_SEED WRITE_OFFSET WRITE_SEED SIZE...
+      Reads each SIZE from SEGMENT at a few offsets and checks pattern REMOTE_SEED, then writes
+      pattern WRITE_SEED of each SIZE at REMOTE_ADDR + WRITE_OFFSET. Prints one JSON line.
+
+Pattern: byte k of a buffer (k counted from the buffer start) is (k + seed) % 251.
+"""
+import json
+import sys
+
+BASE = bytes(range(251))
+
+
+def pattern(offset, length, seed):
+    start = (offset + seed) % 251
+    reps = (start + length) // 251 + 1
+    return (BASE * reps)[start:start + length]
+
+
+def engine():
+    from mooncake.engine import TransferEngine
+
+    e = TransferEngine()
+    rc = e.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "")
+    if rc != 0:
+        raise SystemExit(f"mooncake initialize failed: {rc}")
+    return e
+
+
+def fill(e, addr, size, seed):
+    chunk = 8 << 20
+    off = 0
+    while off < size:
+        n = min(chunk, size - off)
+        if e.write_bytes_to_buffer(addr + off, pattern(off, n, seed), n) != 0:
+            raise SystemExit("write_bytes_to_buffer failed")
+        off += n
+
+
+def target(size, seed):
+    e = engine()
+    addr = e.allocate_managed_buffer(size)
+    if not addr:
+        raise SystemExit("allocate_managed_buffer failed")
+    fill(e, addr, size, seed)
+    print(json.dumps({"segment": f"127.0.0.1:{e.get_rpc_port()}", "addr": addr, "size": size}), flush=True)
+    for line in sys.stdin:
+        words = line.split()
+        if not words:
+            continue
+        if words[0] == "quit":
+            break
+        if words[0] == "check":
+            off, n, s = int(words[1]), int(words[2]), int(words[3])
+            got = e.read_bytes_from_buffer(addr + off, n)
+            want = pattern(0, n, s)
+            if got == want:
+                print("ok", flush=True)
+            else:
+                bad = next(i for i in range(n) if got[i] != want[i])
+                print(f"mismatch at {bad}: got {got[bad]} want {want[bad]}", flush=True)
+
+
+def initiator(segment, remote_addr, remote_seed, write_offset, write_seed, sizes):
+    e = engine()
+    size = max(sizes)
+    local = e.allocate_managed_buffer(size)
+    if not local:
+        raise SystemExit("allocate_managed_buffer failed")
+    result = {"reads": [], "writes": []}
+    for n in sizes:
+        for off in (0, 4097):
+            rc = e.transfer_sync_read(segment, local, remote_addr + off, n)
+            ok = rc == 0 and e.read_bytes_from_buffer(local, n) == pattern(off, n, remote_seed)
+            result["reads"].append({"size": n, "offset": off, "rc": rc, "ok": ok})
+    for n in sizes:
+        if e.write_bytes_to_buffer(local, pattern(0, n, write_seed), n) != 0:
+            raise SystemExit("write_bytes_to_buffer failed")
+        rc = e.transfer_sync_write(segment, local, remote_addr + write_offset, n)
+        result["writes"].append({"size": n, "rc": rc})
+    print(json.dumps(result), flush=True)
+
+
+def main():
+    mode = sys.argv[1]
+    if mode == "target":
+        target(int(sys.argv[2]), int(sys.argv[3]))
+    elif mode == "initiator":
+        a = sys.argv[2:]
+        initiator(a[0], int(a[1]), int(a[2]), int(a[3]), int(a[4]), [int(x) for x in a[5:]])
+    else:
+        raise SystemExit(f"unknown mode {mode}")
+
+
+if __name__ == "__main__":
+    main()

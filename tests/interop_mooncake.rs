@@ -1,0 +1,205 @@
+//! Interop with a peer nobody here wrote: Mooncake Transfer Engine's PyPI wheel
+//! (`mooncake-transfer-engine-non-cuda`), through P2PHANDSHAKE and the TCP data protocol, both
+//! directions, sizes from 1 byte to 64 MiB, every byte verified.
+//!
+//! The Python with the wheel is `$FERRY_MOONCAKE_PYTHON`, else `.venv-mooncake/bin/python` in the
+//! repository (`scripts/test.sh` installs it). Without it these tests fail, loudly: they are not
+//! skipped.
+
+// Test buffers are `common::Buffer`s that outlive the engines they are registered with.
+#![allow(clippy::undocumented_unsafe_blocks)]
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::PathBuf;
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::time::Duration;
+
+use common::{Buffer, p2p_tcp_engine, pattern, pattern_buffer};
+use ferry::{Location, Opcode, TransferRequest};
+
+const SIZES: [u64; 7] = [1, 7, 4096, 65_537, 1 << 20, 8 << 20, 64 << 20];
+const T: Duration = Duration::from_secs(30);
+
+fn mooncake_python() -> PathBuf {
+    let candidate = std::env::var_os("FERRY_MOONCAKE_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".venv-mooncake/bin/python"));
+    let ok = Command::new(&candidate)
+        .args(["-c", "import mooncake.engine"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(
+        ok,
+        "\n\n*** Mooncake interop cannot run: {} cannot import mooncake.engine.\n*** Install the wheel: \
+         python3 -m venv .venv-mooncake && .venv-mooncake/bin/pip install mooncake-transfer-engine-non-cuda \
+         (plus Debian libibverbs1 libnuma1 librdmacm1), or point FERRY_MOONCAKE_PYTHON at a Python that has it.\n",
+        candidate.display()
+    );
+    candidate
+}
+
+fn script() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/interop/mooncake_peer.py")
+}
+
+/// A Mooncake process, killed when dropped.
+struct Peer {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl Peer {
+    fn spawn(args: &[String]) -> Self {
+        let mut child = Command::new(mooncake_python())
+            .arg(script())
+            .args(args)
+            .env("GLOG_minloglevel", "2")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start the Mooncake peer");
+        let stdin = child.stdin.take().unwrap();
+        let stdout = BufReader::new(child.stdout.take().unwrap());
+        Self { child, stdin, stdout }
+    }
+
+    fn line(&mut self) -> String {
+        let mut l = String::new();
+        self.stdout.read_line(&mut l).expect("read from the Mooncake peer");
+        assert!(!l.is_empty(), "the Mooncake peer exited early (see its stderr above)");
+        l.trim().to_owned()
+    }
+
+    fn json(&mut self) -> serde_json::Value {
+        let l = self.line();
+        serde_json::from_str(&l).unwrap_or_else(|e| panic!("the Mooncake peer printed {l:?}: {e}"))
+    }
+
+    fn say(&mut self, s: &str) {
+        writeln!(self.stdin, "{s}").unwrap();
+        self.stdin.flush().unwrap();
+    }
+}
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        let _ = writeln!(self.stdin, "quit");
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ferry_initiator_reads_and_writes_a_mooncake_target() {
+    const SIZE: u64 = 160 << 20;
+    let mut mc = tokio::task::spawn_blocking(|| {
+        let mut p = Peer::spawn(&["target".into(), SIZE.to_string(), "5".into()]);
+        let info = p.json();
+        (p, info)
+    })
+    .await
+    .unwrap();
+    let (segment, addr) = (mc.1["segment"].as_str().unwrap().to_owned(), mc.1["addr"].as_u64().unwrap());
+
+    let ferry = p2p_tcp_engine(T).await;
+    let local = Buffer::zeroed(64 << 20);
+    unsafe { ferry.register_memory(local.addr(), local.len(), Location::Cpu(0)).await }.unwrap();
+    let peer = ferry.open_segment(&segment).await.unwrap();
+    let desc = ferry.segment(peer).unwrap().descriptor().clone();
+    assert_eq!(desc.protocol, "tcp", "Mooncake's descriptor, fetched through its handshake: {desc:?}");
+
+    for size in SIZES {
+        for off in [0u64, 4097] {
+            ferry
+                .transfer(&[TransferRequest {
+                    opcode: Opcode::Read,
+                    source: local.addr(),
+                    target: peer,
+                    target_offset: addr + off,
+                    length: size,
+                }])
+                .await
+                .unwrap_or_else(|e| panic!("read of {size} bytes at +{off}: {e}"));
+            let got = &local.bytes()[..size as usize];
+            let bad = got.iter().enumerate().position(|(k, &b)| b != pattern(k as u64 + off, 5));
+            assert_eq!(bad, None, "read of {size} bytes at +{off}: first wrong byte");
+        }
+    }
+
+    // Writes: pattern 99 into the upper part of Mooncake's buffer, verified by Mooncake itself.
+    let src = pattern_buffer(64 << 20, 99);
+    unsafe { ferry.register_memory(src.addr(), src.len(), Location::Cpu(0)).await }.unwrap();
+    let dest = 80u64 << 20;
+    for size in SIZES {
+        ferry
+            .transfer(&[TransferRequest {
+                opcode: Opcode::Write,
+                source: src.addr(),
+                target: peer,
+                target_offset: addr + dest,
+                length: size,
+            }])
+            .await
+            .unwrap_or_else(|e| panic!("write of {size} bytes: {e}"));
+        let answer = tokio::task::block_in_place(|| {
+            mc.0.say(&format!("check {dest} {size} 99"));
+            mc.0.line()
+        });
+        assert_eq!(answer, "ok", "Mooncake's check of a {size}-byte write");
+    }
+    // A batch of many small requests over the pipelined lanes.
+    let reqs: Vec<TransferRequest> = (0..256u64)
+        .map(|i| TransferRequest {
+            opcode: Opcode::Read,
+            source: local.addr() + i * 4096,
+            target: peer,
+            target_offset: addr + i * 4096,
+            length: 4096,
+        })
+        .collect();
+    ferry.transfer(&reqs).await.unwrap();
+    assert!(local.bytes()[..1 << 20].iter().enumerate().all(|(k, &b)| b == pattern(k as u64, 5)));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mooncake_initiator_reads_and_writes_a_ferry_target() {
+    let ferry = p2p_tcp_engine(T).await;
+    let buf = pattern_buffer(160 << 20, 5);
+    unsafe { ferry.register_memory(buf.addr(), buf.len(), Location::Cpu(0)).await }.unwrap();
+    let write_at = 80u64 << 20;
+    let mut args = vec![
+        "initiator".to_owned(),
+        ferry.segment_name().to_owned(),
+        buf.addr().to_string(),
+        "5".into(),
+        write_at.to_string(),
+        "77".into(),
+    ];
+    args.extend(SIZES.iter().map(|s| s.to_string()));
+    let result = tokio::task::spawn_blocking(move || {
+        let mut p = Peer::spawn(&args);
+        p.json()
+    })
+    .await
+    .unwrap();
+    for r in result["reads"].as_array().unwrap() {
+        assert_eq!(r["rc"], 0, "Mooncake read {r}");
+        assert_eq!(r["ok"], true, "Mooncake read wrong bytes: {r}");
+    }
+    assert_eq!(result["reads"].as_array().unwrap().len(), SIZES.len() * 2);
+    for w in result["writes"].as_array().unwrap() {
+        assert_eq!(w["rc"], 0, "Mooncake write {w}");
+    }
+    // The last (largest) write is what the region holds now; the byte before it is untouched.
+    let last = *SIZES.last().unwrap() as usize;
+    let region = &buf.bytes()[write_at as usize..write_at as usize + last];
+    let bad = region.iter().enumerate().position(|(k, &b)| b != pattern(k as u64, 77));
+    assert_eq!(bad, None, "first wrong byte of Mooncake's write");
+    assert_eq!(buf.bytes()[write_at as usize - 1], pattern(write_at - 1, 5));
+}
