@@ -6,6 +6,7 @@
 //! Initiator: `ferry bench --segment_id=<host>:<port> --operation=read --block_size=65536 ...`
 //! ends with Mooncake's `throughput X GB/s` line.
 
+use std::io::Write;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -211,8 +212,11 @@ pub(crate) async fn run(args: BenchArgs) -> Result<std::process::ExitCode> {
     let rate = moved as f64 / elapsed.as_secs_f64() / divisor;
     let p = args.report_precision;
     let peak = peak_rss();
+    // A closed stdout (`| head -1`) must not turn into a panic: output errors are ignored.
+    let mut out = std::io::stdout().lock();
     if args.json {
-        println!(
+        let _ = writeln!(
+            out,
             "{}",
             serde_json::json!({
                 "operation": format!("{:?}", args.operation).to_lowercase(),
@@ -235,7 +239,8 @@ pub(crate) async fn run(args: BenchArgs) -> Result<std::process::ExitCode> {
             })
         );
     } else {
-        println!(
+        let _ = writeln!(
+            out,
             "Test completed: duration {:.2}, batch count {}, batch latency p50 {} p99 {} p999 {}, peak RSS {} MiB (buffer {} MiB)",
             elapsed.as_secs_f64(),
             latencies.len(),
@@ -245,8 +250,9 @@ pub(crate) async fn run(args: BenchArgs) -> Result<std::process::ExitCode> {
             peak.map(|b| b >> 20).unwrap_or(0),
             args.buffer_size >> 20,
         );
-        println!("throughput {rate:.p$} {}/s", args.report_unit);
+        let _ = writeln!(out, "throughput {rate:.p$} {}/s", args.report_unit);
     }
+    drop(out);
     engine.shutdown().await?;
     drop(buffer);
     Ok(std::process::ExitCode::SUCCESS)

@@ -20,11 +20,14 @@ use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::mpsc;
 use tokio::time::{Instant, timeout_at};
 
+use crate::io::write_all_vectored;
 use crate::memory::{bytes, bytes_mut};
 use crate::wire::{HEADER_LEN, Header, STATUS_LEN, Status};
 
-/// Payloads up to this size are sent in one write together with their header.
+/// Payloads up to this size are copied next to their header and sent in one write.
 const COALESCE: usize = 64 * 1024;
+/// Gathered headers and small payloads are written once they reach this size.
+const FLUSH_AT: usize = 256 * 1024;
 
 /// One request handed to a lane.
 #[derive(Clone)]
@@ -134,39 +137,69 @@ async fn connection(
     let (r, mut w) = stream.into_split();
     let (inflight_tx, inflight_rx) = mpsc::unbounded_channel::<Job>();
     let mut reader = tokio::spawn(read_responses(addr.clone(), r, inflight_rx));
-    let mut buf = Vec::with_capacity(HEADER_LEN + COALESCE);
+    let mut buf = Vec::with_capacity(FLUSH_AT + HEADER_LEN + COALESCE);
     loop {
+        // Everything queued goes out in as few writes as possible: headers and small payloads
+        // are gathered into one buffer; a large payload is written from memory directly.
+        while let Ok(job) = rx.try_recv() {
+            queue.push_back(job);
+        }
+        let mut unacked: Vec<Job> = Vec::new(); // v1 writes: complete once written
+        let mut deadline: Option<Instant> = None;
+        let mut outcome: Result<(), Error> = Ok(());
+        buf.clear();
         while let Some(job) = queue.pop_front() {
             if !job.live() {
                 continue;
             }
-            let deadline = job.deadline;
-            let expects_response = addr.v2 || job.batch.request(job.index).request.opcode == Opcode::Read;
-            if expects_response {
+            let v = job.batch.request(job.index);
+            let r = v.request;
+            if addr.v2 || r.opcode == Opcode::Read {
                 if let Err(mpsc::error::SendError(job)) = inflight_tx.send(job.clone()) {
                     queue.push_front(job);
                     break;
                 }
+            } else {
+                unacked.push(job.clone());
             }
-            match timeout_at(deadline, write_request(&mut w, &job, addr.v2, &mut buf)).await {
-                Ok(Ok(())) => {
-                    if !expects_response {
-                        job.finish(Ok(())); // v1 WRITE: no acknowledgement exists
+            let due = *deadline.get_or_insert(job.deadline);
+            let due = due.min(job.deadline);
+            deadline = Some(due);
+            buf.extend_from_slice(
+                &Header { size: r.length, addr: r.target_offset, opcode: r.opcode, v2: addr.v2 }.encode(),
+            );
+            if r.opcode == Opcode::Write {
+                let Some(payload) = bytes(&v.local, r.source, r.length) else {
+                    outcome = Err(Error::transport("local range outside its leased region"));
+                    break;
+                };
+                if payload.len() <= COALESCE {
+                    buf.extend_from_slice(payload);
+                } else {
+                    outcome = flush(addr, &mut w, &[&buf, payload], due).await;
+                    buf.clear();
+                    if outcome.is_err() {
+                        break;
                     }
                 }
-                Ok(Err(e)) => {
-                    if !expects_response {
-                        job.finish(Err(lost(addr, "write failed", &e)));
-                    }
-                    tracing::debug!(error = %e, "tcp initiator: write failed; connection dropped");
-                    return finish(w, inflight_tx, reader, queue).await;
+            }
+            if buf.len() >= FLUSH_AT {
+                outcome = flush(addr, &mut w, &[&buf], due).await;
+                buf.clear();
+                if outcome.is_err() {
+                    break;
                 }
-                Err(_) => {
-                    if !expects_response {
-                        job.finish(Err(Error::timeout("tcp request not sent before its deadline")));
-                    }
-                    return finish(w, inflight_tx, reader, queue).await;
-                }
+            }
+        }
+        if outcome.is_ok() && !buf.is_empty() {
+            outcome = flush(addr, &mut w, &[&buf], deadline.unwrap_or_else(Instant::now)).await;
+        }
+        match outcome {
+            Ok(()) => unacked.iter().for_each(|j| j.finish(Ok(()))),
+            Err(e) => {
+                tracing::debug!(error = %e, "tcp initiator: write failed; connection dropped");
+                unacked.iter().for_each(|j| j.finish(Err(e.duplicate())));
+                return finish(w, inflight_tx, reader, queue).await;
             }
         }
         tokio::select! {
@@ -198,23 +231,14 @@ async fn finish(
     retry
 }
 
-async fn write_request(w: &mut OwnedWriteHalf, job: &Job, v2: bool, buf: &mut Vec<u8>) -> std::io::Result<()> {
-    let v = job.batch.request(job.index);
-    let r = &v.request;
-    let header = Header { size: r.length, addr: r.target_offset, opcode: r.opcode, v2 }.encode();
-    if r.opcode == Opcode::Read {
-        return w.write_all(&header).await;
-    }
-    let payload = bytes(&v.local, r.source, r.length)
-        .ok_or_else(|| std::io::Error::other("local range outside its leased region"))?;
-    if payload.len() <= COALESCE {
-        buf.clear();
-        buf.extend_from_slice(&header);
-        buf.extend_from_slice(payload);
-        w.write_all(buf).await
-    } else {
-        w.write_all(&header).await?;
-        w.write_all(payload).await
+/// Writes `parts` before `deadline`.
+async fn flush(addr: &PeerAddr, w: &mut OwnedWriteHalf, parts: &[&[u8]], deadline: Instant) -> Result<(), Error> {
+    match timeout_at(deadline, write_all_vectored(w, parts)).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(lost(addr, "write failed", e)),
+        Err(_) => {
+            Err(Error::timeout(format!("tcp peer {}:{}: request not sent before its deadline", addr.host, addr.port)))
+        }
     }
 }
 

@@ -14,6 +14,7 @@
 //!   whose descriptor advertises `tcp_proto_version` < 2 (or none) are spoken to in v1.
 
 mod initiator;
+mod io;
 mod memory;
 mod target;
 pub mod wire;

@@ -10,12 +10,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ferry_core::{MemoryRegistry, Opcode};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio::time::timeout;
 
+use crate::io::{InBuf, write_all_vectored};
 use crate::memory::{bytes, bytes_mut};
 use crate::wire::{HEADER_LEN, Header, Status};
 
@@ -107,25 +108,29 @@ async fn serve_connection(mut stream: TcpStream, memory: &MemoryRegistry, limits
     if let Err(e) = stream.set_nodelay(true) {
         return Close::Io(e);
     }
-    let mut scratch = Vec::new();
+    // Pipelined headers arrive together: one read serves many of them.
+    let mut input = InBuf::new(64 * 1024);
     loop {
-        let mut hdr = [0u8; HEADER_LEN];
-        match timeout(limits.idle, stream.read(&mut hdr[..1])).await {
-            Err(_) => return Close::Idle,
-            Ok(Ok(0)) => return Close::Eof,
-            Ok(Ok(_)) => {}
-            Ok(Err(e)) => return Close::Io(e),
-        }
-        match timeout(limits.header, stream.read_exact(&mut hdr[1..])).await {
-            Err(_) => return Close::Protocol("header not completed in time".into()),
-            Ok(Err(e)) => return Close::Io(e),
-            Ok(Ok(_)) => {}
-        }
+        let hdr = loop {
+            if let Some(h) = input.take::<HEADER_LEN>() {
+                break h;
+            }
+            // Between requests a connection may idle; once a header started it must complete.
+            let wait = if input.len() == 0 { limits.idle } else { limits.header };
+            match timeout(wait, input.fill(&mut stream)).await {
+                Err(_) if input.len() == 0 => return Close::Idle,
+                Err(_) => return Close::Protocol("header not completed in time".into()),
+                Ok(Ok(0)) if input.len() == 0 => return Close::Eof,
+                Ok(Ok(0)) => return Close::Protocol("connection closed inside a header".into()),
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => return Close::Io(e),
+            }
+        };
         let header = match Header::decode(&hdr) {
             Ok(h) => h,
             Err(e) => return Close::Protocol(e.to_string()),
         };
-        match timeout(limits.io, serve_request(&mut stream, memory, header, limits, &mut scratch)).await {
+        match timeout(limits.io, serve_request(&mut stream, &mut input, memory, header, limits)).await {
             Err(_) => return Close::Protocol(format!("request {header:?} not completed in {:?}", limits.io)),
             Ok(Err(close)) => return close,
             Ok(Ok(())) => {}
@@ -135,28 +140,27 @@ async fn serve_connection(mut stream: TcpStream, memory: &MemoryRegistry, limits
 
 async fn serve_request(
     stream: &mut TcpStream,
+    input: &mut InBuf,
     memory: &MemoryRegistry,
     h: Header,
     limits: &TargetLimits,
-    scratch: &mut Vec<u8>,
 ) -> Result<(), Close> {
     let lease = if h.size == 0 { None } else { memory.lease(h.addr, h.size).ok() };
+    let ok = Status::Ok.encode();
     match (h.opcode, lease) {
         (Opcode::Read, Some(region)) => {
             let data =
                 bytes(&region, h.addr, h.size).ok_or_else(|| Close::Protocol("lease does not cover range".into()))?;
-            if h.v2 {
-                stream.write_all(&Status::Ok.encode()).await?;
-            }
-            stream.write_all(data).await?;
+            let status: &[u8] = if h.v2 { &ok } else { &[] };
+            write_all_vectored(stream, &[status, data]).await?;
             Ok(())
         }
         (Opcode::Write, Some(region)) => {
             let data = bytes_mut(&region, h.addr, h.size)
                 .ok_or_else(|| Close::Protocol("lease does not cover range".into()))?;
-            stream.read_exact(data).await?;
+            input.read_exact(stream, data).await?;
             if h.v2 {
-                stream.write_all(&Status::Ok.encode()).await?;
+                stream.write_all(&ok).await?;
             }
             Ok(())
         }
@@ -175,20 +179,10 @@ async fn serve_request(
                     stream.write_all(&Status::Rejected.encode()).await?;
                     return Err(Close::Protocol(format!("rejected write of {} bytes is too large to drain", h.size)));
                 }
-                drain(stream, h.size, scratch).await?;
+                input.skip(stream, h.size).await?;
             }
             stream.write_all(&Status::Rejected.encode()).await?;
             Ok(())
         }
     }
-}
-
-async fn drain(stream: &mut TcpStream, mut left: u64, scratch: &mut Vec<u8>) -> Result<(), Close> {
-    scratch.resize(64 * 1024, 0);
-    while left > 0 {
-        let n = left.min(scratch.len() as u64) as usize;
-        stream.read_exact(&mut scratch[..n]).await?;
-        left -= n as u64;
-    }
-    Ok(())
 }
