@@ -34,6 +34,73 @@ pub(crate) struct DemoArgs {
     /// Print the summary as JSON on stdout.
     #[arg(long)]
     json: bool,
+    /// Run the prefill engine in a second process and move blocks over TCP (P2P handshake)
+    /// instead of between two engines of this process.
+    #[arg(long)]
+    two_process: bool,
+    /// Internal: be the prefill process of `--two-process`.
+    #[arg(long, hide = true)]
+    serve_prefill: bool,
+}
+
+/// P2P handshake + TCP on loopback: the two-process demo's engines.
+fn tcp_config() -> Result<ferry::Config> {
+    let mut c = ferry::Config::from_json_str(
+        r#"{"local_hostname": "127.0.0.1", "metadata_server": "P2PHANDSHAKE", "protocol": "tcp"}"#,
+        None,
+    )?;
+    c.apply_env(|k| std::env::var(k).ok())?;
+    Ok(c)
+}
+
+/// The prefill process of `--two-process`: serves its KV cache until its stdin closes.
+async fn serve_prefill(args: &DemoArgs, regions: usize) -> Result<std::process::ExitCode> {
+    let engine = ferry::builder().config(tcp_config()?).build().await.context("starting the prefill engine")?;
+    let cache = KvCache::new(regions, args.blocks, args.block_size, Some(args.seed))?;
+    cache.register(&engine).await?;
+    println!("{}", serde_json::json!({"segment": engine.segment_name(), "bases": cache.bases()}));
+    use std::io::Read;
+    let _ = tokio::task::spawn_blocking(|| std::io::stdin().read_to_end(&mut Vec::new())).await;
+    engine.shutdown().await?;
+    drop(cache);
+    Ok(std::process::ExitCode::SUCCESS)
+}
+
+/// Where the prefill side lives.
+enum Prefill {
+    /// An engine of this process (with its cache, which must outlive it).
+    InProcess { engine: TransferEngine, _cache: KvCache },
+    /// A child process (killed when dropped).
+    Child(std::process::Child),
+}
+
+impl Drop for Prefill {
+    fn drop(&mut self) {
+        if let Prefill::Child(c) = self {
+            drop(c.stdin.take());
+            if c.wait_timeout_ok().is_err() {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+    }
+}
+
+trait WaitTimeout {
+    fn wait_timeout_ok(&mut self) -> std::io::Result<()>;
+}
+
+impl WaitTimeout for std::process::Child {
+    /// Waits up to five seconds for the child to exit by itself.
+    fn wait_timeout_ok(&mut self) -> std::io::Result<()> {
+        for _ in 0..500 {
+            if self.try_wait()?.is_some() {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Err(std::io::ErrorKind::TimedOut.into())
+    }
 }
 
 fn parse_size(s: &str) -> Result<u64, String> {
@@ -89,6 +156,13 @@ impl KvCache {
         // The engines write through raw pointers; keep the compiler from caching old contents.
         &std::hint::black_box(&self.regions[region])[start..start + self.block_len]
     }
+    /// Copies block `from` of `src` into block `to` of this (unregistered) cache.
+    fn copy_block_from(&mut self, src: &KvCache, region: usize, from: u32, to: u32) {
+        let data = src.block(region, from).to_vec();
+        let start = to as usize * self.block_len;
+        self.regions[region][start..start + self.block_len].copy_from_slice(&data);
+    }
+
     fn crc(&self, region: usize, id: u32) -> u32 {
         crc32fast::hash(self.block(region, id))
     }
@@ -156,26 +230,60 @@ pub(crate) async fn run(args: DemoArgs) -> Result<std::process::ExitCode> {
         args.blocks_per_transfer
     );
     let regions = 2 * args.layers as usize;
-    let prefill =
-        ferry::builder().segment_name("ferry-demo-prefill").build().await.context("starting the prefill engine")?;
-    let decode =
-        ferry::builder().segment_name("ferry-demo-decode").build().await.context("starting the decode engine")?;
-
-    let p_cache = KvCache::new(regions, args.blocks, args.block_size, Some(args.seed))?;
+    if args.serve_prefill {
+        return serve_prefill(&args, regions).await;
+    }
+    let (prefill, prefill_name, p_bases, decode) = if args.two_process {
+        let mut child = std::process::Command::new(std::env::current_exe()?)
+            .args([
+                "demo",
+                "--serve-prefill",
+                &format!("--layers={}", args.layers),
+                &format!("--blocks={}", args.blocks),
+                &format!("--block-size={}", args.block_size),
+                &format!("--seed={}", args.seed),
+            ])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .context("starting the prefill process")?;
+        let mut line = String::new();
+        let stdout = child.stdout.take().context("prefill process stdout")?;
+        let prefill = Prefill::Child(child);
+        std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut line)?;
+        let info: serde_json::Value =
+            serde_json::from_str(&line).with_context(|| format!("the prefill process said {line:?}"))?;
+        let name = info["segment"].as_str().context("no segment in the prefill process's answer")?.to_owned();
+        let bases: Vec<u64> = serde_json::from_value(info["bases"].clone())?;
+        let decode = ferry::builder().config(tcp_config()?).build().await.context("starting the decode engine")?;
+        (prefill, name, bases, decode)
+    } else {
+        let engine =
+            ferry::builder().segment_name("ferry-demo-prefill").build().await.context("starting the prefill engine")?;
+        let cache = KvCache::new(regions, args.blocks, args.block_size, Some(args.seed))?;
+        cache.register(&engine).await?;
+        let (name, bases) = (engine.segment_name().to_owned(), cache.bases());
+        let decode =
+            ferry::builder().segment_name("ferry-demo-decode").build().await.context("starting the decode engine")?;
+        (Prefill::InProcess { engine, _cache: cache }, name, bases, decode)
+    };
+    // What the prefill side holds, kept here to check every block against (the prefill memory
+    // may be in another process).
+    let mut mirror = KvCache::new(regions, args.blocks, args.block_size, Some(args.seed))?;
     let d_cache = KvCache::new(regions, args.blocks, args.block_size, None)?;
-    p_cache.register(&prefill).await?;
     d_cache.register(&decode).await?;
-    let p_layout = KvLayout::uniform(&p_cache.bases(), args.blocks, args.block_size);
+    let p_layout = KvLayout::uniform(&p_bases, args.blocks, args.block_size);
     let d_layout_id = decode.register_kv_layout(KvLayout::uniform(&d_cache.bases(), args.blocks, args.block_size))?;
-    let peer = decode.open_segment(prefill.segment_name()).await?;
+    let peer = decode.open_segment(&prefill_name).await?;
     let transport = decode.segment(peer)?.transport().protocol().to_owned();
 
     let per_engine = u64::from(args.blocks) * args.block_size * regions as u64;
     if !args.json {
         println!(
-            "ferry demo: engines `{}` and `{}` in one process, embedded metadata, transport `{transport}`",
-            prefill.segment_name(),
-            decode.segment_name()
+            "ferry demo: engines `{prefill_name}` and `{}` in {}, {} metadata, transport `{transport}`",
+            decode.segment_name(),
+            if args.two_process { "two processes" } else { "one process" },
+            decode.metadata_backend(),
         );
         println!(
             "KV layout: {} layers x (K, V) = {regions} regions x {} blocks x {} bytes ({:.1} MiB per engine)",
@@ -229,7 +337,10 @@ pub(crate) async fn run(args: DemoArgs) -> Result<std::process::ExitCode> {
             phase.bytes += u64::from(args.blocks_per_transfer) * args.block_size * regions as u64;
             for (l, r) in local.iter().zip(remote.iter()) {
                 for region in 0..regions {
-                    let (lc, rc) = (d_cache.crc(region, *l), p_cache.crc(region, *r));
+                    if opcode == Opcode::Write {
+                        mirror.copy_block_from(&d_cache, region, *l, *r);
+                    }
+                    let (lc, rc) = (d_cache.crc(region, *l), mirror.crc(region, *r));
                     if lc != rc {
                         bail!(
                             "checksum mismatch after {opcode:?}: region {region} local block {l} ({lc:08x}) vs remote block {r} ({rc:08x})"
@@ -261,6 +372,29 @@ pub(crate) async fn run(args: DemoArgs) -> Result<std::process::ExitCode> {
     bar.finish_and_clear();
     let untouched = written.iter().filter(|w| !**w).count();
 
+    // Read the whole prefill cache back and compare it with the mirror: every pushed block
+    // landed where it should, and nothing else changed.
+    let check = KvCache::new(regions, args.blocks, args.block_size, None)?;
+    check.register(&decode).await?;
+    let check_id = decode.register_kv_layout(KvLayout::uniform(&check.bases(), args.blocks, args.block_size))?;
+    let all: Vec<u32> = (0..args.blocks).collect();
+    let spec = BlockTransfer {
+        opcode: Opcode::Read,
+        local_blocks: &all,
+        remote_blocks: &all,
+        local_slice: None,
+        remote_slice: None,
+    };
+    decode.submit_blocks(check_id, peer, &p_layout, &spec).await?.wait(timeout).await?;
+    for region in 0..regions {
+        for id in 0..args.blocks {
+            ensure!(
+                check.block(region, id) == mirror.block(region, id),
+                "prefill block {id} of region {region} does not hold what it should after the write phase"
+            );
+        }
+    }
+
     let summary = serde_json::json!({
         "transport": transport,
         "regions": regions,
@@ -289,11 +423,16 @@ pub(crate) async fn run(args: DemoArgs) -> Result<std::process::ExitCode> {
             );
         }
         println!(
-            "checksums: every moved block verified in all {regions} regions (crc32); {untouched} block(s) no transfer named are still zero"
+            "checksums: every moved block verified in all {regions} regions (crc32); {untouched} block(s) no transfer named are still zero; the prefill cache read back whole matches"
         );
         println!("verified: OK");
     }
     decode.shutdown().await?;
-    prefill.shutdown().await?;
+    drop(d_cache);
+    drop(check);
+    if let Prefill::InProcess { engine, .. } = &prefill {
+        engine.shutdown().await?;
+    }
+    drop(prefill);
     Ok(std::process::ExitCode::SUCCESS)
 }

@@ -33,6 +33,52 @@ fn demo_runs_a_verified_block_transfer_with_no_config() {
 }
 
 #[test]
+fn demo_two_process_mode_moves_blocks_over_tcp() {
+    let out = ferry()
+        .args(["demo", "--two-process", "--transfers", "10", "--blocks", "64", "--block-size", "4KiB"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "stdout: {stdout}\nstderr: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("two processes") && stdout.contains("transport `tcp`"), "{stdout}");
+    assert!(stdout.contains("read back whole matches"), "{stdout}");
+    assert!(stdout.trim_end().ends_with("verified: OK"), "{stdout}");
+}
+
+#[test]
+fn bench_target_and_initiator_talk_like_mooncakes() {
+    use std::io::BufRead;
+    let mut target = ferry()
+        .args(["bench", "--mode=target", "--buffer_size=8MiB"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(target.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let segment = line.trim().strip_prefix("listening on ").expect("Mooncake's line").to_owned();
+    for op in ["read", "write"] {
+        let out = ferry()
+            .args(["bench", "--buffer_size=8MiB", "--block_size=4096", "--batch_size=8", "--threads=2", "--duration=1"])
+            .arg(format!("--segment_id={segment}"))
+            .arg(format!("--operation={op}"))
+            .output()
+            .unwrap();
+        let s = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{s}{}", String::from_utf8_lossy(&out.stderr));
+        let tput = s.lines().last().and_then(|l| l.strip_prefix("throughput ")).expect("Mooncake's last line");
+        let gbs: f64 = tput.trim_end_matches(" GB/s").parse().unwrap();
+        assert!(gbs > 0.0, "{s}");
+        assert!(s.contains("p99") && s.contains("peak RSS"), "{s}");
+    }
+    let out =
+        ferry().args(["bench", "--segment_id=127.0.0.1:1", "--duration=1", "--buffer_size=1MiB"]).output().unwrap();
+    assert!(!out.status.success(), "an unreachable target is an error");
+    let _ = target.kill();
+    let _ = target.wait();
+}
+
+#[test]
 fn demo_json_summary_counts_what_moved() {
     let out = ferry()
         .args([
@@ -118,4 +164,90 @@ fn doctor_follows_mooncake_config_path_and_env_overrides() {
     let s = String::from_utf8_lossy(&out.stdout);
     assert!(!out.status.success());
     assert!(s.contains("FERRY_ROLE"), "{s}");
+}
+
+/// Starts `ferry bench --mode=target` on `port` and returns it with its segment name.
+fn bench_target(port: u16) -> (std::process::Child, String) {
+    use std::io::BufRead;
+    let mut child = ferry()
+        .args(["bench", "--mode=target", "--buffer_size=64MiB"])
+        .arg(format!("--local_server_name=127.0.0.1:{port}"))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let segment =
+        line.trim().strip_prefix("listening on ").unwrap_or_else(|| panic!("target said {line:?}")).to_owned();
+    (child, segment)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_killed_mid_transfer_fails_its_requests_in_time_and_is_reachable_after_restart() {
+    use ferry::{ErrorKind, Location, Opcode, TransferRequest};
+    use std::time::{Duration, Instant};
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let (mut target, segment) = bench_target(port);
+    let cfg = ferry::Config::from_json_str(
+        r#"{"local_hostname": "127.0.0.1", "metadata_server": "P2PHANDSHAKE", "protocol": "tcp", "transfer_timeout_ms": 3000}"#,
+        None,
+    )
+    .unwrap();
+    let engine = ferry::builder().config(cfg).build().await.unwrap();
+    let mut local = vec![0u8; 64 << 20];
+    let addr = local.as_mut_ptr() as u64;
+    // SAFETY: `local` outlives `engine`, which is shut down at the end of the test.
+    unsafe { engine.register_memory(addr, local.len() as u64, Location::Cpu(0)).await }.unwrap();
+    let peer = engine.open_segment(&segment).await.unwrap();
+    let remote = engine.segment(peer).unwrap().descriptor().buffers[0].addr;
+    let reqs: Vec<TransferRequest> = (0..64u64)
+        .map(|i| TransferRequest {
+            opcode: Opcode::Read,
+            source: addr + (i << 20),
+            target: peer,
+            target_offset: remote + (i << 20),
+            length: 1 << 20,
+        })
+        .collect();
+    engine.transfer(&reqs).await.unwrap();
+
+    // Kill -9 while a large batch is in flight.
+    let batch = engine.submit(&reqs).await.unwrap();
+    target.kill().unwrap();
+    target.wait().unwrap();
+    let t = Instant::now();
+    let st = batch.wait(Duration::from_secs(10)).await.expect("no hang: every request gets an outcome");
+    assert!(t.elapsed() < Duration::from_secs(5), "outcomes within the configured timeout, took {:?}", t.elapsed());
+    assert_eq!(st.failed + st.completed, st.total);
+    assert!(st.failed > 0, "the kill landed mid-batch: {st:?}");
+    let kinds: std::collections::HashSet<_> =
+        (0..reqs.len()).filter_map(|i| batch.error(i)).map(|e| e.kind()).collect();
+    assert!(kinds.iter().all(|k| *k == ErrorKind::PeerUnreachable), "failed requests: {kinds:?}");
+    drop(batch);
+
+    // Restarted on the same port: reachable again (the stale descriptor is refetched).
+    let (mut again, segment2) = bench_target(port);
+    assert_eq!(segment2, segment);
+    let mut ok = false;
+    for _ in 0..3 {
+        let remote = match engine.refresh_segment(peer).await {
+            Ok(()) => engine.segment(peer).unwrap().descriptor().buffers[0].addr,
+            Err(_) => continue,
+        };
+        let r =
+            TransferRequest { opcode: Opcode::Read, source: addr, target: peer, target_offset: remote, length: 4096 };
+        if engine.transfer(&[r]).await.is_ok() {
+            ok = true;
+            break;
+        }
+    }
+    assert!(ok, "the restarted peer is reachable");
+    engine.shutdown().await.unwrap();
+    let _ = again.kill();
+    let _ = again.wait();
+    drop(local);
 }
