@@ -39,17 +39,25 @@ def run_initiator(cmd):
     m = re.search(r"throughput ([0-9.]+) GB/s", out)
     if not m:
         raise SystemExit(f"no throughput line from {' '.join(cmd)}:\n{out[-2000:]}")
-    return float(m.group(1))
+    batches = re.search(r"duration ([0-9.]+), batch count ([0-9]+)", out)
+    p50 = re.search(r"p50 ([0-9.]+) (µs|ms)", out)
+    extra = {}
+    if batches:
+        extra["mean_batch_us"] = float(batches.group(1)) / int(batches.group(2)) * 1e6
+    if p50:
+        extra["p50_us"] = float(p50.group(1)) * (1000 if p50.group(2) == "ms" else 1)
+    return float(m.group(1)), extra
 
 
-def measure(binary, args, buffer_size):
+def measure(binary, args, buffer_size, detail=False):
     common = ["--protocol=tcp", "--metadata_server=P2PHANDSHAKE", "--local_server_name=127.0.0.1",
               f"--buffer_size={buffer_size}"]
     target, segment = start_target([binary, "bench", "--mode=target"] + common if binary == FERRY
                                    else [binary, "--mode=target"] + common)
     try:
         init = [binary, "bench"] if binary == FERRY else [binary]
-        return run_initiator(init + ["--mode=initiator", f"--segment_id={segment}"] + common + args)
+        tput, extra = run_initiator(init + ["--mode=initiator", f"--segment_id={segment}"] + common + args)
+        return (tput, extra) if detail else tput
     finally:
         target.terminate()
         try:
@@ -84,11 +92,19 @@ def main():
                 ratio = fe / mc if mc else float("inf")
                 rows.append({"op": op, "block": block, "threads": threads, "mooncake": mc, "ferry": fe, "ratio": ratio})
                 print(f"{op:<6}{block:>9}{threads:>4}{mc:>15.2f}{fe:>12.2f}{ratio:>7.2f}x", flush=True)
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(rows, f, indent=1)
     worst = min(r["ratio"] for r in rows)
     print(f"lowest ratio: {worst:.2f}x")
+    # Single-request latency: 4 KiB reads, batch 1, one thread.
+    args = ["--operation=read", "--block_size=4096", "--batch_size=1", "--threads=1", f"--duration={a.duration}"]
+    mc, mce = measure(a.mooncake_bench, args, 256 << 20, detail=True)
+    fe, fee = measure(FERRY, args, 256 << 20, detail=True)
+    latency = {"mooncake_mean_us": mce.get("mean_batch_us"), "ferry_mean_us": fee.get("mean_batch_us"),
+               "ferry_p50_us": fee.get("p50_us")}
+    print(f"4 KiB read, batch 1: Mooncake mean {latency['mooncake_mean_us']:.1f} us; "
+          f"Ferry mean {latency['ferry_mean_us']:.1f} us, p50 {latency['ferry_p50_us']:.1f} us")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"sweep": rows, "latency_4k": latency}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -163,7 +163,9 @@ pub(crate) async fn run(args: BenchArgs) -> Result<std::process::ExitCode> {
         let (engine, stop, bytes) = (engine.clone(), stop.clone(), bytes.clone());
         let (batch_size, block, timeout) = (args.batch_size as u64, args.block_size, engine.transfer_timeout());
         let (lbase, rbase, threads) = (base, rbuf.addr, u64::from(args.threads));
-        tasks.push(tokio::spawn(async move {
+        // Submitting threads are OS threads calling the blocking API, as Mooncake's bench and
+        // Ferry's C and Python callers do.
+        tasks.push(std::thread::spawn(move || {
             let mut latencies = Vec::new();
             let mut round = 0u64;
             while !stop.load(Ordering::Relaxed) {
@@ -182,7 +184,7 @@ pub(crate) async fn run(args: BenchArgs) -> Result<std::process::ExitCode> {
                     })
                     .collect();
                 let t0 = Instant::now();
-                engine.submit(&reqs).await?.wait_ok(timeout).await?;
+                engine.submit_blocking(&reqs)?.wait_ok_blocking(timeout)?;
                 latencies.push(t0.elapsed());
                 bytes.fetch_add(batch_size * block, Ordering::Relaxed);
                 round += 1;
@@ -203,7 +205,8 @@ pub(crate) async fn run(args: BenchArgs) -> Result<std::process::ExitCode> {
     stop.store(true, Ordering::Relaxed);
     let mut latencies = Vec::new();
     for t in tasks {
-        latencies.extend(t.await.context("a submitting task panicked")??);
+        let joined = tokio::task::spawn_blocking(move || t.join()).await?;
+        latencies.extend(joined.map_err(|_| anyhow::anyhow!("a submitting thread panicked"))??);
     }
     let elapsed = started.elapsed();
     bar.finish_and_clear();

@@ -37,7 +37,10 @@ fn main() -> std::process::ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
-    let workers = std::env::var("FERRY_WORKERS").ok().and_then(|v| v.parse().ok()).unwrap_or(2);
+    // Runtime threads serve the target side and the engine; the TCP initiator's lanes run on
+    // threads of their own.
+    let default_workers = std::thread::available_parallelism().map(usize::from).unwrap_or(2);
+    let workers = std::env::var("FERRY_WORKERS").ok().and_then(|v| v.parse().ok()).unwrap_or(default_workers);
     let runtime = match tokio::runtime::Builder::new_multi_thread().worker_threads(workers).enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {

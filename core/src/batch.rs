@@ -66,6 +66,24 @@ const COMPLETED: u8 = 1;
 const FAILED: u8 = 2;
 const CANCELLED: u8 = 3;
 
+/// Largest batch (in bytes) [`Batch::wait_blocking`] polls for before sleeping.
+pub const SPIN_MAX_BYTES: u64 = 64 * 1024;
+
+/// Default time [`Batch::wait_blocking`] polls for completion before it sleeps
+/// (`FERRY_WAIT_SPIN_US` overrides; 0 disables polling). The async [`Batch::wait`] never polls.
+pub const SPIN_BEFORE_SLEEP: Duration = Duration::from_micros(50);
+
+fn spin_before_sleep() -> Duration {
+    static SPIN: OnceLock<Duration> = OnceLock::new();
+    *SPIN.get_or_init(|| {
+        std::env::var("FERRY_WAIT_SPIN_US")
+            .ok()
+            .and_then(|v| v.parse::<u64>().ok())
+            .map(|us| Duration::from_micros(us.min(10_000)))
+            .unwrap_or(SPIN_BEFORE_SLEEP)
+    })
+}
+
 /// Counts of a batch's request states.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct BatchStatus {
@@ -108,6 +126,7 @@ pub struct Batch {
     remaining: AtomicUsize,
     cancelled: AtomicBool,
     segments: Vec<Arc<OpenSegment>>,
+    total_bytes: u64,
     submitted_at: Instant,
     finished_at: OnceLock<Instant>,
     notify: tokio::sync::Notify,
@@ -120,6 +139,7 @@ impl Batch {
     /// mark a segment's cached descriptor stale when its peer fails).
     pub fn new(requests: Vec<ValidatedRequest>, segments: Vec<Arc<OpenSegment>>) -> Arc<Self> {
         let n = requests.len();
+        let total_bytes = requests.iter().map(|r| r.request.length).sum();
         Arc::new(Self {
             requests: requests.into_boxed_slice(),
             state: (0..n).map(|_| AtomicU8::new(PENDING)).collect(),
@@ -127,6 +147,7 @@ impl Batch {
             remaining: AtomicUsize::new(n),
             cancelled: AtomicBool::new(false),
             segments,
+            total_bytes,
             submitted_at: Instant::now(),
             finished_at: OnceLock::new(),
             notify: tokio::sync::Notify::new(),
@@ -157,7 +178,7 @@ impl Batch {
 
     /// Total bytes of all requests.
     pub fn total_bytes(&self) -> u64 {
-        self.requests.iter().map(|r| r.request.length).sum()
+        self.total_bytes
     }
 
     /// True once [`cancel`](Self::cancel) was called. Transports check it before starting a
@@ -279,6 +300,8 @@ impl Batch {
     /// Waits until no request is pending, or `timeout` passes ([`ErrorKind::Timeout`]; the batch
     /// keeps running and can be waited on again or cancelled).
     pub async fn wait(&self, timeout: Duration) -> Result<BatchStatus> {
+        // No polling here: a task that spins holds its worker thread, and with it, often, the
+        // very task that would complete the batch.
         let done = async {
             loop {
                 let notified = self.notify.notified();
@@ -305,6 +328,9 @@ impl Batch {
     /// Blocking form of [`wait`](Self::wait), for callers outside an async runtime. Needs no
     /// runtime itself.
     pub fn wait_blocking(&self, timeout: Duration) -> Result<BatchStatus> {
+        if self.spin_until_done() {
+            return Ok(self.status());
+        }
         // A timeout too large to add to `now` means "no deadline".
         let deadline = Instant::now().checked_add(timeout);
         let mut done = self.done_lock.lock().unwrap_or_else(|p| p.into_inner());
@@ -327,6 +353,28 @@ impl Batch {
     pub fn wait_ok_blocking(&self, timeout: Duration) -> Result<()> {
         let status = self.wait_blocking(timeout)?;
         self.outcome(status)
+    }
+
+    /// Polls for completion for up to [`SPIN_BEFORE_SLEEP`] before a blocking waiter sleeps:
+    /// waking a sleeping thread costs tens of microseconds on a loaded or virtualised host, as
+    /// much as a whole small transfer.
+    fn spin_until_done(&self) -> bool {
+        let spin = spin_before_sleep();
+        // Only small batches are worth polling for: a large one keeps the other core busy
+        // moving bytes, and a poller would compete with it.
+        if spin.is_zero() || self.total_bytes > SPIN_MAX_BYTES {
+            return self.is_done();
+        }
+        let start = Instant::now();
+        loop {
+            if self.is_done() {
+                return true;
+            }
+            if start.elapsed() >= spin {
+                return false;
+            }
+            std::hint::spin_loop();
+        }
     }
 
     fn outcome(&self, status: BatchStatus) -> Result<()> {

@@ -130,14 +130,15 @@ impl EngineBuilder {
         self.build_on(handle).await
     }
 
-    /// Builds the engine with its own runtime (two worker threads), for callers that are not
-    /// async. Must not be called from inside a runtime.
+    /// Builds the engine with its own runtime (one worker thread per core, at most four), for
+    /// callers that are not async. Must not be called from inside a runtime.
     pub fn build_blocking(self) -> Result<TransferEngine> {
         if tokio::runtime::Handle::try_current().is_ok() {
             return Err(Error::invalid("build_blocking called inside an async runtime; use build().await"));
         }
+        let cores = std::thread::available_parallelism().map(usize::from).unwrap_or(2);
         let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
+            .worker_threads(cores.clamp(1, 4))
             .thread_name("ferry-rt")
             .enable_all()
             .build()

@@ -35,21 +35,27 @@ pub(crate) struct Job {
     pub(crate) batch: Arc<Batch>,
     pub(crate) index: usize,
     pub(crate) deadline: Instant,
+    /// Requests queued or in flight on this job's lane.
+    load: Arc<AtomicUsize>,
 }
 
 impl Job {
     fn live(&self) -> bool {
         !self.batch.is_cancelled() && self.batch.is_pending(self.index)
     }
+    /// The job leaves its lane without an outcome (cancelled or already completed).
+    fn leave(&self) {
+        self.load.fetch_sub(1, Ordering::Relaxed);
+    }
     fn finish(&self, outcome: Result<(), Error>) {
+        self.leave();
         self.batch.complete(self.index, outcome);
     }
 }
 
 /// A peer's lanes.
 pub(crate) struct Peer {
-    lanes: Vec<mpsc::UnboundedSender<Job>>,
-    next: AtomicUsize,
+    lanes: Vec<(mpsc::UnboundedSender<Job>, Arc<AtomicUsize>)>,
 }
 
 /// Where and how to reach a peer.
@@ -62,22 +68,36 @@ pub(crate) struct PeerAddr {
 
 impl Peer {
     /// Starts `lanes` lane tasks for `addr` on `runtime`.
-    pub(crate) fn start(addr: PeerAddr, lanes: usize, runtime: &tokio::runtime::Handle) -> Self {
+    pub(crate) fn start(addr: PeerAddr, lanes: usize, io: &crate::IoThreads) -> Self {
         let lanes = (0..lanes.max(1))
             .map(|_| {
                 let (tx, rx) = mpsc::unbounded_channel();
-                runtime.spawn(lane(addr.clone(), rx));
-                tx
+                io.next().spawn(lane(addr.clone(), rx));
+                (tx, Arc::new(AtomicUsize::new(0)))
             })
             .collect();
-        Self { lanes, next: AtomicUsize::new(0) }
+        Self { lanes }
     }
 
     /// Queues a request on the next lane. Fails (handing the job back) only when the lanes have
     /// stopped.
-    pub(crate) fn send(&self, job: Job) -> Result<(), Job> {
-        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.lanes.len();
-        self.lanes[i].send(job).map_err(|e| e.0)
+    pub(crate) fn send(&self, batch: &Arc<Batch>, index: usize, deadline: Instant) -> bool {
+        // The least loaded lane, the first of equals: an idle peer keeps using one lane (whose
+        // thread is the one most recently awake), a busy one spreads over all of them.
+        let (tx, load) = self
+            .lanes
+            .iter()
+            .min_by_key(|(_, load)| load.load(Ordering::Relaxed))
+            .expect("a peer has at least one lane");
+        load.fetch_add(1, Ordering::Relaxed);
+        let job = Job { batch: batch.clone(), index, deadline, load: load.clone() };
+        match tx.send(job) {
+            Ok(()) => true,
+            Err(e) => {
+                e.0.leave();
+                false
+            }
+        }
     }
 }
 
@@ -96,6 +116,7 @@ async fn lane(addr: PeerAddr, mut rx: mpsc::UnboundedReceiver<Job>) {
             },
         };
         if !job.live() {
+            job.leave();
             continue;
         }
         let stream = match timeout_at(job.deadline, TcpStream::connect((addr.host.as_str(), addr.port))).await {
@@ -150,6 +171,7 @@ async fn connection(
         buf.clear();
         while let Some(job) = queue.pop_front() {
             if !job.live() {
+                job.leave();
                 continue;
             }
             let v = job.batch.request(job.index);
