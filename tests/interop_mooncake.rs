@@ -153,6 +153,27 @@ async fn a_ferry_initiator_reads_and_writes_a_mooncake_target() {
         });
         assert_eq!(answer, "ok", "Mooncake's check of a {size}-byte write");
     }
+    // A notification after a write reaches Mooncake through its handshake socket.
+    ferry
+        .transfer_with_notification(
+            &[TransferRequest {
+                opcode: Opcode::Write,
+                source: src.addr(),
+                target: peer,
+                target_offset: addr + dest,
+                length: 4096,
+            }],
+            "req-42:done",
+        )
+        .await
+        .unwrap();
+    let notes = tokio::task::block_in_place(|| {
+        mc.0.say("notifies");
+        mc.0.json()
+    });
+    let text = notes.to_string();
+    assert!(text.contains("req-42:done") && text.contains(ferry.segment_name()), "Mooncake received {text}");
+
     // A batch of many small requests over the pipelined lanes.
     let reqs: Vec<TransferRequest> = (0..256u64)
         .map(|i| TransferRequest {

@@ -5,6 +5,7 @@
       Serves a SIZE-byte buffer filled with pattern SEED over P2PHANDSHAKE + tcp. Prints one JSON
       line {"segment", "addr", "size"}, then answers stdin commands:
         check OFFSET LENGTH SEED   -> "ok" or "mismatch at N"
+        notifies                   -> JSON list of the notifications received (waits up to 5 s)
         quit
   mooncake_peer.py initiator SEGMENT REMOTE_ADDR REMOTE_SEED WRITE_OFFSET WRITE_SEED SIZE...
       Reads each SIZE from SEGMENT at a few offsets and checks pattern REMOTE_SEED, then writes
@@ -14,6 +15,7 @@ Pattern: byte k of a buffer (k counted from the buffer start) is (k + seed) % 25
 """
 import json
 import sys
+import time
 
 BASE = bytes(range(251))
 
@@ -57,6 +59,15 @@ def target(size, seed):
             continue
         if words[0] == "quit":
             break
+        if words[0] == "notifies":
+            got = []
+            for _ in range(50):  # notifications arrive asynchronously; poll up to 5 s
+                got.extend({k: str(getattr(n, k)) for k in dir(n) if not k.startswith("_")} for n in e.get_notifies())
+                if got:
+                    break
+                time.sleep(0.1)
+            print(json.dumps(got), flush=True)
+            continue
         if words[0] == "check":
             off, n, s = int(words[1]), int(words[2]), int(words[3])
             got = e.read_bytes_from_buffer(addr + off, n)

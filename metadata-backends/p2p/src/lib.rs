@@ -10,6 +10,8 @@
 //! handshake timeout (10 s), and each connection serves one request, so a slow or hostile client
 //! holds a single task for at most that long.
 
+#![forbid(unsafe_code)]
+
 pub mod frame;
 
 use std::collections::{HashMap, VecDeque};
