@@ -251,10 +251,11 @@ async fn blocking_calls_inside_a_runtime_are_an_error_not_a_panic() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn after_shutdown_no_peer_reaches_the_memory_and_held_batches_keep_it_registered() {
+async fn after_shutdown_no_peer_reaches_the_memory_and_finished_batches_do_not_hold_it() {
     let meta = InProcessMetadata::new();
     let common::Connected { prefill, decode, src, dst, peer } = connected(&meta, 4096, Location::Cpu(0)).await;
-    // decode keeps a finished batch: its memory stays leased, so shutdown must refuse to release it.
+    // decode keeps a finished batch: its transport released every request, so it does not keep
+    // decode's memory registered.
     let held = decode
         .submit(&[TransferRequest {
             opcode: Opcode::Read,
@@ -281,23 +282,6 @@ async fn after_shutdown_no_peer_reaches_the_memory_and_held_batches_keep_it_regi
         .await
         .unwrap_err();
     assert!(matches!(e.kind(), ErrorKind::Shutdown | ErrorKind::PeerUnreachable), "{e}");
-
-    let short = builder(&meta).segment_name("short").transfer_timeout(Duration::from_millis(50)).build().await.unwrap();
-    let buf = Buffer::zeroed(64);
-    unsafe { short.register_memory(buf.addr(), buf.len(), Location::Cpu(0)).await }.unwrap();
-    let me = short.open_segment("short").await.unwrap();
-    let own = short
-        .submit(&[TransferRequest {
-            opcode: Opcode::Write,
-            source: buf.addr(),
-            target: me,
-            target_offset: buf.addr(),
-            length: 8,
-        }])
-        .await
-        .unwrap();
-    let e = short.shutdown().await.unwrap_err();
-    assert_eq!(e.kind(), ErrorKind::Busy, "a held batch keeps its memory registered: {e}");
-    drop(own);
-    drop(held);
+    decode.shutdown().await.unwrap();
+    assert!(held.is_done());
 }

@@ -99,6 +99,7 @@ async fn engine_with(wire: MockWire, meta: Arc<dyn MetadataBackend>) -> ferry::R
         .transports(TransportRegistry::new().with(Arc::new(Fixed(Arc::new(wire)))))
         .protocol("wire")
         .segment_name("me")
+        .transfer_timeout(Duration::from_millis(200))
         .metadata(meta)
         .build()
         .await
@@ -249,6 +250,10 @@ async fn a_transport_that_never_completes_times_out_and_can_be_cancelled() {
     b.cancel();
     assert_eq!(b.request_status(0), Some(ferry::RequestStatus::Cancelled));
     assert_eq!(b.wait_ok(Duration::from_secs(1)).await.unwrap_err().kind(), ErrorKind::Cancelled);
+    // Cancelled, but the transport never said it stopped touching the memory: shutdown must not
+    // let the caller free it.
+    let err = e.shutdown().await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Busy, "{err}");
 }
 
 #[tokio::test]

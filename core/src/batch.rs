@@ -6,7 +6,7 @@ use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use crate::error::{Error, ErrorKind, Result};
-use crate::memory::RegionLease;
+use crate::memory::{Region, RegionLease};
 use crate::segment::OpenSegment;
 
 /// Direction of a transfer, numbered as in Mooncake.
@@ -39,13 +39,14 @@ pub struct TransferRequest {
     pub length: u64,
 }
 
-/// A request after the engine validated it, with a lease on its local region.
+/// A request after the engine validated it, with the local region it lies in.
 #[derive(Debug)]
 pub struct ValidatedRequest {
     /// The request as submitted.
     pub request: TransferRequest,
-    /// The local region it reads or writes; held until the batch is dropped.
-    pub local: RegionLease,
+    /// The local region it reads or writes. The batch holds a lease on it until every
+    /// transport released its requests (see [`Batch::complete`]).
+    pub local: Region,
 }
 
 /// State of one request.
@@ -126,6 +127,10 @@ pub struct Batch {
     remaining: AtomicUsize,
     cancelled: AtomicBool,
     segments: Vec<Arc<OpenSegment>>,
+    /// Leases on the local regions, dropped once every request was released by its transport.
+    leases: Mutex<Vec<RegionLease>>,
+    /// Requests released by their transport (a `complete` call, won or not).
+    released: AtomicUsize,
     total_bytes: u64,
     submitted_at: Instant,
     finished_at: OnceLock<Instant>,
@@ -135,9 +140,14 @@ pub struct Batch {
 }
 
 impl Batch {
-    /// Builds a batch from validated requests; `segments` are the targets it touches (used to
-    /// mark a segment's cached descriptor stale when its peer fails).
-    pub fn new(requests: Vec<ValidatedRequest>, segments: Vec<Arc<OpenSegment>>) -> Arc<Self> {
+    /// Builds a batch from validated requests; `leases` keep their local regions registered
+    /// until every transport released its requests; `segments` are the targets it touches (used
+    /// to mark a segment's cached descriptor stale when its peer fails).
+    pub fn new(
+        requests: Vec<ValidatedRequest>,
+        leases: Vec<RegionLease>,
+        segments: Vec<Arc<OpenSegment>>,
+    ) -> Arc<Self> {
         let n = requests.len();
         let total_bytes = requests.iter().map(|r| r.request.length).sum();
         Arc::new(Self {
@@ -147,6 +157,8 @@ impl Batch {
             remaining: AtomicUsize::new(n),
             cancelled: AtomicBool::new(false),
             segments,
+            leases: Mutex::new(leases),
+            released: AtomicUsize::new(0),
             total_bytes,
             submitted_at: Instant::now(),
             finished_at: OnceLock::new(),
@@ -192,9 +204,25 @@ impl Batch {
         self.state[i].load(Ordering::Acquire) == PENDING
     }
 
-    /// Records the outcome of request `i`. The first outcome wins; later ones (for example a
-    /// completion racing a cancellation) are ignored. Returns whether this call set it.
+    /// A transport reports that it is done with request `i`, with its outcome. The first outcome
+    /// wins; later ones (for example a completion racing a cancellation) are ignored. Returns
+    /// whether this call set it.
+    ///
+    /// A transport calls this exactly once for every index it accepted, **even for a request
+    /// that was cancelled meanwhile**: the call also says "I no longer touch this request's
+    /// memory". Once every request has been released, the batch drops its leases on local
+    /// memory, so the memory may be unregistered while the caller still holds the batch.
     pub fn complete(&self, i: usize, result: Result<()>) -> bool {
+        let set = self.set_outcome(i, result);
+        if i < self.state.len() && self.released.fetch_add(1, Ordering::AcqRel) + 1 == self.len() {
+            self.leases.lock().unwrap_or_else(|p| p.into_inner()).clear();
+        }
+        set
+    }
+
+    /// Records an outcome without releasing the request (cancellation does not stop a
+    /// transport from touching memory it already started on).
+    fn set_outcome(&self, i: usize, result: Result<()>) -> bool {
         if i >= self.state.len() {
             tracing::error!(
                 index = i,
@@ -246,7 +274,7 @@ impl Batch {
     pub fn cancel(&self) {
         self.cancelled.store(true, Ordering::Release);
         for i in 0..self.len() {
-            self.complete(i, Err(Error::new(ErrorKind::Cancelled, "cancelled by the caller")));
+            self.set_outcome(i, Err(Error::new(ErrorKind::Cancelled, "cancelled by the caller")));
         }
     }
 
@@ -410,6 +438,7 @@ mod tests {
         #[allow(unsafe_code)]
         // SAFETY: the address is never accessed: these batches are completed by hand.
         unsafe { reg.register(0, 1 << 20, Location::Any) }.unwrap();
+        let lease = reg.lease(0, 8).unwrap();
         let reqs = (0..n)
             .map(|i| ValidatedRequest {
                 request: TransferRequest {
@@ -419,10 +448,10 @@ mod tests {
                     target_offset: 0,
                     length: 8,
                 },
-                local: reg.lease(i as u64 * 8, 8).unwrap(),
+                local: Region::clone(&lease),
             })
             .collect();
-        Batch::new(reqs, Vec::new())
+        Batch::new(reqs, vec![lease], Vec::new())
     }
 
     #[test]
@@ -441,6 +470,35 @@ mod tests {
         let e = b.wait_ok_blocking(Duration::from_secs(1)).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::Transport);
         assert!(e.message().contains("request 1") && e.message().contains("2 of 3"), "{e}");
+    }
+
+    #[test]
+    fn leases_are_dropped_once_every_transport_released_its_requests() {
+        let reg = MemoryRegistry::new();
+        #[allow(unsafe_code)]
+        // SAFETY: never accessed.
+        unsafe { reg.register(0, 64, Location::Any) }.unwrap();
+        let lease = reg.lease(0, 8).unwrap();
+        let req = |i: u64| ValidatedRequest {
+            request: TransferRequest {
+                opcode: Opcode::Read,
+                source: i * 8,
+                target: SegmentHandle(1),
+                target_offset: 0,
+                length: 8,
+            },
+            local: Region::clone(&lease),
+        };
+        let b = Batch::new(vec![req(0), req(1)], vec![lease], Vec::new());
+        assert_eq!(reg.leases(), 1);
+        b.cancel();
+        assert!(b.is_done());
+        assert_eq!(reg.leases(), 1, "cancelled, but a transport may still be writing");
+        b.complete(0, Ok(()));
+        assert_eq!(reg.leases(), 1);
+        b.complete(1, Err(Error::new(ErrorKind::Cancelled, "seen")));
+        assert_eq!(reg.leases(), 0, "released by every transport: memory may go");
+        assert_eq!(b.status().cancelled, 2);
     }
 
     #[tokio::test]

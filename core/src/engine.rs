@@ -804,9 +804,16 @@ impl TransferEngine {
             break;
         }
 
-        let validated: Vec<ValidatedRequest> =
-            requests.iter().zip(leases).map(|(r, local)| ValidatedRequest { request: *r, local }).collect();
-        let batch = Batch::new(validated, segments.clone());
+        let validated: Vec<ValidatedRequest> = requests
+            .iter()
+            .zip(&leases)
+            .map(|(r, lease)| ValidatedRequest { request: *r, local: Region::clone(lease) })
+            .collect();
+        // One lease per region is enough (requests of a batch usually share a few regions).
+        let mut held = leases;
+        held.sort_unstable_by_key(|l| Arc::as_ptr(l) as usize);
+        held.dedup_by(|a, b| Arc::ptr_eq(a, b));
+        let batch = Batch::new(validated, held, segments.clone());
         if segments.len() == 1 {
             let indices: Vec<u32> = (0..requests.len() as u32).collect();
             self.start(&segments[0], &batch, &indices);
@@ -974,10 +981,10 @@ impl TransferEngine {
     ///
     /// 1. the memory registry closes (new requests from peers or from this engine are refused);
     /// 2. the transports stop (their servers and connections end);
-    /// 3. it waits, up to the transfer timeout, until no request holds registered memory
-    ///    (batches hold their memory until dropped: drop finished batches first), then forgets
-    ///    every region — if leases remain, it fails with [`ErrorKind::Busy`] and the memory must
-    ///    not be freed yet;
+    /// 3. it waits, up to the transfer timeout, until no request holds registered memory (a
+    ///    batch holds it until its transports released every request — also cancelled ones
+    ///    they had started), then forgets every region; if memory is still held, it fails with
+    ///    [`ErrorKind::Busy`] and the memory must not be freed yet;
     /// 4. its entries are removed from metadata.
     ///
     /// Later calls fail with [`ErrorKind::Shutdown`]. Idempotent.

@@ -65,9 +65,11 @@ impl std::fmt::Debug for TransportContext {
 ///   range lies in a buffer of the target's descriptor. A transport that can see the target's
 ///   live registry checks again against it; one that cannot relies on the peer to reject.
 /// - [`submit`](Transport::submit) must not block on I/O: it queues the requests (or, for a
-///   memcpy transport, finishes them) and returns. After it returns `Ok`, the transport reports
-///   exactly one outcome per index through [`Batch::complete`], within the configured transfer
-///   timeout. When it returns `Err`, it has started none of them and the engine fails them all.
+///   memcpy transport, finishes them) and returns. After it returns `Ok`, the transport calls
+///   [`Batch::complete`] exactly once per index, within the configured transfer timeout —
+///   also for a request that was cancelled meanwhile, since that call is also its promise to
+///   touch the request's memory no more. When it returns `Err`, it has started none of them
+///   and the engine fails them all.
 /// - A transport checks [`Batch::is_cancelled`] before starting each request.
 ///
 /// # Errors

@@ -32,6 +32,8 @@ use crate::frame::{DEFAULT_MAX_FRAME, FrameType, read_frame, write_frame};
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Range a random RPC port is drawn from, as in Mooncake.
 pub const RPC_PORT_RANGE: std::ops::Range<u16> = 15000..17000;
+/// Handshake connections served at once.
+pub const MAX_CONNECTIONS: usize = 1024;
 /// Notifications kept before the oldest are dropped (a target that never drains them must not
 /// grow without bound).
 pub const MAX_PENDING_NOTIFICATIONS: usize = 65536;
@@ -244,7 +246,13 @@ impl MetadataBackend for P2pMetadata {
 
 async fn serve(listener: TcpListener, shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
     let mut conns = tokio::task::JoinSet::new();
+    // At most MAX_CONNECTIONS handshakes at once; more wait in the accept queue.
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     loop {
+        let permit = tokio::select! {
+            p = slots.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break },
+            _ = stop.changed() => break,
+        };
         let accepted = tokio::select! {
             a = listener.accept() => a,
             _ = stop.changed() => break,
@@ -254,6 +262,7 @@ async fn serve(listener: TcpListener, shared: Arc<Shared>, mut stop: watch::Rece
             Ok((stream, peer)) => {
                 let shared = shared.clone();
                 conns.spawn(async move {
+                    let _permit = permit;
                     if let Err(e) = answer(stream, &shared).await {
                         tracing::debug!(%peer, error = %e, "P2P handshake: connection closed");
                     }

@@ -43,9 +43,14 @@ impl Job {
     fn live(&self) -> bool {
         !self.batch.is_cancelled() && self.batch.is_pending(self.index)
     }
-    /// The job leaves its lane without an outcome (cancelled or already completed).
+    /// The job leaves its lane.
     fn leave(&self) {
         self.load.fetch_sub(1, Ordering::Relaxed);
+    }
+    /// The job leaves its lane unstarted (it was cancelled): the batch learns that its memory
+    /// is no longer touched.
+    fn release(&self) {
+        self.finish(Err(Error::new(ErrorKind::Cancelled, "cancelled before it was sent")));
     }
     fn finish(&self, outcome: Result<(), Error>) {
         self.leave();
@@ -116,7 +121,7 @@ async fn lane(addr: PeerAddr, mut rx: mpsc::UnboundedReceiver<Job>) {
             },
         };
         if !job.live() {
-            job.leave();
+            job.release();
             continue;
         }
         let stream = match timeout_at(job.deadline, TcpStream::connect((addr.host.as_str(), addr.port))).await {
@@ -171,7 +176,7 @@ async fn connection(
         buf.clear();
         while let Some(job) = queue.pop_front() {
             if !job.live() {
-                job.leave();
+                job.release();
                 continue;
             }
             let v = job.batch.request(job.index);
