@@ -13,6 +13,7 @@
 //! | `null`  | no-op, for measuring engine overhead (`null`) | no |
 //! | `tcp`   | Mooncake-compatible TCP (`tcp`) | yes |
 //! | `p2p`   | P2P handshake metadata (`P2PHANDSHAKE`) | yes |
+//! | `http`  | HTTP metadata client (`http://host:port/metadata`) | yes |
 //!
 //! ```
 //! use ferry::{BlockTransfer, KvLayout, Location, Opcode};
@@ -60,6 +61,8 @@ pub mod transports {
 
 /// The metadata backend crates compiled into this build.
 pub mod metadata_backends {
+    #[cfg(feature = "http")]
+    pub use ferry_metadata_http as http;
     #[cfg(feature = "p2p")]
     pub use ferry_metadata_p2p as p2p;
 }
@@ -84,6 +87,8 @@ pub fn default_metadata() -> MetadataRegistry {
     let mut registry = MetadataRegistry::new();
     #[cfg(feature = "p2p")]
     registry.install(std::sync::Arc::new(ferry_metadata_p2p::P2pMetadataFactory));
+    #[cfg(feature = "http")]
+    registry.install(std::sync::Arc::new(ferry_metadata_http::HttpMetadataFactory));
     registry
 }
 

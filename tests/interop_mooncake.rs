@@ -224,3 +224,83 @@ async fn a_mooncake_initiator_reads_and_writes_a_ferry_target() {
     assert_eq!(bad, None, "first wrong byte of Mooncake's write");
     assert_eq!(buf.bytes()[write_at as usize - 1], pattern(write_at - 1, 5));
 }
+
+/// A `ferry metadata-server` (the library's server) on loopback.
+async fn ferry_metadata_server() -> (String, tokio::sync::oneshot::Sender<()>) {
+    use ferry_metadata_http::server::{Limits, serve};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/metadata", listener.local_addr().unwrap());
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let store = std::sync::Arc::new(ferry_metadata_http::store::Store::in_memory());
+    tokio::spawn(serve(listener, store, Limits::default(), async move {
+        let _ = rx.await;
+    }));
+    (url, tx)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mooncake_engines_find_each_other_through_ferry_metadata_server() {
+    let (url, _stop) = ferry_metadata_server().await;
+    let result = tokio::task::spawn_blocking(move || {
+        let mut p = Peer::spawn(&["http-pair".into(), url, (4u64 << 20).to_string()]);
+        p.json()
+    })
+    .await
+    .unwrap();
+    assert_eq!(result["rc"], 0, "{result}");
+    assert_eq!(result["ok"], true, "{result}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ferry_engines_work_against_mooncakes_own_http_metadata_server() {
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let server = mooncake_python().parent().unwrap().join("mooncake_http_metadata_server");
+    let mut child = Command::new(&server)
+        .args(["--host", "127.0.0.1", "--port", &port.to_string(), "--log-level", "WARNING"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("start {}: {e}", server.display()));
+    let url = format!("http://127.0.0.1:{port}/metadata");
+    // Wait until it answers.
+    let c = reqwest::Client::new();
+    for _ in 0..100 {
+        if c.get(format!("{url}?key=probe")).send().await.is_ok() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let cfg = |name: &str| {
+        ferry::Config::from_json_str(
+            &format!(r#"{{"local_hostname": "{name}", "metadata_server": "{url}", "protocol": "tcp"}}"#),
+            None,
+        )
+        .unwrap()
+    };
+    let a = ferry::builder().config(cfg("127.0.0.1:40101")).transports(common::tcp_only()).build().await.unwrap();
+    let b = ferry::builder().config(cfg("127.0.0.1:40102")).transports(common::tcp_only()).build().await.unwrap();
+    let src = pattern_buffer(1 << 20, 3);
+    let dst = Buffer::zeroed(1 << 20);
+    // Registration republishes the descriptor (not the rpc entry, which Mooncake's Python server
+    // refuses to accept twice).
+    unsafe { a.register_memory(src.addr(), src.len(), Location::Cpu(0)).await }.unwrap();
+    unsafe { b.register_memory(dst.addr(), dst.len(), Location::Cpu(0)).await }.unwrap();
+    let peer = b.open_segment("127.0.0.1:40101").await.unwrap();
+    b.transfer(&[TransferRequest {
+        opcode: Opcode::Read,
+        source: dst.addr(),
+        target: peer,
+        target_offset: src.addr(),
+        length: 1 << 20,
+    }])
+    .await
+    .unwrap();
+    assert_eq!(dst.bytes(), src.bytes());
+    b.shutdown().await.unwrap();
+    a.shutdown().await.unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+}

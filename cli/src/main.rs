@@ -5,6 +5,7 @@
 mod bench;
 mod demo;
 mod doctor;
+mod metadata_server;
 mod stats;
 
 use clap::{Parser, Subcommand};
@@ -26,6 +27,9 @@ enum Command {
     /// Measure transfers against a target, with the flags of Mooncake's transfer_engine_bench
     /// (`--mode=target|initiator`, `--segment_id`, `--operation`, `--block_size`, ...).
     Bench(bench::BenchArgs),
+    /// Serve Mooncake's HTTP metadata protocol (Mooncake engines can use it unchanged), with
+    /// idempotent re-publish, /health, and persistence across restarts with --data-dir.
+    MetadataServer(metadata_server::ServerArgs),
     /// Validate a mooncake.json (FILE, else $MOONCAKE_CONFIG_PATH, else the embedded default)
     /// and print what Ferry resolved from it.
     Doctor(doctor::DoctorArgs),
@@ -52,6 +56,7 @@ fn main() -> std::process::ExitCode {
         match cli.command {
             Command::Demo(args) => demo::run(args).await,
             Command::Bench(args) => bench::run(args).await,
+            Command::MetadataServer(args) => metadata_server::run(args).await,
             Command::Doctor(args) => doctor::run(args).await,
         }
     });

@@ -251,3 +251,50 @@ async fn a_peer_killed_mid_transfer_fails_its_requests_in_time_and_is_reachable_
     let _ = again.wait();
     drop(local);
 }
+
+/// Starts `ferry metadata-server` on `addr` with `dir`; returns it and its URL.
+fn metadata_server(addr: &str, dir: &std::path::Path) -> (std::process::Child, String) {
+    use std::io::BufRead;
+    let mut child = ferry()
+        .args(["metadata-server", "--addr", addr, "--data-dir"])
+        .arg(dir)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let bound =
+        line.trim().strip_prefix("metadata server listening on ").unwrap_or_else(|| panic!("{line:?}")).to_owned();
+    (child, format!("http://{bound}/metadata"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metadata_server_killed_with_sigkill_loses_nothing_with_a_data_dir() {
+    let dir = std::env::temp_dir().join(format!("ferry-meta-kill-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let (mut server, url) = metadata_server("127.0.0.1:0", &dir);
+    let port = url.trim_start_matches("http://127.0.0.1:").trim_end_matches("/metadata").to_owned();
+    let c = reqwest::Client::new();
+    for i in 0..50 {
+        let r = c.put(format!("{url}?key=mooncake/ram/seg{i}")).body(format!("{{\"i\":{i}}}")).send().await.unwrap();
+        assert_eq!(r.status().as_u16(), 200);
+    }
+    c.delete(format!("{url}?key=mooncake/ram/seg7")).send().await.unwrap();
+    server.kill().unwrap(); // SIGKILL: no chance to flush anything
+    server.wait().unwrap();
+    let (mut again, url2) = metadata_server(&format!("127.0.0.1:{port}"), &dir);
+    assert_eq!(url2, url);
+    for i in 0..50 {
+        let r = c.get(format!("{url}?key=mooncake/ram/seg{i}")).send().await.unwrap();
+        if i == 7 {
+            assert_eq!(r.status().as_u16(), 404, "the delete survived too");
+        } else {
+            assert_eq!(r.status().as_u16(), 200, "key {i} lost");
+            assert_eq!(r.text().await.unwrap(), format!("{{\"i\":{i}}}"));
+        }
+    }
+    let _ = again.kill();
+    let _ = again.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -216,6 +216,7 @@ impl EngineBuilder {
         });
         inner.refuse_live_namesake().await?;
         inner.publish().await?;
+        inner.publish_rpc().await?;
         if let Some(rx) = inner.metadata.watch(inner.keys.prefix()).await? {
             let task = inner.runtime.spawn(watch_segments(Arc::downgrade(&inner), rx));
             *inner.watch_task.lock().unwrap_or_else(|p| p.into_inner()) = Some(task);
@@ -357,6 +358,12 @@ impl EngineInner {
                 ),
             )
         })?;
+        Ok(())
+    }
+
+    /// Publishes the `rpc_meta` entry (once, at start: it never changes, and Mooncake's Python
+    /// metadata servers refuse a second PUT of it).
+    async fn publish_rpc(&self) -> Result<()> {
         if let Some(id) = HostnameResolver::parse(&self.name) {
             let rpc = RpcMeta { ip_or_host_name: id.host.unwrap_or_default(), rpc_port: id.port.unwrap_or(0) };
             let body = serde_json::to_vec(&rpc).expect("serialisable");

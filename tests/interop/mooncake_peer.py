@@ -7,6 +7,9 @@
         check OFFSET LENGTH SEED   -> "ok" or "mismatch at N"
         notifies                   -> JSON list of the notifications received (waits up to 5 s)
         quit
+  mooncake_peer.py http-pair URL SIZE
+      Two Mooncake engines on the HTTP metadata server URL; one reads SIZE bytes from the other.
+      Prints {"rc", "ok", "names"}.
   mooncake_peer.py initiator SEGMENT REMOTE_ADDR REMOTE_SEED WRITE_OFFSET WRITE_SEED SIZE...
       Reads each SIZE from SEGMENT at a few offsets and checks pattern REMOTE_SEED, then writes
       pattern WRITE_SEED of each SIZE at REMOTE_ADDR + WRITE_OFFSET. Prints one JSON line.
@@ -99,10 +102,40 @@ def initiator(segment, remote_addr, remote_seed, write_offset, write_seed, sizes
     print(json.dumps(result), flush=True)
 
 
+def http_pair(url, size):
+    """Two Mooncake engines registered with the HTTP metadata server at URL; B reads A."""
+    import socket
+    from mooncake.engine import TransferEngine
+
+    def free_port():
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        p = s.getsockname()[1]
+        s.close()
+        return p
+
+    names = [f"127.0.0.1:{free_port()}" for _ in range(2)]
+    engines = []
+    for n in names:
+        e = TransferEngine()
+        rc = e.initialize(n, url, "tcp", "")
+        if rc != 0:
+            raise SystemExit(f"mooncake initialize({n}, {url}) failed: {rc}")
+        engines.append(e)
+    a, b = engines
+    src, dst = a.allocate_managed_buffer(size), b.allocate_managed_buffer(size)
+    fill(a, src, size, 9)
+    rc = b.transfer_sync_read(names[0], dst, src, size)
+    ok = rc == 0 and b.read_bytes_from_buffer(dst, size) == pattern(0, size, 9)
+    print(json.dumps({"rc": rc, "ok": ok, "names": names}), flush=True)
+
+
 def main():
     mode = sys.argv[1]
     if mode == "target":
         target(int(sys.argv[2]), int(sys.argv[3]))
+    elif mode == "http-pair":
+        http_pair(sys.argv[2], int(sys.argv[3]))
     elif mode == "initiator":
         a = sys.argv[2:]
         initiator(a[0], int(a[1]), int(a[2]), int(a[3]), int(a[4]), [int(x) for x in a[5:]])

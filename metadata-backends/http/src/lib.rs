@@ -1,0 +1,149 @@
+//! # ferry-metadata-http
+//!
+//! Mooncake's HTTP metadata protocol (reference `mooncake-wire.md` §3):
+//!
+//! - [`HttpMetadata`], a [`MetadataBackend`] client for `metadata_server: "http://host:port/metadata"`
+//!   (requests to `<url>?key=<escaped key>`; only HTTP 200 counts as success; 404 on GET is an
+//!   absent key), with a timeout on every request and bounded retries of transient failures;
+//! - [`server`], the `ferry metadata-server` that Mooncake engines can use unchanged, and that
+//!   keeps its data across restarts with `--data-dir` ([`store`]).
+#![forbid(unsafe_code)]
+
+pub mod server;
+pub mod store;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use ferry_core::{Config, Error, MetadataBackend, MetadataFactory, MetadataServer, Result};
+
+/// Time allowed for one HTTP request.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// Attempts of a request that failed transiently (connection refused or reset, timeout, 5xx).
+pub const ATTEMPTS: u32 = 3;
+
+/// Factory for the HTTP backend.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct HttpMetadataFactory;
+
+#[async_trait]
+impl MetadataFactory for HttpMetadataFactory {
+    fn kind(&self) -> &'static str {
+        "http"
+    }
+
+    async fn connect(&self, server: &MetadataServer, _config: &Config) -> Result<Arc<dyn MetadataBackend>> {
+        let MetadataServer::Http(url) = server else {
+            return Err(Error::config(format!("the HTTP backend cannot serve {server:?}")));
+        };
+        let backend = HttpMetadata::new(url)?;
+        // Fail at start, naming the endpoint, rather than at the first lookup.
+        backend
+            .get("mooncake/__ferry_probe__")
+            .await
+            .map_err(|e| Error::new(e.kind(), format!("metadata server {url} does not answer: {}", e.message())))?;
+        Ok(Arc::new(backend))
+    }
+}
+
+/// Client of an HTTP metadata server.
+#[derive(Debug, Clone)]
+pub struct HttpMetadata {
+    url: reqwest::Url,
+    client: reqwest::Client,
+}
+
+impl HttpMetadata {
+    /// A client for the endpoint `url` (`http://host:port/metadata`).
+    pub fn new(url: &str) -> Result<Self> {
+        let parsed = reqwest::Url::parse(url)
+            .map_err(|e| Error::config(format!("metadata server URL {url:?} does not parse: {e}")))?;
+        if parsed.scheme() != "http" {
+            return Err(Error::config(format!("metadata server URL {url:?}: only http:// is supported by this build")));
+        }
+        let client = reqwest::Client::builder()
+            .timeout(REQUEST_TIMEOUT)
+            .connect_timeout(REQUEST_TIMEOUT)
+            .build()
+            .map_err(|e| Error::config(format!("HTTP client for {url}")).with_source(e))?;
+        Ok(Self { url: parsed, client })
+    }
+
+    fn url_for(&self, key: &str) -> reqwest::Url {
+        let mut u = self.url.clone();
+        u.query_pairs_mut().clear().append_pair("key", key);
+        u
+    }
+
+    /// Sends a request, retrying transient failures; returns status and body.
+    async fn send(&self, method: reqwest::Method, key: &str, body: Option<&[u8]>) -> Result<(u16, Vec<u8>)> {
+        let url = self.url_for(key);
+        let mut last = None;
+        for attempt in 0..ATTEMPTS {
+            if attempt > 0 {
+                tokio::time::sleep(Duration::from_millis(50 << attempt)).await;
+            }
+            let mut req = self.client.request(method.clone(), url.clone());
+            if let Some(b) = body {
+                req = req.body(b.to_vec());
+            }
+            match req.send().await {
+                Ok(resp) => {
+                    let status = resp.status().as_u16();
+                    let bytes = resp.bytes().await.map(|b| b.to_vec());
+                    match bytes {
+                        Ok(b) if status < 500 => return Ok((status, b)),
+                        Ok(b) => {
+                            last = Some(Error::unreachable(format!("HTTP {status}: {}", String::from_utf8_lossy(&b))))
+                        }
+                        Err(e) => last = Some(Error::unreachable(format!("reading the answer: {e}"))),
+                    }
+                }
+                Err(e) if e.is_timeout() => {
+                    last = Some(Error::timeout(format!("no answer within {REQUEST_TIMEOUT:?}")))
+                }
+                Err(e) => last = Some(Error::unreachable(format!("{e}")).with_source(e)),
+            }
+        }
+        let e = last.expect("at least one attempt");
+        Err(Error::new(e.kind(), format!("{method} {} ({ATTEMPTS} attempts): {}", self.url, e.message())))
+    }
+
+    fn unexpected(&self, what: &str, key: &str, status: u16, body: &[u8]) -> Error {
+        Error::transport(format!(
+            "metadata server {}: {what} of key {key} answered HTTP {status}: {}",
+            self.url,
+            String::from_utf8_lossy(body)
+        ))
+    }
+}
+
+#[async_trait]
+impl MetadataBackend for HttpMetadata {
+    fn name(&self) -> &str {
+        "http"
+    }
+
+    async fn get(&self, key: &str) -> Result<Option<Vec<u8>>> {
+        match self.send(reqwest::Method::GET, key, None).await? {
+            (200, body) => Ok(Some(body)),
+            (404, _) => Ok(None),
+            (status, body) => Err(self.unexpected("GET", key, status, &body)),
+        }
+    }
+
+    async fn put(&self, key: &str, value: &[u8]) -> Result<()> {
+        match self.send(reqwest::Method::PUT, key, Some(value)).await? {
+            (200, _) => Ok(()),
+            (status, body) => Err(self.unexpected("PUT", key, status, &body)),
+        }
+    }
+
+    async fn delete(&self, key: &str) -> Result<()> {
+        match self.send(reqwest::Method::DELETE, key, None).await? {
+            (200 | 404, _) => Ok(()),
+            (status, body) => Err(self.unexpected("DELETE", key, status, &body)),
+        }
+    }
+}

@@ -1,0 +1,127 @@
+//! `ferry metadata-server`: Mooncake's HTTP metadata protocol (reference `mooncake-wire.md` §3)
+//! with what the reference servers lack: idempotent re-publish of any key, `GET /health`,
+//! persistence across restarts (`--data-dir`), limits on key length and body size, graceful
+//! shutdown and request logging.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, Query, Request, State};
+use axum::http::StatusCode;
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use tokio::net::TcpListener;
+
+use crate::store::Store;
+
+/// Limits of the server.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    /// Longest key accepted (bytes); longer ones get 400.
+    pub max_key: usize,
+    /// Largest body accepted (bytes); larger ones get 413.
+    pub max_body: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self { max_key: 4096, max_body: 16 << 20 }
+    }
+}
+
+#[derive(Clone)]
+struct App {
+    store: Arc<Store>,
+    limits: Limits,
+}
+
+fn key_of(app: &App, q: &HashMap<String, String>) -> Result<String, Response> {
+    match q.get("key") {
+        None => Err((StatusCode::BAD_REQUEST, "missing key").into_response()),
+        Some(k) if k.is_empty() => Err((StatusCode::BAD_REQUEST, "empty key").into_response()),
+        Some(k) if k.len() > app.limits.max_key => {
+            Err((StatusCode::BAD_REQUEST, format!("key longer than {} bytes", app.limits.max_key)).into_response())
+        }
+        Some(k) => Ok(k.clone()),
+    }
+}
+
+async fn get_key(State(app): State<App>, Query(q): Query<HashMap<String, String>>) -> Response {
+    let key = match key_of(&app, &q) {
+        Ok(k) => k,
+        Err(r) => return r,
+    };
+    match app.store.get(&key) {
+        Some(v) => (StatusCode::OK, Bytes::copy_from_slice(&v)).into_response(),
+        None => (StatusCode::NOT_FOUND, "metadata not found").into_response(),
+    }
+}
+
+async fn put_key(State(app): State<App>, Query(q): Query<HashMap<String, String>>, body: Bytes) -> Response {
+    let key = match key_of(&app, &q) {
+        Ok(k) => k,
+        Err(r) => return r,
+    };
+    let store = app.store.clone();
+    match tokio::task::spawn_blocking(move || store.put(&key, &body)).await {
+        Ok(Ok(())) => (StatusCode::OK, "metadata updated").into_response(),
+        Ok(Err(e)) => {
+            tracing::error!(error = %e, "metadata store write failed");
+            (StatusCode::INTERNAL_SERVER_ERROR, format!("store write failed: {e}")).into_response()
+        }
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, format!("store task failed: {e}")).into_response(),
+    }
+}
+
+async fn delete_key(State(app): State<App>, Query(q): Query<HashMap<String, String>>) -> Response {
+    let key = match key_of(&app, &q) {
+        Ok(k) => k,
+        Err(r) => return r,
+    };
+    let store = app.store.clone();
+    match tokio::task::spawn_blocking(move || store.delete(&key)).await {
+        Ok(Ok(true)) => (StatusCode::OK, "metadata deleted").into_response(),
+        Ok(Ok(false)) => (StatusCode::NOT_FOUND, "metadata not found").into_response(),
+        Ok(Err(e)) => (StatusCode::INTERNAL_SERVER_ERROR, format!("store write failed: {e}")).into_response(),
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, format!("store task failed: {e}")).into_response(),
+    }
+}
+
+async fn health(State(app): State<App>) -> Response {
+    (StatusCode::OK, format!("OK {} keys", app.store.len())).into_response()
+}
+
+async fn log_request(req: Request, next: Next) -> Response {
+    let (method, uri, started) = (req.method().clone(), req.uri().clone(), Instant::now());
+    let resp = next.run(req).await;
+    tracing::debug!(%method, %uri, status = resp.status().as_u16(), micros = started.elapsed().as_micros() as u64, "metadata request");
+    resp
+}
+
+/// The server's routes over `store`.
+pub fn router(store: Arc<Store>, limits: Limits) -> Router {
+    let body_limit = limits.max_body;
+    Router::new()
+        .route("/metadata", get(get_key).put(put_key).delete(delete_key))
+        .route("/health", get(health))
+        .layer(DefaultBodyLimit::max(body_limit))
+        .layer(middleware::from_fn(log_request))
+        .with_state(App { store, limits })
+}
+
+/// Serves on `listener` until `shutdown` completes, then finishes the requests in progress.
+pub async fn serve(
+    listener: TcpListener,
+    store: Arc<Store>,
+    limits: Limits,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let addr: SocketAddr = listener.local_addr()?;
+    tracing::info!(%addr, "metadata server listening");
+    axum::serve(listener, router(store, limits)).with_graceful_shutdown(shutdown).await
+}

@@ -1,0 +1,152 @@
+//! One contract, every metadata backend: the same tests run against the in-process store and
+//! against `ferry metadata-server` over real HTTP on loopback; engines find each other and move
+//! data through each; the HTTP server's answers to bad requests.
+
+// Test buffers are `common::Buffer`s that outlive the engines they are registered with.
+#![allow(clippy::undocumented_unsafe_blocks)]
+
+mod common;
+
+use std::sync::Arc;
+
+use common::{Buffer, pattern_buffer};
+use ferry::{ErrorKind, InProcessMetadata, Location, MetadataBackend, Opcode, TransferRequest};
+use ferry_metadata_http::HttpMetadata;
+use ferry_metadata_http::server::{Limits, serve};
+use ferry_metadata_http::store::Store;
+
+/// A `ferry metadata-server` on a loopback port; stops when the returned sender drops.
+async fn http_server(store: Store, limits: Limits) -> (String, tokio::sync::oneshot::Sender<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/metadata", listener.local_addr().unwrap());
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(serve(listener, Arc::new(store), limits, async move {
+        let _ = rx.await;
+    }));
+    (url, tx)
+}
+
+/// The contract every backend keeps.
+async fn contract(m: &dyn MetadataBackend) {
+    let name = m.name().to_owned();
+    let key = "mooncake/ram/127.0.0.1:17000";
+    assert_eq!(m.get(key).await.unwrap(), None, "{name}: an absent key is None");
+    m.put(key, br#"{"v":1}"#).await.unwrap();
+    assert_eq!(m.get(key).await.unwrap().as_deref(), Some(&br#"{"v":1}"#[..]), "{name}");
+    m.put(key, br#"{"v":2}"#).await.unwrap();
+    assert_eq!(m.get(key).await.unwrap().as_deref(), Some(&br#"{"v":2}"#[..]), "{name}: re-publish replaces");
+    let rpc = "mooncake/rpc_meta/127.0.0.1:17000";
+    m.put(rpc, br#"{"ip_or_host_name":"127.0.0.1","rpc_port":17000}"#).await.unwrap();
+    m.put(rpc, br#"{"ip_or_host_name":"127.0.0.1","rpc_port":17000}"#).await.unwrap();
+    // Keys that need escaping survive the trip.
+    let odd = "mooncake/blue/ram/a b&c=d?e#f%20";
+    m.put(odd, b"odd").await.unwrap();
+    assert_eq!(m.get(odd).await.unwrap().as_deref(), Some(&b"odd"[..]), "{name}: escaped key");
+    m.delete(key).await.unwrap();
+    assert_eq!(m.get(key).await.unwrap(), None, "{name}: deleted");
+    m.delete(key).await.unwrap();
+    assert_eq!(m.get(odd).await.unwrap().as_deref(), Some(&b"odd"[..]), "{name}: other keys untouched");
+}
+
+#[tokio::test]
+async fn in_process_backend_keeps_the_contract() {
+    contract(&*InProcessMetadata::new()).await;
+}
+
+#[tokio::test]
+async fn http_backend_keeps_the_contract() {
+    let (url, _stop) = http_server(Store::in_memory(), Limits::default()).await;
+    contract(&HttpMetadata::new(&url).unwrap()).await;
+}
+
+/// Two engines on `backend` find each other and move data.
+async fn engines_meet(url: &str) {
+    let cfg = |name: &str| {
+        ferry::Config::from_json_str(
+            &format!(r#"{{"local_hostname": "{name}", "metadata_server": "{url}", "protocol": "tcp"}}"#),
+            None,
+        )
+        .unwrap()
+    };
+    let a = ferry::builder().config(cfg("127.0.0.1:40001")).transports(common::tcp_only()).build().await.unwrap();
+    let b = ferry::builder().config(cfg("127.0.0.1:40002")).transports(common::tcp_only()).build().await.unwrap();
+    assert_eq!(a.metadata_backend(), "http");
+    let src = pattern_buffer(1 << 20, 7);
+    let dst = Buffer::zeroed(1 << 20);
+    unsafe { a.register_memory(src.addr(), src.len(), Location::Cpu(0)).await }.unwrap();
+    unsafe { b.register_memory(dst.addr(), dst.len(), Location::Cpu(0)).await }.unwrap();
+    let peer = b.open_segment("127.0.0.1:40001").await.unwrap();
+    b.transfer(&[TransferRequest {
+        opcode: Opcode::Read,
+        source: dst.addr(),
+        target: peer,
+        target_offset: src.addr(),
+        length: 1 << 20,
+    }])
+    .await
+    .unwrap();
+    assert_eq!(dst.bytes(), src.bytes());
+    a.shutdown().await.unwrap();
+    let m = HttpMetadata::new(url).unwrap();
+    assert_eq!(m.get("mooncake/ram/127.0.0.1:40001").await.unwrap(), None, "a clean shutdown unpublishes");
+    assert!(m.get("mooncake/ram/127.0.0.1:40002").await.unwrap().is_some());
+    b.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn engines_find_each_other_through_ferry_metadata_server() {
+    let (url, _stop) = http_server(Store::in_memory(), Limits::default()).await;
+    engines_meet(&url).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_or_unparsable_server_is_named_at_start() {
+    let dead = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        format!("http://{}/metadata", l.local_addr().unwrap())
+    };
+    let cfg = ferry::Config::from_json_str(
+        &format!(r#"{{"local_hostname": "127.0.0.1:40003", "metadata_server": "{dead}", "protocol": "tcp"}}"#),
+        None,
+    )
+    .unwrap();
+    let e = ferry::builder().config(cfg).build().await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::PeerUnreachable, "{e}");
+    assert!(e.message().contains(&dead) && e.message().contains("3 attempts"), "{e}");
+    let e = HttpMetadata::new("http://[::1/metadata").unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Config, "{e}");
+}
+
+#[tokio::test]
+async fn the_server_answers_bad_requests_with_the_right_status() {
+    let (url, _stop) = http_server(Store::in_memory(), Limits { max_key: 64, max_body: 1024 }).await;
+    let c = reqwest::Client::new();
+    let base = url.trim_end_matches("/metadata").to_owned();
+    let st = |r: reqwest::Response| r.status().as_u16();
+    assert_eq!(st(c.get(&url).send().await.unwrap()), 400, "missing key");
+    assert_eq!(st(c.get(format!("{url}?key=")).send().await.unwrap()), 400, "empty key");
+    assert_eq!(st(c.get(format!("{url}?key={}", "k".repeat(65))).send().await.unwrap()), 400, "key too long");
+    assert_eq!(st(c.post(format!("{url}?key=a")).body("x").send().await.unwrap()), 405, "unsupported method");
+    assert_eq!(st(c.put(format!("{url}?key=a")).body(vec![b'x'; 2048]).send().await.unwrap()), 413, "oversized body");
+    let r = c.get(format!("{url}?key=absent")).send().await.unwrap();
+    assert_eq!(r.status().as_u16(), 404);
+    assert_eq!(r.text().await.unwrap(), "metadata not found");
+    let r = c.put(format!("{url}?key=a")).body("{}").send().await.unwrap();
+    assert_eq!(r.text().await.unwrap(), "metadata updated");
+    assert_eq!(st(c.put(format!("{url}?key=a")).body("{}").send().await.unwrap()), 200, "re-publish is idempotent");
+    assert_eq!(c.delete(format!("{url}?key=a")).send().await.unwrap().text().await.unwrap(), "metadata deleted");
+    assert_eq!(st(c.delete(format!("{url}?key=a")).send().await.unwrap()), 404, "delete of an absent key");
+    let health = c.get(format!("{base}/health")).send().await.unwrap();
+    assert_eq!(health.status().as_u16(), 200);
+    // A value that is not JSON where a descriptor is expected: the engine names the key.
+    c.put(format!("{url}?key=mooncake/ram/broken")).body("not json").send().await.unwrap();
+    let e = ferry::builder()
+        .metadata(Arc::new(HttpMetadata::new(&url).unwrap()))
+        .build()
+        .await
+        .unwrap()
+        .open_segment("broken")
+        .await
+        .unwrap_err();
+    assert!(e.message().contains("mooncake/ram/broken"), "{e}");
+}
