@@ -40,12 +40,12 @@ struct App {
     limits: Limits,
 }
 
-fn key_of(app: &App, q: &HashMap<String, String>) -> Result<String, Response> {
+fn key_of(app: &App, q: &HashMap<String, String>) -> Result<String, (StatusCode, String)> {
     match q.get("key") {
-        None => Err((StatusCode::BAD_REQUEST, "missing key").into_response()),
-        Some(k) if k.is_empty() => Err((StatusCode::BAD_REQUEST, "empty key").into_response()),
+        None => Err((StatusCode::BAD_REQUEST, "missing key".into())),
+        Some(k) if k.is_empty() => Err((StatusCode::BAD_REQUEST, "empty key".into())),
         Some(k) if k.len() > app.limits.max_key => {
-            Err((StatusCode::BAD_REQUEST, format!("key longer than {} bytes", app.limits.max_key)).into_response())
+            Err((StatusCode::BAD_REQUEST, format!("key longer than {} bytes", app.limits.max_key)))
         }
         Some(k) => Ok(k.clone()),
     }
@@ -54,7 +54,7 @@ fn key_of(app: &App, q: &HashMap<String, String>) -> Result<String, Response> {
 async fn get_key(State(app): State<App>, Query(q): Query<HashMap<String, String>>) -> Response {
     let key = match key_of(&app, &q) {
         Ok(k) => k,
-        Err(r) => return r,
+        Err(r) => return r.into_response(),
     };
     match app.store.get(&key) {
         Some(v) => (StatusCode::OK, Bytes::copy_from_slice(&v)).into_response(),
@@ -65,7 +65,7 @@ async fn get_key(State(app): State<App>, Query(q): Query<HashMap<String, String>
 async fn put_key(State(app): State<App>, Query(q): Query<HashMap<String, String>>, body: Bytes) -> Response {
     let key = match key_of(&app, &q) {
         Ok(k) => k,
-        Err(r) => return r,
+        Err(r) => return r.into_response(),
     };
     let store = app.store.clone();
     match tokio::task::spawn_blocking(move || store.put(&key, &body)).await {
@@ -81,7 +81,7 @@ async fn put_key(State(app): State<App>, Query(q): Query<HashMap<String, String>
 async fn delete_key(State(app): State<App>, Query(q): Query<HashMap<String, String>>) -> Response {
     let key = match key_of(&app, &q) {
         Ok(k) => k,
-        Err(r) => return r,
+        Err(r) => return r.into_response(),
     };
     let store = app.store.clone();
     match tokio::task::spawn_blocking(move || store.delete(&key)).await {

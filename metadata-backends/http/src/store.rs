@@ -52,8 +52,7 @@ fn record(key: &str, value: Option<&[u8]>) -> Vec<u8> {
 fn replay(bytes: &[u8]) -> (HashMap<String, Value>, usize, usize) {
     let mut map = HashMap::new();
     let (mut at, mut records) = (0usize, 0usize);
-    loop {
-        let Some(head) = bytes.get(at..at + 8) else { break };
+    while let Some(head) = bytes.get(at..at + 8) {
         let klen = u32::from_le_bytes(head[0..4].try_into().expect("4 bytes")) as usize;
         let vraw = u32::from_le_bytes(head[4..8].try_into().expect("4 bytes"));
         let vlen = if vraw == DELETE { 0 } else { vraw as usize };
