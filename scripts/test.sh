@@ -15,25 +15,26 @@ if ! command -v cargo >/dev/null 2>&1; then
 fi
 rustup component list --installed 2>/dev/null | grep -q '^rustfmt' || rustup component add rustfmt clippy 2>/dev/null || true
 if cargo nextest --version >/dev/null 2>&1; then
-    RUNNER=(cargo nextest run --workspace --no-fail-fast)
+    RUNNER=(cargo nextest run --workspace --all-features --no-fail-fast)
 else
     echo "cargo-nextest not found; using cargo test"
-    RUNNER=(cargo test --workspace --no-fail-fast)
+    RUNNER=(cargo test --workspace --all-features --no-fail-fast)
 fi
 
 # Mooncake's wheel, for the interop tests (tests/interop_mooncake.rs). If it cannot be installed
 # those tests fail and say why; nothing is skipped.
 need_debs=()
-for pkg in libibverbs1 libnuma1 librdmacm1 python3-venv; do
+# protoc builds the etcd client; etcd and Redis serve the metadata tests.
+for pkg in libibverbs1 libnuma1 librdmacm1 python3-venv protobuf-compiler etcd-server redis-server; do
     dpkg -s "$pkg" >/dev/null 2>&1 || need_debs+=("$pkg")
 done
 if [ ${#need_debs[@]} -gt 0 ]; then
     say "apt-get install ${need_debs[*]}"
     if [ "$(id -u)" = 0 ]; then
         (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_debs[@]}") >/dev/null \
-            || echo "WARNING: could not install ${need_debs[*]}; the Mooncake interop tests will fail" >&2
+            || echo "WARNING: could not install ${need_debs[*]}; the tests that need them will fail" >&2
     else
-        echo "WARNING: not root; install ${need_debs[*]} for the Mooncake interop tests" >&2
+        echo "WARNING: not root; install ${need_debs[*]} for the interop and metadata tests" >&2
     fi
 fi
 VENV=.venv-mooncake
@@ -45,27 +46,59 @@ fi
 export FERRY_MOONCAKE_PYTHON="$PWD/$VENV/bin/python"
 
 # --- servers -------------------------------------------------------------------------------
-# The suite needs no external server yet: the embedded in-process metadata store serves every
-# test. Metadata backends that need etcd or Redis start them here, on loopback, in $WORK.
+# Redis and etcd on free loopback ports, data in $WORK, stopped on exit. The contract tests use
+# them (FERRY_TEST_REDIS, FERRY_TEST_ETCD); restart tests start private ones of their own.
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/ferry-test.XXXXXX")
-cleanup() { rm -rf "$WORK"; }
+PIDS=()
+cleanup() {
+    for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+    wait 2>/dev/null || true
+    rm -rf "$WORK"
+}
 trap cleanup EXIT
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+wait_port() {
+    for _ in $(seq 1 100); do
+        (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
+        sleep 0.1
+    done
+    echo "WARNING: nothing listens on 127.0.0.1:$1 ($2)" >&2
+}
+if command -v redis-server >/dev/null 2>&1; then
+    port=$(free_port)
+    redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no --dir "$WORK" >"$WORK/redis.log" 2>&1 &
+    PIDS+=($!)
+    wait_port "$port" redis
+    export FERRY_TEST_REDIS="redis://127.0.0.1:$port"
+    say "redis on $FERRY_TEST_REDIS"
+fi
+if command -v etcd >/dev/null 2>&1; then
+    port=$(free_port); peer=$(free_port)
+    etcd --name ferry-ci --data-dir "$WORK/etcd" \
+        --listen-client-urls "http://127.0.0.1:$port" --advertise-client-urls "http://127.0.0.1:$port" \
+        --listen-peer-urls "http://127.0.0.1:$peer" --initial-advertise-peer-urls "http://127.0.0.1:$peer" \
+        --initial-cluster "ferry-ci=http://127.0.0.1:$peer" >"$WORK/etcd.log" 2>&1 &
+    PIDS+=($!)
+    wait_port "$port" etcd
+    export FERRY_TEST_ETCD="etcd://127.0.0.1:$port"
+    say "etcd on $FERRY_TEST_ETCD"
+fi
 
 # --- checks --------------------------------------------------------------------------------
 say "cargo fmt --check"
 cargo fmt --all -- --check
 
 say "cargo clippy (warnings denied)"
-cargo clippy --workspace --all-targets --locked -- -D warnings
+cargo clippy --workspace --all-targets --all-features --locked -- -D warnings
 
 say "cargo doc (warnings denied)"
-RUSTDOCFLAGS=-Dwarnings cargo doc --workspace --no-deps --locked
+RUSTDOCFLAGS=-Dwarnings cargo doc --workspace --all-features --no-deps --locked
 
 say "example: kv_blocks"
 cargo run --locked --quiet --example kv_blocks
 
 say "doc tests"
-cargo test --workspace --doc --locked
+cargo test --workspace --all-features --doc --locked
 
 say "tests"
 "${RUNNER[@]}" --locked

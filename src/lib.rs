@@ -14,6 +14,8 @@
 //! | `tcp`   | Mooncake-compatible TCP (`tcp`) | yes |
 //! | `p2p`   | P2P handshake metadata (`P2PHANDSHAKE`) | yes |
 //! | `http`  | HTTP metadata client (`http://host:port/metadata`) | yes |
+//! | `redis` | Redis metadata (`redis://host:port`) | yes |
+//! | `etcd`  | etcd metadata (`etcd://h1:2379,h2:2379`; building it needs `protoc`) | no |
 //!
 //! ```
 //! use ferry::{BlockTransfer, KvLayout, Location, Opcode};
@@ -89,6 +91,10 @@ pub fn default_metadata() -> MetadataRegistry {
     registry.install(std::sync::Arc::new(ferry_metadata_p2p::P2pMetadataFactory));
     #[cfg(feature = "http")]
     registry.install(std::sync::Arc::new(ferry_metadata_http::HttpMetadataFactory));
+    #[cfg(feature = "redis")]
+    registry.install(std::sync::Arc::new(ferry_metadata_redis::RedisMetadataFactory));
+    #[cfg(feature = "etcd")]
+    registry.install(std::sync::Arc::new(ferry_metadata_etcd::EtcdMetadataFactory));
     registry
 }
 

@@ -212,15 +212,16 @@ impl EngineBuilder {
             runtime,
             owned_runtime: Mutex::new(None),
             shut_down: AtomicBool::new(false),
-            watch_task: Mutex::new(None),
+            watch_task: Mutex::new(Vec::new()),
         });
         inner.refuse_live_namesake().await?;
         inner.publish().await?;
         inner.publish_rpc().await?;
+        let mut tasks = vec![inner.runtime.spawn(keep_published(Arc::downgrade(&inner)))];
         if let Some(rx) = inner.metadata.watch(inner.keys.prefix()).await? {
-            let task = inner.runtime.spawn(watch_segments(Arc::downgrade(&inner), rx));
-            *inner.watch_task.lock().unwrap_or_else(|p| p.into_inner()) = Some(task);
+            tasks.push(inner.runtime.spawn(watch_segments(Arc::downgrade(&inner), rx)));
         }
+        *inner.watch_task.lock().unwrap_or_else(|p| p.into_inner()) = tasks;
         tracing::info!(segment = %inner.name, protocol = inner.primary.protocol(), metadata = inner.metadata.name(), "engine started");
         Ok(TransferEngine { inner })
     }
@@ -261,19 +262,50 @@ struct EngineInner {
     runtime: tokio::runtime::Handle,
     owned_runtime: Mutex<Option<tokio::runtime::Runtime>>,
     shut_down: AtomicBool,
-    watch_task: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// Background tasks (re-publication, watch), aborted at shutdown.
+    watch_task: Mutex<Vec<tokio::task::JoinHandle<()>>>,
 }
 
 impl Drop for EngineInner {
     fn drop(&mut self) {
         // Peers in this process and transports still holding the registry get no new leases.
         self.memory.close();
-        if let Some(task) = self.watch_task.lock().unwrap_or_else(|p| p.into_inner()).take() {
+        for task in self.watch_task.lock().unwrap_or_else(|p| p.into_inner()).drain(..) {
             task.abort();
         }
         // Never block in drop (it may run on a runtime thread).
         if let Some(rt) = self.owned_runtime.lock().unwrap_or_else(|p| p.into_inner()).take() {
             rt.shutdown_background();
+        }
+    }
+}
+
+/// How often an engine checks that its descriptor is still published.
+pub const REPUBLISH_CHECK: Duration = Duration::from_secs(2);
+
+/// Re-publishes this engine's entries whenever the metadata service lost them (a server
+/// restart, an expired etcd lease), once it answers again.
+async fn keep_published(engine: Weak<EngineInner>) {
+    loop {
+        tokio::time::sleep(REPUBLISH_CHECK).await;
+        let Some(engine) = engine.upgrade() else { return };
+        if engine.shut_down.load(Ordering::Acquire) {
+            return;
+        }
+        match engine.metadata.get(&engine.keys.segment(&engine.name)).await {
+            Ok(Some(_)) => {}
+            Ok(None) => {
+                tracing::warn!(segment = %engine.name, metadata = engine.metadata.name(), "descriptor missing from metadata; publishing again");
+                if let Err(e) = async {
+                    engine.publish().await?;
+                    engine.publish_rpc().await
+                }
+                .await
+                {
+                    tracing::warn!(segment = %engine.name, error = %e, "re-publication failed; will retry");
+                }
+            }
+            Err(e) => tracing::debug!(segment = %engine.name, error = %e, "metadata unreachable; will check again"),
         }
     }
 }
@@ -434,7 +466,15 @@ impl EngineInner {
     async fn segment_for_use(&self, handle: SegmentHandle) -> Result<Arc<OpenSegment>> {
         let seg = self.cached(handle)?;
         if seg.is_stale() {
-            return self.load_segment(seg.name()).await;
+            return match self.load_segment(seg.name()).await {
+                // The metadata service is down: keep using what we know (the peer may well
+                // still be there); the entry stays stale and is refetched on the next use.
+                Err(e) if matches!(e.kind(), ErrorKind::PeerUnreachable | ErrorKind::Timeout) => {
+                    tracing::warn!(segment = seg.name(), error = %e, "metadata unreachable; using the cached descriptor");
+                    Ok(seg)
+                }
+                other => other,
+            };
         }
         Ok(seg)
     }
@@ -999,6 +1039,10 @@ impl TransferEngine {
         if self.inner.shut_down.swap(true, Ordering::AcqRel) {
             return Ok(());
         }
+        // No re-publication may race the removal below.
+        for task in self.inner.watch_task.lock().unwrap_or_else(|p| p.into_inner()).drain(..) {
+            task.abort();
+        }
         self.inner.memory.close();
         for t in &self.inner.transports {
             t.shutdown().await;
@@ -1015,9 +1059,6 @@ impl TransferEngine {
             if let Err(e) = self.inner.metadata.delete(&key).await {
                 first_err.get_or_insert(e);
             }
-        }
-        if let Some(task) = self.inner.watch_task.lock().unwrap_or_else(|p| p.into_inner()).take() {
-            task.abort();
         }
         first_err.map_or(Ok(()), Err)
     }

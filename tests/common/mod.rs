@@ -3,6 +3,8 @@
 
 use std::sync::Arc;
 
+pub mod servers;
+
 use ferry::{EngineBuilder, InProcessMetadata, MetadataBackend, TransferEngine};
 
 /// A heap buffer whose address is registered with an engine. Kept alive for the test.
