@@ -58,10 +58,20 @@ async fn a_connector_style_file_needs_a_role_and_a_metadata_backend_that_is_buil
     })
     .unwrap();
     assert_eq!(with_role.local_segment_name().unwrap().as_deref(), Some("127.0.0.1:13003"));
-    // etcd is not compiled into this build: the error says so instead of hanging or guessing.
-    let e = ferry::builder().config(with_role).build().await.unwrap_err();
+    // A build without the etcd backend says so instead of hanging or guessing.
+    let e = ferry::builder()
+        .config(with_role.clone())
+        .metadata_registry(ferry::MetadataRegistry::new())
+        .build()
+        .await
+        .unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Config);
     assert!(e.message().contains("etcd metadata backend is not built"), "{e}");
+    // A build with it, and nothing listening there: the endpoint is named.
+    if ferry::default_metadata().kinds().contains(&"etcd") {
+        let e = ferry::builder().config(with_role).build().await.unwrap_err();
+        assert!(e.message().contains("127.0.0.1:2379"), "{e}");
+    }
 }
 
 #[test]
