@@ -281,7 +281,8 @@ async fn after_shutdown_no_peer_reaches_the_memory_and_finished_batches_do_not_h
         }])
         .await
         .unwrap_err();
-    assert!(matches!(e.kind(), ErrorKind::Shutdown | ErrorKind::PeerUnreachable), "{e}");
+    // Which error depends on whether decode already saw the deletion of prefill's descriptor.
+    assert!(matches!(e.kind(), ErrorKind::Shutdown | ErrorKind::PeerUnreachable | ErrorKind::NotFound), "{e}");
     decode.shutdown().await.unwrap();
     assert!(held.is_done());
 }

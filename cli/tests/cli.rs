@@ -137,13 +137,13 @@ fn doctor_explains_a_good_config() {
 
 #[test]
 fn doctor_reports_every_problem_with_file_and_position() {
-    let p = tmp("bad.json", "{\n  \"protocol\": \"rdma\",\n  \"metadata_server\": \"etcd://h:2379\"\n}");
+    let p = tmp("bad.json", "{\n  \"protocol\": \"rdma\",\n  \"metadata_server\": \"gopher://h:70\"\n}");
     let out = ferry().args(["doctor", "--config"]).arg(&p).output().unwrap();
     let s = String::from_utf8_lossy(&out.stdout);
     assert!(!out.status.success(), "{s}");
     assert!(s.contains("2 problem(s)"), "{s}");
     assert!(s.contains("unknown protocol \"rdma\"; installed: local") && s.contains("line 2"), "{s}");
-    assert!(s.contains("metadata backend `etcd` is not built"), "{s}");
+    assert!(s.contains("unknown scheme \"gopher\"") && s.contains("line 3"), "{s}");
 
     let p = tmp("broken.json", "{\"protocol\": ");
     let out = ferry().args(["doctor", "-c"]).arg(&p).output().unwrap();

@@ -66,8 +66,14 @@ fn err(endpoints: &[String], what: &str, e: etcd_client::Error) -> Error {
         etcd_client::Error::TransportError(_) | etcd_client::Error::IoError(_) => {
             Error::unreachable(msg).with_source(e)
         }
-        // gRPC status 14 is UNAVAILABLE: the cluster cannot be reached.
-        etcd_client::Error::GRpcStatus(ref s) if i32::from(s.code()) == 14 => Error::unreachable(msg).with_source(e),
+        // gRPC UNAVAILABLE (14), DEADLINE_EXCEEDED (4), CANCELLED (1), and UNKNOWN carrying a
+        // transport failure (a connection that broke): the cluster cannot be reached.
+        etcd_client::Error::GRpcStatus(ref s)
+            if matches!(i32::from(s.code()), 1 | 4 | 14)
+                || (i32::from(s.code()) == 2 && s.message().contains("transport error")) =>
+        {
+            Error::unreachable(msg).with_source(e)
+        }
         _ => Error::transport(msg).with_source(e),
     }
 }
