@@ -150,3 +150,30 @@ async fn the_server_answers_bad_requests_with_the_right_status() {
         .unwrap_err();
     assert!(e.message().contains("mooncake/ram/broken"), "{e}");
 }
+
+#[tokio::test]
+async fn p2p_backend_keeps_its_form_of_the_contract() {
+    use ferry_metadata_p2p::P2pMetadata;
+    // P2P has no store: an engine's own entries are kept locally and served to peers, and
+    // "get" of another segment asks that segment's owner.
+    let cfg = ferry::Config::from_json_str(r#"{"local_hostname": "127.0.0.1"}"#, None).unwrap();
+    let a = P2pMetadata::start(&cfg).await.unwrap();
+    let b = P2pMetadata::start(&cfg).await.unwrap();
+    let a_name = a.segment_name_hint().unwrap();
+    let a_key = format!("mooncake/ram/{a_name}");
+    assert_eq!(a.get(&a_key).await.unwrap(), None, "own descriptor not published yet");
+    assert!(b.get(&a_key).await.is_err(), "a peer with nothing published does not answer");
+    let desc = format!(r#"{{"name":"{a_name}","protocol":"tcp","buffers":[]}}"#);
+    a.put(&a_key, desc.as_bytes()).await.unwrap();
+    a.put(&a_key, desc.as_bytes()).await.unwrap(); // re-publish
+    assert_eq!(a.get(&a_key).await.unwrap().as_deref(), Some(desc.as_bytes()));
+    assert_eq!(b.get(&a_key).await.unwrap().as_deref(), Some(desc.as_bytes()), "fetched from its owner");
+    let rpc: ferry::RpcMeta =
+        serde_json::from_slice(&b.get(&format!("mooncake/rpc_meta/{a_name}")).await.unwrap().unwrap()).unwrap();
+    assert_eq!(format!("{}:{}", rpc.ip_or_host_name, rpc.rpc_port), a_name);
+    a.delete(&a_key).await.unwrap();
+    a.delete(&a_key).await.unwrap();
+    assert_eq!(a.get(&a_key).await.unwrap(), None);
+    let e = b.get("mooncake/ram/127.0.0.1:1").await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::PeerUnreachable, "a peer that is not there: {e}");
+}

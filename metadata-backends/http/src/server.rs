@@ -3,7 +3,6 @@
 //! persistence across restarts (`--data-dir`), limits on key length and body size, graceful
 //! shutdown and request logging.
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
@@ -40,30 +39,36 @@ struct App {
     limits: Limits,
 }
 
-fn key_of(app: &App, q: &HashMap<String, String>) -> Result<String, (StatusCode, String)> {
-    match q.get("key") {
+/// The query string: `?key=...`.
+#[derive(serde::Deserialize)]
+struct KeyQuery {
+    key: Option<String>,
+}
+
+fn key_of(app: &App, q: KeyQuery) -> Result<String, (StatusCode, String)> {
+    match q.key {
         None => Err((StatusCode::BAD_REQUEST, "missing key".into())),
         Some(k) if k.is_empty() => Err((StatusCode::BAD_REQUEST, "empty key".into())),
         Some(k) if k.len() > app.limits.max_key => {
             Err((StatusCode::BAD_REQUEST, format!("key longer than {} bytes", app.limits.max_key)))
         }
-        Some(k) => Ok(k.clone()),
+        Some(k) => Ok(k),
     }
 }
 
-async fn get_key(State(app): State<App>, Query(q): Query<HashMap<String, String>>) -> Response {
-    let key = match key_of(&app, &q) {
+async fn get_key(State(app): State<App>, Query(q): Query<KeyQuery>) -> Response {
+    let key = match key_of(&app, q) {
         Ok(k) => k,
         Err(r) => return r.into_response(),
     };
     match app.store.get(&key) {
-        Some(v) => (StatusCode::OK, Bytes::copy_from_slice(&v)).into_response(),
+        Some(v) => (StatusCode::OK, v).into_response(),
         None => (StatusCode::NOT_FOUND, "metadata not found").into_response(),
     }
 }
 
-async fn put_key(State(app): State<App>, Query(q): Query<HashMap<String, String>>, body: Bytes) -> Response {
-    let key = match key_of(&app, &q) {
+async fn put_key(State(app): State<App>, Query(q): Query<KeyQuery>, body: Bytes) -> Response {
+    let key = match key_of(&app, q) {
         Ok(k) => k,
         Err(r) => return r.into_response(),
     };
@@ -78,8 +83,8 @@ async fn put_key(State(app): State<App>, Query(q): Query<HashMap<String, String>
     }
 }
 
-async fn delete_key(State(app): State<App>, Query(q): Query<HashMap<String, String>>) -> Response {
-    let key = match key_of(&app, &q) {
+async fn delete_key(State(app): State<App>, Query(q): Query<KeyQuery>) -> Response {
+    let key = match key_of(&app, q) {
         Ok(k) => k,
         Err(r) => return r.into_response(),
     };
@@ -97,6 +102,9 @@ async fn health(State(app): State<App>) -> Response {
 }
 
 async fn log_request(req: Request, next: Next) -> Response {
+    if !tracing::enabled!(tracing::Level::DEBUG) {
+        return next.run(req).await;
+    }
     let (method, uri, started) = (req.method().clone(), req.uri().clone(), Instant::now());
     let resp = next.run(req).await;
     tracing::debug!(%method, %uri, status = resp.status().as_u16(), micros = started.elapsed().as_micros() as u64, "metadata request");

@@ -10,13 +10,13 @@ use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Mutex, RwLock};
 
 const DELETE: u32 = u32::MAX;
 const LOG: &str = "metadata.log";
 
-/// A stored value (shared, so reads do not copy it).
-pub type Value = Arc<[u8]>;
+/// A stored value (reference-counted, so reads do not copy it).
+pub type Value = axum::body::Bytes;
 
 struct Log {
     file: File,
@@ -65,7 +65,7 @@ fn replay(bytes: &[u8]) -> (HashMap<String, Value>, usize, usize) {
         if vraw == DELETE {
             map.remove(key);
         } else {
-            map.insert(key.to_owned(), Value::from(&bytes[at + 8 + klen..end]));
+            map.insert(key.to_owned(), Value::copy_from_slice(&bytes[at + 8 + klen..end]));
         }
         at = end + 4;
         records += 1;
@@ -120,7 +120,7 @@ impl Store {
     /// Sets `key` (durably, when persistent, before returning).
     pub fn put(&self, key: &str, value: &[u8]) -> io::Result<()> {
         self.append(key, Some(value), || {
-            self.map.write().unwrap_or_else(|p| p.into_inner()).insert(key.to_owned(), Value::from(value));
+            self.map.write().unwrap_or_else(|p| p.into_inner()).insert(key.to_owned(), Value::copy_from_slice(value));
         })
     }
 

@@ -193,6 +193,9 @@ impl MetadataBackend for P2pMetadata {
         let Some(segment) = self.peer_of(key) else {
             return Ok(None);
         };
+        if segment == format!("{}:{}", self.host, self.port) {
+            return Ok(None); // our own descriptor, not published (yet, or any more)
+        }
         let ours =
             self.shared.served.lock().unwrap_or_else(|p| p.into_inner()).clone().unwrap_or_else(|| b"{}".to_vec());
         self.exchange(segment, FrameType::Metadata, &ours).await.map(Some)
