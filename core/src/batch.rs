@@ -411,15 +411,12 @@ impl Batch {
         }
         let errors = self.errors.lock().unwrap_or_else(|p| p.into_inner());
         let (i, e) = errors.iter().min_by_key(|(i, _)| *i).expect("a batch that did not succeed has an error");
-        Err(Error::new(
-            e.kind(),
-            format!(
-                "{} of {} request(s) failed; first, request {i}: {}",
-                status.failed + status.cancelled,
-                status.total,
-                e.message()
-            ),
-        ))
+        Err(e.context(format!(
+            "{} of {} request(s) failed; first, request {i}: {}",
+            status.failed + status.cancelled,
+            status.total,
+            e.message()
+        )))
     }
 
     fn timeout_error(&self, timeout: Duration) -> Error {

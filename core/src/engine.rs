@@ -380,15 +380,12 @@ impl EngineInner {
         let desc = self.descriptor();
         let key = self.keys.segment(&self.name);
         self.metadata.put(&key, &desc.to_json()).await.map_err(|e| {
-            Error::new(
-                e.kind(),
-                format!(
-                    "publishing segment `{}` to {} metadata (key {key}): {}",
-                    self.name,
-                    self.metadata.name(),
-                    e.message()
-                ),
-            )
+            e.context(format!(
+                "publishing segment `{}` to {} metadata (key {key}): {}",
+                self.name,
+                self.metadata.name(),
+                e.message()
+            ))
         })?;
         Ok(())
     }
@@ -1070,7 +1067,7 @@ impl TransferEngine {
 }
 
 fn request_error(i: usize, e: Error) -> Error {
-    Error::new(e.kind(), format!("request {i}: {}; nothing was submitted", e.message()))
+    e.context(format!("request {i}: {}; nothing was submitted", e.message()))
 }
 
 #[cfg(test)]

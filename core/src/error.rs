@@ -94,8 +94,11 @@ pub struct Error {
     kind: ErrorKind,
     message: String,
     #[source]
-    source: Option<BoxError>,
+    source: Option<SharedError>,
 }
+
+/// The cause as stored: shared, so one failure reported to several requests keeps it.
+type SharedError = std::sync::Arc<dyn std::error::Error + Send + Sync + 'static>;
 
 impl Error {
     /// Creates an error of `kind` with `message`.
@@ -105,7 +108,7 @@ impl Error {
 
     /// Attaches the underlying cause (kept for `source()` chains and logs).
     pub fn with_source(mut self, source: impl Into<BoxError>) -> Self {
-        self.source = Some(source.into());
+        self.source = Some(SharedError::from(source.into()));
         self
     }
 
@@ -119,14 +122,15 @@ impl Error {
         &self.message
     }
 
-    /// Copies the kind and message (and the source's text) into a new error. Used where one
-    /// failure must be reported to several requests.
+    /// Copies the error, sharing its cause. Used where one failure must be reported to several
+    /// requests.
     pub fn duplicate(&self) -> Self {
-        let mut message = self.message.clone();
-        if let Some(src) = &self.source {
-            message = format!("{message} ({src})");
-        }
-        Self::new(self.kind, message)
+        Self { kind: self.kind, message: self.message.clone(), source: self.source.clone() }
+    }
+
+    /// The same kind and cause with a new message (usually the old one with context added).
+    pub fn context(&self, message: impl Into<String>) -> Self {
+        Self { kind: self.kind, message: message.into(), source: self.source.clone() }
     }
 
     /// Shorthand for [`ErrorKind::InvalidArgument`].
@@ -199,6 +203,7 @@ mod tests {
         assert_eq!(e.to_string(), "peer_unreachable: peer 10.0.0.1:1 down");
         let d = e.duplicate();
         assert_eq!(d.kind(), ErrorKind::PeerUnreachable);
-        assert!(d.message().contains("refused"));
+        assert_eq!(d.message(), e.message());
+        assert_eq!(std::error::Error::source(&d).unwrap().to_string(), "refused", "the cause is shared, not flattened");
     }
 }
