@@ -322,3 +322,54 @@ async fn a_peer_that_goes_away_fails_its_requests_and_a_restarted_one_is_reachab
     initiator.transfer(&[req(Opcode::Read, local.addr(), peer, remote2.addr(), 4096)]).await.unwrap();
     assert_eq!(&local.bytes()[..4096], remote2.bytes());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_early_answer_never_releases_a_write_whose_payload_is_still_being_sent() {
+    // A "peer" that answers OK right after the header and then stops reading.
+    let early = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = early.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        use std::io::{Read, Write};
+        if let Ok((mut s, _)) = early.accept() {
+            let mut hdr = [0u8; 24];
+            let _ = s.read_exact(&mut hdr);
+            let _ = s.write_all(&Status::Ok.encode());
+            std::thread::sleep(Duration::from_secs(3));
+        }
+    });
+    let meta = InProcessMetadata::new();
+    let mut d = SegmentDescriptor::new("early", "tcp");
+    d.tcp_data_host = Some("127.0.0.1".into());
+    d.tcp_data_port = Some(port);
+    d.tcp_proto_version = Some(2);
+    d.buffers.push(ferry::BufferDesc {
+        addr: 0x1000_0000,
+        length: 64 << 20,
+        name: "cpu:0".into(),
+        device_id: None,
+        extra: Default::default(),
+    });
+    MetadataBackend::put(&*meta, "mooncake/ram/early", &d.to_json()).await.unwrap();
+    let e = ferry::builder()
+        .transports(tcp_only())
+        .protocol("tcp")
+        .metadata(meta as Arc<dyn MetadataBackend>)
+        .transfer_timeout(Duration::from_millis(800))
+        .build()
+        .await
+        .unwrap();
+    let local = pattern_buffer(32 << 20, 1);
+    unsafe { e.register_memory(local.addr(), local.len(), Location::Cpu(0)).await }.unwrap();
+    let peer = e.open_segment("early").await.unwrap();
+    let batch = e.submit(&[req(Opcode::Write, local.addr(), peer, 0x1000_0000, 32 << 20)]).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!batch.is_done(), "the OK came early, but the payload is still being sent");
+    assert_eq!(
+        e.unregister_memory(local.addr()).await.unwrap_err().kind(),
+        ErrorKind::Busy,
+        "its memory is still in use"
+    );
+    let err = batch.wait_ok(Duration::from_secs(5)).await.unwrap_err();
+    assert!(matches!(err.kind(), ErrorKind::PeerUnreachable | ErrorKind::Timeout), "{err}");
+    e.unregister_memory(local.addr()).await.unwrap();
+}

@@ -129,8 +129,10 @@ pub struct Batch {
     segments: Vec<Arc<OpenSegment>>,
     /// Leases on the local regions, dropped once every request was released by its transport.
     leases: Mutex<Vec<RegionLease>>,
-    /// Requests released by their transport (a `complete` call, won or not).
+    /// Requests released by their transport (a first `complete` call per index, won or not).
     released: AtomicUsize,
+    /// Which indices were released (a second `complete` for an index must not count).
+    released_flags: Box<[AtomicBool]>,
     total_bytes: u64,
     submitted_at: Instant,
     finished_at: OnceLock<Instant>,
@@ -159,6 +161,7 @@ impl Batch {
             segments,
             leases: Mutex::new(leases),
             released: AtomicUsize::new(0),
+            released_flags: (0..n).map(|_| AtomicBool::new(false)).collect(),
             total_bytes,
             submitted_at: Instant::now(),
             finished_at: OnceLock::new(),
@@ -214,7 +217,8 @@ impl Batch {
     /// memory, so the memory may be unregistered while the caller still holds the batch.
     pub fn complete(&self, i: usize, result: Result<()>) -> bool {
         let set = self.set_outcome(i, result);
-        if i < self.state.len() && self.released.fetch_add(1, Ordering::AcqRel) + 1 == self.len() {
+        let first_release = self.released_flags.get(i).is_some_and(|f| !f.swap(true, Ordering::AcqRel));
+        if first_release && self.released.fetch_add(1, Ordering::AcqRel) + 1 == self.len() {
             self.leases.lock().unwrap_or_else(|p| p.into_inner()).clear();
         }
         set
@@ -493,6 +497,8 @@ mod tests {
         assert_eq!(reg.leases(), 1, "cancelled, but a transport may still be writing");
         b.complete(0, Ok(()));
         assert_eq!(reg.leases(), 1);
+        b.complete(0, Ok(()));
+        assert_eq!(reg.leases(), 1, "a second completion of one index does not count");
         b.complete(1, Err(Error::new(ErrorKind::Cancelled, "seen")));
         assert_eq!(reg.leases(), 0, "released by every transport: memory may go");
         assert_eq!(b.status().cancelled, 2);

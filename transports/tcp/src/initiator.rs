@@ -161,8 +161,14 @@ async fn connection(
         tracing::debug!(error = %e, "tcp initiator: set_nodelay failed");
     }
     let (r, mut w) = stream.into_split();
-    let (inflight_tx, inflight_rx) = mpsc::unbounded_channel::<Job>();
-    let mut reader = tokio::spawn(read_responses(addr.clone(), r, inflight_rx));
+    let (inflight_tx, inflight_rx) = mpsc::unbounded_channel::<(Job, u64)>();
+    // How far the writer got: (every job numbered at most this has all its bytes in the socket,
+    // the writer has stopped). The reader completes a WRITE only once its payload is no longer
+    // read from memory (a peer may answer before the payload was sent, or the connection may
+    // fail in the middle of it), and reports success only if the whole payload went out.
+    let (flushed, flushed_rx) = tokio::sync::watch::channel((0u64, false));
+    let mut reader = tokio::spawn(read_responses(addr.clone(), r, inflight_rx, flushed_rx));
+    let mut seq = 0u64;
     let mut buf = Vec::with_capacity(FLUSH_AT + HEADER_LEN + COALESCE);
     loop {
         // Everything queued goes out in as few writes as possible: headers and small payloads
@@ -182,7 +188,8 @@ async fn connection(
             let v = job.batch.request(job.index);
             let r = v.request;
             if addr.v2 || r.opcode == Opcode::Read {
-                if let Err(mpsc::error::SendError(job)) = inflight_tx.send(job.clone()) {
+                seq += 1;
+                if let Err(mpsc::error::SendError((job, _))) = inflight_tx.send((job.clone(), seq)) {
                     queue.push_front(job);
                     break;
                 }
@@ -208,6 +215,7 @@ async fn connection(
                     if outcome.is_err() {
                         break;
                     }
+                    flushed.send_replace((seq, false));
                 }
             }
             if buf.len() >= FLUSH_AT {
@@ -216,23 +224,27 @@ async fn connection(
                 if outcome.is_err() {
                     break;
                 }
+                flushed.send_replace((seq, false));
             }
         }
         if outcome.is_ok() && !buf.is_empty() {
             outcome = flush(addr, &mut w, &[&buf], deadline.unwrap_or_else(Instant::now)).await;
+            if outcome.is_ok() {
+                flushed.send_replace((seq, false));
+            }
         }
         match outcome {
             Ok(()) => unacked.iter().for_each(|j| j.finish(Ok(()))),
             Err(e) => {
                 tracing::debug!(error = %e, "tcp initiator: write failed; connection dropped");
                 unacked.iter().for_each(|j| j.finish(Err(e.duplicate())));
-                return finish(w, inflight_tx, reader, queue).await;
+                return finish(w, inflight_tx, flushed, reader, queue).await;
             }
         }
         tokio::select! {
             next = rx.recv() => match next {
                 Some(job) => queue.push_back(job),
-                None => return finish(w, inflight_tx, reader, queue).await,
+                None => return finish(w, inflight_tx, flushed, reader, queue).await,
             },
             retry = &mut reader => {
                 // The reader ended: the connection is gone. Its requests were failed or handed
@@ -247,11 +259,14 @@ async fn connection(
 
 async fn finish(
     mut w: OwnedWriteHalf,
-    inflight_tx: mpsc::UnboundedSender<Job>,
+    inflight_tx: mpsc::UnboundedSender<(Job, u64)>,
+    flushed: tokio::sync::watch::Sender<(u64, bool)>,
     reader: tokio::task::JoinHandle<VecDeque<Job>>,
     queue: VecDeque<Job>,
 ) -> VecDeque<Job> {
     drop(inflight_tx);
+    // The writer has stopped: no payload is read from memory any more.
+    flushed.send_modify(|f| f.1 = true);
     let _ = w.shutdown().await;
     let mut retry = reader.await.unwrap_or_default();
     retry.extend(queue);
@@ -274,8 +289,28 @@ async fn flush(addr: &PeerAddr, w: &mut OwnedWriteHalf, parts: &[&[u8]], deadlin
 async fn read_responses(
     addr: PeerAddr,
     mut r: OwnedReadHalf,
-    mut inflight: mpsc::UnboundedReceiver<Job>,
+    mut inflight: mpsc::UnboundedReceiver<(Job, u64)>,
+    mut flushed: tokio::sync::watch::Receiver<(u64, bool)>,
 ) -> VecDeque<Job> {
+    // A WRITE is completed (whatever its outcome) only once the writer no longer reads its
+    // payload: completing releases the caller's memory. A status that came before the whole
+    // payload was sent does not make it a success.
+    let mut done = async |job: Job, seq: u64, outcome: Result<(), Error>| {
+        let mut outcome = outcome;
+        if job.batch.request(job.index).request.opcode == Opcode::Write {
+            let sent = match flushed.wait_for(|&(ok, stopped)| ok >= seq || stopped).await {
+                Ok(state) => state.0 >= seq,
+                Err(_) => false, // the writer is gone
+            };
+            if !sent && outcome.is_ok() {
+                outcome = Err(Error::unreachable(format!(
+                    "tcp peer {}:{}: answered before the whole payload was sent, which then failed",
+                    addr.host, addr.port
+                )));
+            }
+        }
+        job.finish(outcome);
+    };
     let failure = loop {
         let job = tokio::select! {
             biased;
@@ -288,17 +323,18 @@ async fn read_responses(
                 tracing::trace!(?closed, "tcp initiator: idle connection closed by peer");
                 inflight.close();
                 let mut retry = VecDeque::new();
-                while let Ok(j) = inflight.try_recv() {
-                    retry.push_back(j);
+                while let Ok((j, _)) = inflight.try_recv() {
+                    retry.push_back(j); // not completed: the writer may still be sending it
                 }
                 return retry;
             }
         };
+        let (job, seq) = job;
         match timeout_at(job.deadline, read_response(&mut r, &job, addr.v2)).await {
-            Ok(Ok(outcome)) => job.finish(outcome),
+            Ok(Ok(outcome)) => done(job, seq, outcome).await,
             Ok(Err(e)) => {
                 let err = lost(&addr, "connection lost", e);
-                job.finish(Err(err.duplicate()));
+                done(job, seq, Err(err.duplicate())).await;
                 break err;
             }
             Err(_) => {
@@ -306,14 +342,14 @@ async fn read_responses(
                     "tcp peer {}:{}: no response before the request's deadline",
                     addr.host, addr.port
                 ));
-                job.finish(Err(err.duplicate()));
+                done(job, seq, Err(err.duplicate())).await;
                 break err;
             }
         }
     };
     inflight.close();
-    while let Some(j) = inflight.recv().await {
-        j.finish(Err(failure.duplicate()));
+    while let Some((j, seq)) = inflight.recv().await {
+        done(j, seq, Err(failure.duplicate())).await;
     }
     VecDeque::new()
 }
