@@ -377,6 +377,8 @@ impl EngineInner {
 
     async fn publish(&self) -> Result<()> {
         let _guard = self.publish_lock.lock().await;
+        // Shutdown removes the entries under this lock: never publish after it.
+        self.check_open()?;
         let desc = self.descriptor();
         let key = self.keys.segment(&self.name);
         self.metadata.put(&key, &desc.to_json()).await.map_err(|e| {
@@ -1052,6 +1054,8 @@ impl TransferEngine {
                 Err(_) => tokio::time::sleep(Duration::from_millis(2)).await,
             }
         };
+        // Wait for a publication in progress; later ones see `shut_down` and do nothing.
+        let _publishing = self.inner.publish_lock.lock().await;
         for key in [self.inner.keys.segment(&self.inner.name), self.inner.keys.rpc(&self.inner.name)] {
             if let Err(e) = self.inner.metadata.delete(&key).await {
                 first_err.get_or_insert(e);

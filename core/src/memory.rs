@@ -140,6 +140,7 @@ impl MemoryRegistry {
     #[allow(unsafe_code)]
     pub unsafe fn register(&self, addr: u64, len: u64, location: Location) -> Result<Arc<Region>> {
         let mut map = self.regions.write().unwrap_or_else(|p| p.into_inner());
+        self.check_open()?;
         Self::insert_checked(&mut map, addr, len, location)
     }
 
@@ -174,6 +175,7 @@ impl MemoryRegistry {
     #[allow(unsafe_code)]
     pub unsafe fn register_batch(&self, regions: &[(u64, u64, Location)]) -> Result<Vec<Arc<Region>>> {
         let mut map = self.regions.write().unwrap_or_else(|p| p.into_inner());
+        self.check_open()?;
         let mut done = Vec::with_capacity(regions.len());
         for (i, (addr, len, loc)) in regions.iter().enumerate() {
             match Self::insert_checked(&mut map, *addr, *len, loc.clone()) {

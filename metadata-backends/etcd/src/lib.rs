@@ -119,13 +119,22 @@ async fn keep_alive(client: Client, lease: Arc<AtomicI64>, endpoints: Vec<String
     loop {
         let mut c = client.clone();
         let id = lease.load(Ordering::Relaxed);
+        // Every round is bounded: a silent partition must not stall the refresh past the TTL.
         let alive = async {
-            let (mut keeper, mut stream) = c.lease_keep_alive(id).await?;
+            let (mut keeper, mut stream) = tokio::time::timeout(REQUEST_TIMEOUT, c.lease_keep_alive(id))
+                .await
+                .map_err(|_| "keep-alive stream not opened in time".to_owned())?
+                .map_err(|e| e.to_string())?;
             loop {
-                keeper.keep_alive().await?;
-                match stream.message().await? {
-                    Some(r) if r.ttl() > 0 => {}
-                    _ => return Ok::<(), etcd_client::Error>(()), // expired: grant a new one
+                let round = async {
+                    keeper.keep_alive().await?;
+                    stream.message().await
+                };
+                match tokio::time::timeout(REQUEST_TIMEOUT, round).await {
+                    Err(_) => return Err("keep-alive not answered in time".to_owned()),
+                    Ok(Err(e)) => return Err(e.to_string()),
+                    Ok(Ok(Some(r))) if r.ttl() > 0 => {}
+                    Ok(Ok(_)) => return Ok(()), // expired: grant a new one
                 }
                 tokio::time::sleep(period).await;
             }
@@ -180,7 +189,15 @@ impl MetadataBackend for EtcdMetadata {
                 let watched = async {
                     let (_watcher, mut stream) =
                         c.watch(prefix.as_str(), Some(WatchOptions::new().with_prefix())).await?;
-                    while let Some(resp) = stream.message().await? {
+                    loop {
+                        // Stop as soon as the engine is gone, even on a quiet prefix.
+                        let resp = tokio::select! {
+                            r = stream.message() => match r? {
+                                Some(r) => r,
+                                None => break,
+                            },
+                            _ = tx.closed() => return Ok(()),
+                        };
                         for ev in resp.events() {
                             let Some(kv) = ev.kv() else { continue };
                             let key = String::from_utf8_lossy(kv.key()).into_owned();

@@ -21,6 +21,12 @@ pub type Value = axum::body::Bytes;
 struct Log {
     file: File,
     path: PathBuf,
+    /// Bytes of intact records: what a failed append is cut back to.
+    len: u64,
+    /// Set when the log could not be brought back to a known state: no more writes.
+    poisoned: bool,
+    /// Held for the store's lifetime: one server per data directory.
+    _lock: File,
 }
 
 /// Key/value store of the metadata server.
@@ -82,6 +88,10 @@ impl Store {
     /// Opens (creating if needed) the store in `dir`, replaying its log.
     pub fn open(dir: &Path) -> io::Result<Self> {
         std::fs::create_dir_all(dir)?;
+        let lock = File::create(dir.join("LOCK"))?;
+        lock.try_lock().map_err(|_| {
+            io::Error::new(io::ErrorKind::WouldBlock, format!("{} is in use by another metadata server", dir.display()))
+        })?;
         let path = dir.join(LOG);
         let mut bytes = Vec::new();
         if path.exists() {
@@ -108,8 +118,12 @@ impl Store {
             File::open(dir)?.sync_all()?;
         }
         let file = OpenOptions::new().create(true).append(true).open(&path)?;
+        // The file's directory entry must be durable too, or a power loss could lose the file.
+        File::open(dir)?.sync_all()?;
+        let len = file.metadata()?.len();
         tracing::info!(path = %path.display(), keys = map.len(), "metadata store opened");
-        Ok(Self { map: RwLock::new(map), log: Some(Mutex::new(Log { file, path })) })
+        let log = Log { file, path, len, poisoned: false, _lock: lock };
+        Ok(Self { map: RwLock::new(map), log: Some(Mutex::new(log)) })
     }
 
     /// The value of `key`.
@@ -146,8 +160,25 @@ impl Store {
             }
             Some(log) => {
                 let mut log = log.lock().unwrap_or_else(|p| p.into_inner());
-                log.file.write_all(&record(key, value))?;
-                log.file.sync_data().map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", log.path.display())))?;
+                if log.poisoned {
+                    return Err(io::Error::other(format!(
+                        "{}: an earlier write failed; refusing writes",
+                        log.path.display()
+                    )));
+                }
+                let rec = record(key, value);
+                let written = log.file.write_all(&rec).and_then(|()| log.file.sync_data());
+                if let Err(e) = written {
+                    // Cut the log back to its intact records, so that writes after this one are
+                    // not hidden behind a partial record, and a failed write does not come back
+                    // after a restart. If even that fails, the file cannot be trusted: stop.
+                    let len = log.len;
+                    if log.file.set_len(len).and_then(|()| log.file.sync_data()).is_err() {
+                        log.poisoned = true;
+                    }
+                    return Err(io::Error::new(e.kind(), format!("{}: {e}", log.path.display())));
+                }
+                log.len += rec.len() as u64;
                 apply();
                 Ok(())
             }
@@ -199,6 +230,8 @@ mod tests {
         let s = Store::open(&d).unwrap();
         assert_eq!(s.get("d").as_deref(), Some(&b"4"[..]), "writes after a cut tail are kept");
         assert_eq!(s.len(), 2);
+        let e = Store::open(&d).unwrap_err();
+        assert!(e.to_string().contains("in use by another metadata server"), "{e}");
     }
 
     proptest! {

@@ -1,6 +1,7 @@
 //! # ferry-metadata-redis
 //!
-//! A [`MetadataBackend`] on Redis for `metadata_server: "redis://host:port"` (or `rediss://`),
+//! A [`MetadataBackend`] on Redis for `metadata_server: "redis://host:port"` (`rediss://` is refused:
+//! this build has no TLS),
 //! honouring Mooncake's `MC_REDIS_PASSWORD`, `MC_REDIS_USERNAME` and `MC_REDIS_DB_INDEX`. The
 //! connection reconnects by itself after a Redis restart; every command has a timeout.
 #![forbid(unsafe_code)]
