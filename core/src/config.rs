@@ -213,13 +213,10 @@ impl MetadataServer {
                 Some(b) => return Err(format!("metadata_backend {b:?} is not etcd, redis, http or p2phandshake")),
             }
         };
-        if let Some(b) = backend.as_deref() {
-            if b != parsed.kind() {
-                return Err(format!(
-                    "metadata_backend {b:?} contradicts metadata_server {server:?} ({})",
-                    parsed.kind()
-                ));
-            }
+        if let Some(b) = backend.as_deref()
+            && b != parsed.kind()
+        {
+            return Err(format!("metadata_backend {b:?} contradicts metadata_server {server:?} ({})", parsed.kind()));
         }
         Ok(parsed)
     }

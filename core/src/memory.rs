@@ -151,15 +151,15 @@ impl MemoryRegistry {
         location: Location,
     ) -> Result<Arc<Region>> {
         let end = checked_range(addr, len)?;
-        if let Some((_, prev)) = map.range(..=addr).next_back() {
-            if prev.end() > addr {
-                return Err(overlap(addr, len, prev));
-            }
+        if let Some((_, prev)) = map.range(..=addr).next_back()
+            && prev.end() > addr
+        {
+            return Err(overlap(addr, len, prev));
         }
-        if let Some((_, next)) = map.range(addr..).next() {
-            if next.addr < end {
-                return Err(overlap(addr, len, next));
-            }
+        if let Some((_, next)) = map.range(addr..).next()
+            && next.addr < end
+        {
+            return Err(overlap(addr, len, next));
         }
         let region = Arc::new(Region { addr, len, location });
         map.insert(addr, region.clone());
