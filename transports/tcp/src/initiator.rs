@@ -188,8 +188,16 @@ async fn connection(
             let v = job.batch.request(job.index);
             let r = v.request;
             if addr.v2 || r.opcode == Opcode::Read {
-                seq += 1;
-                if let Err(mpsc::error::SendError((job, _))) = inflight_tx.send((job.clone(), seq)) {
+                // Only a payload sent straight from the caller's memory (one too large to be
+                // copied into `buf`) must be waited for; number 0 never waits.
+                let direct = r.opcode == Opcode::Write && r.length as usize > COALESCE;
+                let number = if direct {
+                    seq += 1;
+                    seq
+                } else {
+                    0
+                };
+                if let Err(mpsc::error::SendError((job, _))) = inflight_tx.send((job.clone(), number)) {
                     queue.push_front(job);
                     break;
                 }
