@@ -47,6 +47,15 @@ impl Job {
     fn leave(&self) {
         self.load.fetch_sub(1, Ordering::Relaxed);
     }
+    /// Fails the job, unsent, when its deadline already passed (so it cannot make a
+    /// connection attempt or a write time out for the fresh requests queued behind it).
+    fn expired(&self) -> bool {
+        if self.deadline > Instant::now() {
+            return false;
+        }
+        self.finish(Err(Error::timeout("tcp request not sent before its deadline")));
+        true
+    }
     /// The job leaves its lane unstarted (it was cancelled): the batch learns that its memory
     /// is no longer touched.
     fn release(&self) {
@@ -124,6 +133,9 @@ async fn lane(addr: PeerAddr, mut rx: mpsc::UnboundedReceiver<Job>) {
             job.release();
             continue;
         }
+        if job.expired() {
+            continue;
+        }
         let stream = match timeout_at(job.deadline, TcpStream::connect((addr.host.as_str(), addr.port))).await {
             Ok(Ok(s)) => s,
             outcome => {
@@ -183,6 +195,9 @@ async fn connection(
         while let Some(job) = queue.pop_front() {
             if !job.live() {
                 job.release();
+                continue;
+            }
+            if job.expired() {
                 continue;
             }
             let v = job.batch.request(job.index);
