@@ -122,8 +122,37 @@ async fn bad_requests_are_refused_before_any_byte_moves() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_owners_live_registry_is_checked_again() {
-    let meta = InProcessMetadata::new();
-    let common::Connected { prefill, decode, src, dst, peer } = connected(&meta, 4096, Location::Cpu(0)).await;
+    /// The in-process store without its watch, so decode does not learn of the change and keeps
+    /// using the descriptor it cached (as with a backend that cannot watch).
+    struct NoWatch(std::sync::Arc<InProcessMetadata>);
+    #[async_trait::async_trait]
+    impl ferry::MetadataBackend for NoWatch {
+        fn name(&self) -> &str {
+            "no-watch"
+        }
+        async fn get(&self, key: &str) -> ferry::Result<Option<Vec<u8>>> {
+            self.0.get(key).await
+        }
+        async fn put(&self, key: &str, value: &[u8]) -> ferry::Result<()> {
+            self.0.put(key, value).await
+        }
+        async fn delete(&self, key: &str) -> ferry::Result<()> {
+            self.0.delete(key).await
+        }
+    }
+    let meta: std::sync::Arc<dyn ferry::MetadataBackend> = std::sync::Arc::new(NoWatch(InProcessMetadata::new()));
+    let prefill = common::builder(&InProcessMetadata::new())
+        .metadata(meta.clone())
+        .segment_name("prefill")
+        .build()
+        .await
+        .unwrap();
+    let decode =
+        common::builder(&InProcessMetadata::new()).metadata(meta).segment_name("decode").build().await.unwrap();
+    let (src, dst) = (Buffer::filled(4096, 3), Buffer::zeroed(4096));
+    unsafe { prefill.register_memory(src.addr(), src.len(), Location::Cpu(0)).await }.unwrap();
+    unsafe { decode.register_memory(dst.addr(), dst.len(), Location::Cpu(0)).await }.unwrap();
+    let peer = decode.open_segment("prefill").await.unwrap();
     // The peer gives the memory back after we cached its descriptor.
     prefill.unregister_memory(src.addr()).await.unwrap();
     let batch = decode
