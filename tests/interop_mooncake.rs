@@ -273,39 +273,17 @@ async fn ferry_engines_work_against_mooncakes_own_http_metadata_server() {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let cfg = |name: &str| {
-        ferry::Config::from_json_str(
-            &format!(r#"{{"local_hostname": "{name}", "metadata_server": "{url}", "protocol": "tcp"}}"#),
-            None,
-        )
-        .unwrap()
-    };
-    let a = ferry::builder().config(cfg("127.0.0.1:40101")).transports(common::tcp_only()).build().await.unwrap();
-    let b = ferry::builder().config(cfg("127.0.0.1:40102")).transports(common::tcp_only()).build().await.unwrap();
-    let src = pattern_buffer(1 << 20, 3);
-    let dst = Buffer::zeroed(1 << 20);
+    let a = common::tcp_engine_on(&url, "127.0.0.1:40101").await;
+    let b = common::tcp_engine_on(&url, "127.0.0.1:40102").await;
     // Registration republishes the descriptor (not the rpc entry, which Mooncake's Python server
     // refuses to accept twice).
-    unsafe { a.register_memory(src.addr(), src.len(), Location::Cpu(0)).await }.unwrap();
-    unsafe { b.register_memory(dst.addr(), dst.len(), Location::Cpu(0)).await }.unwrap();
-    let peer = b.open_segment("127.0.0.1:40101").await.unwrap();
-    b.transfer(&[TransferRequest {
-        opcode: Opcode::Read,
-        source: dst.addr(),
-        target: peer,
-        target_offset: src.addr(),
-        length: 1 << 20,
-    }])
-    .await
-    .unwrap();
-    assert_eq!(dst.bytes(), src.bytes());
+    common::read_across(&a, &b).await;
     b.shutdown().await.unwrap();
     // `a` "crashes" (no clean shutdown: its entries stay) and restarts under the same name: the
     // Python server refuses the second PUT of its rpc entry, which holds the same value.
     drop(a);
-    let again = ferry::builder().config(cfg("127.0.0.1:40101")).transports(common::tcp_only()).build().await;
-    assert!(again.is_ok(), "a restarted engine starts against Mooncake's Python server: {:?}", again.err());
-    again.unwrap().shutdown().await.unwrap();
+    let again = common::tcp_engine_on(&url, "127.0.0.1:40101").await;
+    again.shutdown().await.unwrap();
     let _ = child.kill();
     let _ = child.wait();
 }

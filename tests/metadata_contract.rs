@@ -9,8 +9,7 @@ mod common;
 
 use std::sync::Arc;
 
-use common::{Buffer, pattern_buffer};
-use ferry::{ErrorKind, InProcessMetadata, Location, MetadataBackend, Opcode, TransferRequest};
+use ferry::{ErrorKind, InProcessMetadata, MetadataBackend};
 use ferry_metadata_http::HttpMetadata;
 use ferry_metadata_http::server::{Limits, serve};
 use ferry_metadata_http::store::Store;
@@ -59,33 +58,12 @@ async fn http_backend_keeps_the_contract() {
     contract(&HttpMetadata::new(&url).unwrap()).await;
 }
 
-/// Two engines on `backend` find each other and move data.
+/// Two engines on `url` find each other and move data.
 async fn engines_meet(url: &str) {
-    let cfg = |name: &str| {
-        ferry::Config::from_json_str(
-            &format!(r#"{{"local_hostname": "{name}", "metadata_server": "{url}", "protocol": "tcp"}}"#),
-            None,
-        )
-        .unwrap()
-    };
-    let a = ferry::builder().config(cfg("127.0.0.1:40001")).transports(common::tcp_only()).build().await.unwrap();
-    let b = ferry::builder().config(cfg("127.0.0.1:40002")).transports(common::tcp_only()).build().await.unwrap();
+    let a = common::tcp_engine_on(url, "127.0.0.1:40001").await;
+    let b = common::tcp_engine_on(url, "127.0.0.1:40002").await;
     assert_eq!(a.metadata_backend(), "http");
-    let src = pattern_buffer(1 << 20, 7);
-    let dst = Buffer::zeroed(1 << 20);
-    unsafe { a.register_memory(src.addr(), src.len(), Location::Cpu(0)).await }.unwrap();
-    unsafe { b.register_memory(dst.addr(), dst.len(), Location::Cpu(0)).await }.unwrap();
-    let peer = b.open_segment("127.0.0.1:40001").await.unwrap();
-    b.transfer(&[TransferRequest {
-        opcode: Opcode::Read,
-        source: dst.addr(),
-        target: peer,
-        target_offset: src.addr(),
-        length: 1 << 20,
-    }])
-    .await
-    .unwrap();
-    assert_eq!(dst.bytes(), src.bytes());
+    common::read_across(&a, &b).await;
     a.shutdown().await.unwrap();
     let m = HttpMetadata::new(url).unwrap();
     assert_eq!(m.get("mooncake/ram/127.0.0.1:40001").await.unwrap(), None, "a clean shutdown unpublishes");

@@ -11,7 +11,6 @@
 
 mod common;
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::servers::Server;
@@ -73,30 +72,7 @@ async fn etcd_backend_keeps_the_contract() {
 }
 
 async fn engine(metadata: &str, name: &str) -> TransferEngine {
-    let cfg = ferry::Config::from_json_str(
-        &format!(r#"{{"local_hostname": "{name}", "metadata_server": "{metadata}", "protocol": "tcp", "transfer_timeout_ms": 5000}}"#),
-        None,
-    )
-    .unwrap();
-    ferry::builder()
-        .config(cfg)
-        .transports(common::tcp_only())
-        .metadata_registry(
-            ferry::default_metadata().tap(|r| r.install(Arc::new(ferry_metadata_etcd::EtcdMetadataFactory))),
-        )
-        .build()
-        .await
-        .unwrap()
-}
-
-trait Tap: Sized {
-    fn tap(self, f: impl FnOnce(&mut Self)) -> Self;
-}
-impl<T> Tap for T {
-    fn tap(mut self, f: impl FnOnce(&mut Self)) -> Self {
-        f(&mut self);
-        self
-    }
+    common::tcp_engine_on(metadata, name).await
 }
 
 async fn read_all(from: &TransferEngine, peer: ferry::SegmentHandle, src: &Buffer, dst: &Buffer) -> ferry::Result<()> {
@@ -117,13 +93,7 @@ async fn engines_meet_through_redis_and_etcd() {
     for (i, url) in [redis, etcd].into_iter().enumerate() {
         let a = engine(&url, &format!("127.0.0.1:{}", 41000 + i * 10)).await;
         let b = engine(&url, &format!("127.0.0.1:{}", 41001 + i * 10)).await;
-        let src = pattern_buffer(1 << 20, 2);
-        let dst = Buffer::zeroed(1 << 20);
-        unsafe { a.register_memory(src.addr(), src.len(), Location::Cpu(0)).await }.unwrap();
-        unsafe { b.register_memory(dst.addr(), dst.len(), Location::Cpu(0)).await }.unwrap();
-        let peer = b.open_segment(a.segment_name()).await.unwrap();
-        read_all(&b, peer, &src, &dst).await.unwrap();
-        assert_eq!(dst.bytes(), src.bytes(), "{url}");
+        common::read_across(&a, &b).await;
         b.shutdown().await.unwrap();
         a.shutdown().await.unwrap();
     }

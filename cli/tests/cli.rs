@@ -45,18 +45,21 @@ fn demo_two_process_mode_moves_blocks_over_tcp() {
     assert!(stdout.trim_end().ends_with("verified: OK"), "{stdout}");
 }
 
+/// Starts `ferry ARGS` and waits for its first line, which must start with `prefix`; returns
+/// the process and the rest of that line.
+fn serve(args: &[&str], prefix: &str) -> (std::process::Child, String) {
+    use std::io::BufRead;
+    let mut child =
+        ferry().args(args).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::null()).spawn().unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let rest = line.trim().strip_prefix(prefix).unwrap_or_else(|| panic!("`ferry {args:?}` said {line:?}")).to_owned();
+    (child, rest)
+}
+
 #[test]
 fn bench_target_and_initiator_talk_like_mooncakes() {
-    use std::io::BufRead;
-    let mut target = ferry()
-        .args(["bench", "--mode=target", "--buffer_size=8MiB"])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    std::io::BufReader::new(target.stdout.take().unwrap()).read_line(&mut line).unwrap();
-    let segment = line.trim().strip_prefix("listening on ").expect("Mooncake's line").to_owned();
+    let (mut target, segment) = serve(&["bench", "--mode=target", "--buffer_size=8MiB"], "listening on ");
     for op in ["read", "write"] {
         let out = ferry()
             .args(["bench", "--buffer_size=8MiB", "--block_size=4096", "--batch_size=8", "--threads=2", "--duration=1"])
@@ -168,19 +171,8 @@ fn doctor_follows_mooncake_config_path_and_env_overrides() {
 
 /// Starts `ferry bench --mode=target` on `port` and returns it with its segment name.
 fn bench_target(port: u16) -> (std::process::Child, String) {
-    use std::io::BufRead;
-    let mut child = ferry()
-        .args(["bench", "--mode=target", "--buffer_size=64MiB"])
-        .arg(format!("--local_server_name=127.0.0.1:{port}"))
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-    let segment =
-        line.trim().strip_prefix("listening on ").unwrap_or_else(|| panic!("target said {line:?}")).to_owned();
-    (child, segment)
+    let name = format!("--local_server_name=127.0.0.1:{port}");
+    serve(&["bench", "--mode=target", "--buffer_size=64MiB", &name], "listening on ")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -254,18 +246,9 @@ async fn a_peer_killed_mid_transfer_fails_its_requests_in_time_and_is_reachable_
 
 /// Starts `ferry metadata-server` on `addr` with `dir`; returns it and its URL.
 fn metadata_server(addr: &str, dir: &std::path::Path) -> (std::process::Child, String) {
-    use std::io::BufRead;
-    let mut child = ferry()
-        .args(["metadata-server", "--addr", addr, "--data-dir"])
-        .arg(dir)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-    let bound =
-        line.trim().strip_prefix("metadata server listening on ").unwrap_or_else(|| panic!("{line:?}")).to_owned();
+    let dir = dir.to_str().unwrap();
+    let (child, bound) =
+        serve(&["metadata-server", "--addr", addr, "--data-dir", dir], "metadata server listening on ");
     (child, format!("http://{bound}/metadata"))
 }
 

@@ -216,12 +216,12 @@ impl Batch {
     /// memory". Once every request has been released, the batch drops its leases on local
     /// memory, so the memory may be unregistered while the caller still holds the batch.
     pub fn complete(&self, i: usize, result: Result<()>) -> bool {
-        let set = self.set_outcome(i, result);
+        // Release first: a waiter woken by the outcome may unregister the memory at once.
         let first_release = self.released_flags.get(i).is_some_and(|f| !f.swap(true, Ordering::AcqRel));
         if first_release && self.released.fetch_add(1, Ordering::AcqRel) + 1 == self.len() {
             self.leases.lock().unwrap_or_else(|p| p.into_inner()).clear();
         }
-        set
+        self.set_outcome(i, result)
     }
 
     /// Records an outcome without releasing the request (cancellation does not stop a

@@ -711,8 +711,8 @@ impl TransferEngine {
 
     /// Unregisters the region starting at `addr` and republishes.
     ///
-    /// Errors: [`ErrorKind::NotFound`] when no region starts there, [`ErrorKind::Busy`] while
-    /// requests on it are in flight.
+    /// Errors: [`ErrorKind::NotFound`] when no region starts there, [`ErrorKind::Busy`] when
+    /// requests on it are still in flight after the transfer timeout.
     pub async fn unregister_memory(&self, addr: u64) -> Result<()> {
         self.unregister_memory_batch(&[addr]).await
     }
@@ -720,7 +720,18 @@ impl TransferEngine {
     /// Unregisters several regions: all or none.
     pub async fn unregister_memory_batch(&self, addrs: &[u64]) -> Result<()> {
         self.inner.check_open()?;
-        self.unregister_local(addrs).await?;
+        // A transfer that just finished may hold its lease a moment longer (a target's serving
+        // task, a transport finishing a cancelled request): wait for it, up to the transfer
+        // timeout, before answering Busy.
+        let deadline = tokio::time::Instant::now() + self.transfer_timeout();
+        loop {
+            match self.unregister_local(addrs).await {
+                Err(e) if e.kind() == ErrorKind::Busy && tokio::time::Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+                other => break other?,
+            }
+        }
         self.inner.publish().await
     }
 

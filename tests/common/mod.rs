@@ -110,3 +110,39 @@ pub fn pattern_buffer(len: usize, seed: u64) -> Buffer {
     }
     b
 }
+
+/// An engine named `name` on the metadata service `url`, TCP only, with every metadata backend
+/// of this build (etcd included).
+pub async fn tcp_engine_on(url: &str, name: &str) -> TransferEngine {
+    let cfg = ferry::Config::from_json_str(
+        &format!(r#"{{"local_hostname": "{name}", "metadata_server": "{url}", "protocol": "tcp", "transfer_timeout_ms": 5000}}"#),
+        None,
+    )
+    .unwrap();
+    let mut metadata = ferry::default_metadata();
+    metadata.install(Arc::new(ferry_metadata_etcd::EtcdMetadataFactory));
+    ferry::builder().config(cfg).transports(tcp_only()).metadata_registry(metadata).build().await.unwrap()
+}
+
+/// `b` finds `a` through their metadata service and reads 1 MiB of it, checked byte for byte.
+pub async fn read_across(a: &TransferEngine, b: &TransferEngine) {
+    let src = pattern_buffer(1 << 20, 7);
+    let dst = Buffer::zeroed(1 << 20);
+    // SAFETY: both buffers outlive their registrations, which end below.
+    unsafe { a.register_memory(src.addr(), src.len(), ferry::Location::Cpu(0)).await }.unwrap();
+    // SAFETY: as above.
+    unsafe { b.register_memory(dst.addr(), dst.len(), ferry::Location::Cpu(0)).await }.unwrap();
+    let peer = b.open_segment(a.segment_name()).await.unwrap();
+    b.transfer(&[ferry::TransferRequest {
+        opcode: ferry::Opcode::Read,
+        source: dst.addr(),
+        target: peer,
+        target_offset: src.addr(),
+        length: src.len(),
+    }])
+    .await
+    .unwrap();
+    assert_eq!(dst.bytes(), src.bytes());
+    b.unregister_memory(dst.addr()).await.unwrap();
+    a.unregister_memory(src.addr()).await.unwrap();
+}
