@@ -107,8 +107,13 @@ pub async fn read_frame<R: AsyncRead + Unpin>(r: &mut R, max: u64, limit: Durati
         r.read_exact(&mut len).await?;
         let len = u64::from_le_bytes(len);
         check_len(len, max).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
-        let mut body = vec![0u8; len as usize];
-        r.read_exact(&mut body).await?;
+        // Grow the buffer as bytes arrive: a client that announces 1 MiB and sends nothing costs
+        // nothing.
+        let mut body = Vec::new();
+        r.take(len).read_to_end(&mut body).await?;
+        if body.len() as u64 != len {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
         Ok(classify(&body))
     };
     tokio::time::timeout(limit, read)

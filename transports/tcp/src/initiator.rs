@@ -70,6 +70,10 @@ impl Job {
 /// A peer's lanes.
 pub(crate) struct Peer {
     lanes: Vec<(mpsc::UnboundedSender<Job>, Arc<AtomicUsize>)>,
+    /// When the peer was created, and when a request was last queued, in milliseconds since
+    /// then (for pruning peers nobody uses any more).
+    created: std::time::Instant,
+    last_used_ms: std::sync::atomic::AtomicU64,
 }
 
 /// Where and how to reach a peer.
@@ -90,7 +94,14 @@ impl Peer {
                 (tx, Arc::new(AtomicUsize::new(0)))
             })
             .collect();
-        Self { lanes }
+        Self { lanes, created: std::time::Instant::now(), last_used_ms: std::sync::atomic::AtomicU64::new(0) }
+    }
+
+    /// True when nothing is queued or in flight and nothing was queued for `idle`.
+    pub(crate) fn unused_for(&self, idle: Duration) -> bool {
+        let last = Duration::from_millis(self.last_used_ms.load(Ordering::Relaxed));
+        self.lanes.iter().all(|(_, load)| load.load(Ordering::Relaxed) == 0)
+            && self.created.elapsed().saturating_sub(last) >= idle
     }
 
     /// Queues a request on the next lane. Fails (handing the job back) only when the lanes have
@@ -104,6 +115,7 @@ impl Peer {
             .min_by_key(|(_, load)| load.load(Ordering::Relaxed))
             .expect("a peer has at least one lane");
         load.fetch_add(1, Ordering::Relaxed);
+        self.last_used_ms.store(self.created.elapsed().as_millis() as u64, Ordering::Relaxed);
         let job = Job { batch: batch.clone(), index, deadline, load: load.clone() };
         match tx.send(job) {
             Ok(()) => true,

@@ -38,6 +38,10 @@ use crate::target::TargetLimits;
 pub const PROTOCOL: &str = "tcp";
 /// Wire protocol version this transport speaks as a target.
 pub const PROTO_VERSION: u32 = 2;
+/// A peer without requests for this long is forgotten when another one is added.
+pub const PEER_IDLE: Duration = Duration::from_secs(300);
+/// A target closes a connection idle for this long (initiators reconnect transparently).
+pub const TARGET_IDLE: Duration = Duration::from_secs(120);
 /// Default connections per peer.
 pub const DEFAULT_LANES: u32 = 4;
 
@@ -91,7 +95,7 @@ impl TcpTransport {
             .port();
         let timeout = cfg.transfer_timeout();
         let limits = Arc::new(TargetLimits {
-            idle: Duration::from_secs(600),
+            idle: TARGET_IDLE,
             header: Duration::from_secs(10).min(timeout),
             io: timeout,
             max_drain: 16 << 20,
@@ -131,6 +135,11 @@ impl TcpTransport {
             .ok_or_else(|| Error::invalid(format!("segment `{}` publishes no tcp_data_host", d.name)))?;
         let addr = PeerAddr { host, port, v2: d.tcp_proto_version.unwrap_or(1) >= 2 };
         let mut peers = self.peers.lock().unwrap_or_else(|p| p.into_inner());
+        if !peers.contains_key(&addr) {
+            // A new peer: forget the ones nobody used for a while (a peer restarted on another
+            // port leaves its old address behind); their lanes end with them.
+            peers.retain(|_, p| !p.unused_for(PEER_IDLE));
+        }
         Ok(peers.entry(addr.clone()).or_insert_with(|| Arc::new(Peer::start(addr, self.lanes, &self.io))).clone())
     }
 }
@@ -249,5 +258,19 @@ impl Transport for TcpTransport {
             let _ = h.await;
         }
         self.peers.lock().unwrap_or_else(|p| p.into_inner()).clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_idle_peer_is_prunable_and_a_fresh_one_is_not() {
+        let io = IoThreads::start(1).unwrap();
+        let addr = PeerAddr { host: "127.0.0.1".into(), port: 1, v2: true };
+        let peer = Peer::start(addr, 2, &io);
+        assert!(peer.unused_for(Duration::ZERO), "no load, no use: prunable at once");
+        assert!(!peer.unused_for(Duration::from_secs(3600)), "not idle for an hour yet");
     }
 }
