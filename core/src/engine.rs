@@ -662,19 +662,44 @@ impl TransferEngine {
         }
         // SAFETY: the caller's contract is this function's contract.
         let added = unsafe { self.inner.memory.register_batch(regions) }?;
+        let addrs: Vec<u64> = added.iter().map(|r| r.addr()).collect();
         if let Err(e) = self.attach(&added).await {
-            let addrs: Vec<u64> = added.iter().map(|r| r.addr()).collect();
             drop(added);
-            let _ = self.inner.memory.unregister_batch(&addrs);
-            return Err(e);
+            return Err(self.roll_back(&addrs, e, false).await);
         }
         drop(added);
         if let Err(e) = self.inner.publish().await {
-            let addrs: Vec<u64> = regions.iter().map(|r| r.0).collect();
-            let _ = self.unregister_local(&addrs).await;
-            return Err(e);
+            return Err(self.roll_back(&addrs, e, true).await);
         }
         Ok(())
+    }
+
+    /// Undoes a registration that failed with `cause`. A request may have leased the new
+    /// regions meanwhile (they were visible): wait for it like `unregister_memory` does; if the
+    /// regions still cannot be removed, say so, since the caller must then not free them.
+    async fn roll_back(&self, addrs: &[u64], cause: Error, attached: bool) -> Error {
+        let deadline = tokio::time::Instant::now() + self.transfer_timeout();
+        loop {
+            let undone = if attached {
+                self.unregister_local(addrs).await
+            } else {
+                self.inner.memory.unregister_batch(addrs).map(|_| ())
+            };
+            match undone {
+                Ok(()) => return cause,
+                Err(e) if e.kind() == ErrorKind::Busy && tokio::time::Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+                Err(e) => {
+                    let msg = format!(
+                        "{}; the registration could not be rolled back ({}): the memory is still registered and must not be freed before unregister_memory succeeds",
+                        cause.message(),
+                        e.message()
+                    );
+                    return cause.context(msg);
+                }
+            }
+        }
     }
 
     /// Tells every transport about new regions; on failure, detaches what was attached.
