@@ -285,31 +285,20 @@ async fn after_shutdown_no_peer_reaches_the_memory_and_finished_batches_do_not_h
     let common::Connected { prefill, decode, src, dst, peer } = connected(&meta, 4096, Location::Cpu(0)).await;
     // decode keeps a finished batch: its transport released every request, so it does not keep
     // decode's memory registered.
-    let held = decode
-        .submit(&[TransferRequest {
-            opcode: Opcode::Read,
-            source: dst.addr(),
-            target: peer,
-            target_offset: src.addr(),
-            length: 64,
-        }])
-        .await
-        .unwrap();
+    let read64 = TransferRequest {
+        opcode: Opcode::Read,
+        source: dst.addr(),
+        target: peer,
+        target_offset: src.addr(),
+        length: 64,
+    };
+    let held = decode.submit(&[read64]).await.unwrap();
     held.wait_ok(T).await.unwrap();
 
     prefill.shutdown().await.unwrap();
     // prefill's memory may now be freed: decode's cached descriptor still lists it, but nothing
     // may touch it any more.
-    let e = decode
-        .transfer(&[TransferRequest {
-            opcode: Opcode::Read,
-            source: dst.addr(),
-            target: peer,
-            target_offset: src.addr(),
-            length: 64,
-        }])
-        .await
-        .unwrap_err();
+    let e = decode.transfer(&[read64]).await.unwrap_err();
     // Which error depends on whether decode already saw the deletion of prefill's descriptor.
     assert!(matches!(e.kind(), ErrorKind::Shutdown | ErrorKind::PeerUnreachable | ErrorKind::NotFound), "{e}");
     decode.shutdown().await.unwrap();

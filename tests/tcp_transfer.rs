@@ -94,6 +94,22 @@ async fn a_rejected_request_fails_alone_and_the_connection_keeps_serving() {
     assert!(local.bytes()[..4096].iter().all(|&x| x == 0), "nothing was read for the rejected request");
 }
 
+/// The descriptor of a TCP "peer" on `port` (a raw socket of the test's) exposing one buffer.
+fn fake_peer(name: &str, port: u16, addr: u64, length: u64) -> SegmentDescriptor {
+    let mut d = SegmentDescriptor::new(name, "tcp");
+    d.tcp_data_host = Some("127.0.0.1".into());
+    d.tcp_data_port = Some(port);
+    d.tcp_proto_version = Some(2);
+    d.buffers.push(ferry::BufferDesc {
+        addr,
+        length,
+        name: "cpu:0".into(),
+        device_id: None,
+        extra: Default::default(),
+    });
+    d
+}
+
 /// A target engine on in-process metadata whose data port a raw socket can reach.
 async fn raw_target(timeout: Duration) -> (ferry::TransferEngine, Buffer, u16) {
     let meta = InProcessMetadata::new();
@@ -238,17 +254,7 @@ async fn a_silent_peer_times_out_and_a_dead_peer_is_unreachable() {
     let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let silent_port = silent.local_addr().unwrap().port();
     let meta = InProcessMetadata::new();
-    let mut d = SegmentDescriptor::new("silent", "tcp");
-    d.tcp_data_host = Some("127.0.0.1".into());
-    d.tcp_data_port = Some(silent_port);
-    d.tcp_proto_version = Some(2);
-    d.buffers.push(ferry::BufferDesc {
-        addr: 0x1000,
-        length: 1 << 20,
-        name: "cpu:0".into(),
-        device_id: None,
-        extra: Default::default(),
-    });
+    let d = fake_peer("silent", silent_port, 0x1000, 1 << 20);
     MetadataBackend::put(&*meta, "mooncake/ram/silent", &d.to_json()).await.unwrap();
     let mut dead = d.clone();
     dead.name = "dead".into();
@@ -338,17 +344,7 @@ async fn an_early_answer_never_releases_a_write_whose_payload_is_still_being_sen
         }
     });
     let meta = InProcessMetadata::new();
-    let mut d = SegmentDescriptor::new("early", "tcp");
-    d.tcp_data_host = Some("127.0.0.1".into());
-    d.tcp_data_port = Some(port);
-    d.tcp_proto_version = Some(2);
-    d.buffers.push(ferry::BufferDesc {
-        addr: 0x1000_0000,
-        length: 64 << 20,
-        name: "cpu:0".into(),
-        device_id: None,
-        extra: Default::default(),
-    });
+    let d = fake_peer("early", port, 0x1000_0000, 64 << 20);
     MetadataBackend::put(&*meta, "mooncake/ram/early", &d.to_json()).await.unwrap();
     let e = ferry::builder()
         .transports(tcp_only())
