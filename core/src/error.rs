@@ -41,9 +41,38 @@ pub enum ErrorKind {
     Unsupported,
     /// The engine has been shut down.
     Shutdown,
+    /// A transport plugin could not be loaded (not found, not a plugin, wrong ABI version) or
+    /// broke its contract (for example it panicked).
+    Plugin,
+    /// A bug inside Ferry, caught before it could cross a foreign boundary (a panic).
+    Internal,
 }
 
 impl ErrorKind {
+    /// Every kind, in code order.
+    pub const ALL: [ErrorKind; 14] = [
+        ErrorKind::PeerUnreachable,
+        ErrorKind::NotFound,
+        ErrorKind::InvalidArgument,
+        ErrorKind::OutOfBounds,
+        ErrorKind::Timeout,
+        ErrorKind::Transport,
+        ErrorKind::Config,
+        ErrorKind::AlreadyExists,
+        ErrorKind::Cancelled,
+        ErrorKind::Busy,
+        ErrorKind::Unsupported,
+        ErrorKind::Shutdown,
+        ErrorKind::Plugin,
+        ErrorKind::Internal,
+    ];
+
+    /// The kind with stable code `code` (positive or negated), if any.
+    pub fn from_code(code: i32) -> Option<ErrorKind> {
+        let code = code.checked_abs()?;
+        Self::ALL.into_iter().find(|k| k.code() == code)
+    }
+
     /// Stable integer code of this kind, as returned by the C API (negated there).
     pub const fn code(self) -> i32 {
         match self {
@@ -59,6 +88,8 @@ impl ErrorKind {
             ErrorKind::Busy => 10,
             ErrorKind::Unsupported => 11,
             ErrorKind::Shutdown => 12,
+            ErrorKind::Plugin => 13,
+            ErrorKind::Internal => 14,
         }
     }
 
@@ -77,6 +108,8 @@ impl ErrorKind {
             ErrorKind::Busy => "busy",
             ErrorKind::Unsupported => "unsupported",
             ErrorKind::Shutdown => "shutdown",
+            ErrorKind::Plugin => "plugin",
+            ErrorKind::Internal => "internal",
         }
     }
 }
@@ -188,11 +221,19 @@ mod tests {
             ErrorKind::Busy,
             ErrorKind::Unsupported,
             ErrorKind::Shutdown,
+            ErrorKind::Plugin,
+            ErrorKind::Internal,
         ];
         let codes: std::collections::HashSet<i32> = kinds.iter().map(|k| k.code()).collect();
         assert_eq!(codes.len(), kinds.len());
         assert_eq!(ErrorKind::PeerUnreachable.code(), 1);
         assert_eq!(ErrorKind::Shutdown.code(), 12);
+        for k in ErrorKind::ALL {
+            assert_eq!(ErrorKind::from_code(k.code()), Some(k));
+            assert_eq!(ErrorKind::from_code(-k.code()), Some(k));
+        }
+        assert_eq!(ErrorKind::from_code(0), None);
+        assert_eq!(ErrorKind::from_code(i32::MIN), None);
     }
 
     #[test]
