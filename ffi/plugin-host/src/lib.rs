@@ -1,0 +1,3 @@
+//! # ferry-plugin-host
+//!
+//! The plugin loader (work in progress).

@@ -1,0 +1,3 @@
+//! # ferry-plugin
+//!
+//! The plugin SDK (work in progress).
