@@ -207,6 +207,18 @@ impl Batch {
         self.state[i].load(Ordering::Acquire) == PENDING
     }
 
+    /// True once the transport released request `i` (called [`complete`](Self::complete) for
+    /// it): it touches the request's memory no more. A cancelled request may have an outcome
+    /// before it is released.
+    pub fn is_released(&self, i: usize) -> bool {
+        self.released_flags.get(i).is_some_and(|f| f.load(Ordering::Acquire))
+    }
+
+    /// True once every request was released (the batch's leases are dropped).
+    pub fn all_released(&self) -> bool {
+        self.released.load(Ordering::Acquire) == self.len()
+    }
+
     /// A transport reports that it is done with request `i`, with its outcome. The first outcome
     /// wins; later ones (for example a completion racing a cancellation) are ignored. Returns
     /// whether this call set it.
@@ -467,6 +479,10 @@ mod tests {
         assert!(!b.is_done());
         b.cancel();
         assert!(b.is_done());
+        assert!(b.is_released(0) && b.is_released(1) && !b.is_released(2), "cancel is not a release");
+        assert!(!b.all_released() && !b.is_released(9));
+        b.complete(2, Ok(()));
+        assert!(b.all_released());
         assert_eq!(b.request_status(2), Some(RequestStatus::Cancelled));
         let e = b.wait_ok_blocking(Duration::from_secs(1)).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::Transport);
