@@ -295,6 +295,11 @@ pub struct Config {
     /// port in 15000..17000).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rpc_port: Option<u16>,
+    /// Transport plugins: paths of `libferry_transport_<protocol>.so` files or of directories
+    /// holding them, searched (before `FERRY_PLUGIN_DIR`) when a protocol is not built in. A
+    /// relative path is relative to the config file's directory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plugins: Option<Vec<String>>,
     /// Fields Ferry does not know. Kept so nothing is lost; `ferry doctor` lists them.
     #[serde(flatten, skip_deserializing)]
     pub extra: Map<String, Value>,
@@ -321,6 +326,7 @@ const KNOWN_FIELDS: &[&str] = &[
     "tcp_lanes",
     "tcp_data_port",
     "rpc_port",
+    "plugins",
 ];
 
 impl Config {
@@ -443,6 +449,7 @@ impl Config {
             "tcp_lanes" => self.tcp_lanes.is_some(),
             "tcp_data_port" => self.tcp_data_port.is_some(),
             "rpc_port" => self.rpc_port.is_some(),
+            "plugins" => self.plugins.is_some(),
             _ => false,
         }
     }
@@ -470,6 +477,23 @@ impl Config {
         } else {
             ConfigStyle::Plain
         }
+    }
+
+    /// The `plugins` entries as paths; relative ones are resolved against the directory of the
+    /// config file they came from (the working directory for an inline config).
+    pub fn plugin_paths(&self) -> Vec<PathBuf> {
+        let base = self.origin.path.as_deref().and_then(Path::parent);
+        self.plugins
+            .iter()
+            .flatten()
+            .map(|p| {
+                let p = Path::new(p);
+                match base {
+                    Some(dir) if p.is_relative() => dir.join(p),
+                    _ => p.to_owned(),
+                }
+            })
+            .collect()
     }
 
     /// Effective protocol (default [`DEFAULT_PROTOCOL`]).
@@ -697,5 +721,19 @@ mod tests {
         assert!(ByteSize::parse("-1GB").is_err());
         assert!(ByteSize::parse("GB").is_err());
         assert!(ByteSize::parse("1e400").is_err());
+    }
+
+    #[test]
+    fn plugin_paths_are_relative_to_the_config_file() {
+        let text = r#"{"protocol":"example","plugins":["plugins/", "/opt/ferry/libferry_transport_x.so"]}"#;
+        let c = Config::from_json_str(text, Some(Path::new("/etc/ferry/mooncake.json"))).unwrap();
+        assert_eq!(
+            c.plugin_paths(),
+            vec![PathBuf::from("/etc/ferry/plugins/"), PathBuf::from("/opt/ferry/libferry_transport_x.so")]
+        );
+        assert!(c.unknown_fields().is_empty());
+        let e = Config::from_json_str(r#"{"plugins":"not-a-list"}"#, None).unwrap_err();
+        assert!(e.message().contains("`plugins`"), "{e}");
+        assert!(Config::embedded().plugin_paths().is_empty());
     }
 }

@@ -153,7 +153,7 @@ impl EngineBuilder {
         let config = self.config;
         // Everything the config alone can refute is checked before any connection is made.
         let server = config.metadata()?;
-        let primary_factory = self.transports.for_config(&config)?.clone();
+        let primary_factory = self.transports.for_config(&config)?;
         let configured_name = config.local_segment_name()?;
         let metadata = match self.metadata {
             Some(m) => m,
@@ -192,6 +192,7 @@ impl EngineBuilder {
         }
         let primary = primary_factory.create(&ctx).await?;
         transports.push(primary.clone());
+        let transport_registry = self.transports;
 
         let inner = Arc::new(EngineInner {
             name,
@@ -200,8 +201,11 @@ impl EngineBuilder {
             memory,
             metadata,
             keys,
-            transports,
+            transports: RwLock::new(Arc::new(transports)),
             primary,
+            transport_registry,
+            ctx,
+            transport_change: tokio::sync::Mutex::new(()),
             resolvers: self.resolvers,
             local_rank: self.local_rank,
             segments: RwLock::new(SegmentTable::default()),
@@ -250,8 +254,17 @@ struct EngineInner {
     memory: Arc<MemoryRegistry>,
     metadata: Arc<dyn MetadataBackend>,
     keys: MetadataKeys,
-    transports: Vec<Arc<dyn Transport>>,
+    /// Installed transports, in the order they are tried (companions first). Replaced as a
+    /// whole when a peer's descriptor makes the engine load another protocol.
+    transports: RwLock<Arc<Vec<Arc<dyn Transport>>>>,
     primary: Arc<dyn Transport>,
+    /// Where further transports come from (a peer naming a protocol not yet installed).
+    transport_registry: TransportRegistry,
+    /// What those transports are created with.
+    ctx: TransportContext,
+    /// Held while regions are attached to transports and while a transport is added, so a new
+    /// transport sees every region exactly once.
+    transport_change: tokio::sync::Mutex<()>,
     resolvers: ResolverChain,
     local_rank: Option<u32>,
     segments: RwLock<SegmentTable>,
@@ -340,7 +353,7 @@ impl EngineInner {
         let key = self.keys.segment(&self.name);
         let Ok(Some(bytes)) = self.metadata.get(&key).await else { return Ok(()) };
         let Ok(existing) = SegmentDescriptor::from_json(&key, &bytes) else { return Ok(()) };
-        let live_here = self.transports.iter().any(|t| !t.capabilities().cross_process && t.serves(&existing));
+        let live_here = self.transports().iter().any(|t| !t.capabilities().cross_process && t.serves(&existing));
         if live_here && existing.ferry_instance.as_deref() != Some(&self.instance) {
             return Err(Error::new(
                 ErrorKind::AlreadyExists,
@@ -369,7 +382,7 @@ impl EngineInner {
             .collect();
         d.ferry_instance = Some(self.instance.clone());
         d.timestamp = Some(timestamp_now());
-        for t in &self.transports {
+        for t in self.transports().iter() {
             t.publish(&mut d);
         }
         d
@@ -421,11 +434,61 @@ impl EngineInner {
         SegmentDescriptor::from_json(&key, &bytes)
     }
 
-    fn pick_transport(&self, desc: &SegmentDescriptor) -> Result<Arc<dyn Transport>> {
-        self.transports.iter().find(|t| t.serves(desc)).cloned().ok_or_else(|| {
-            let installed: Vec<&str> = self.transports.iter().map(|t| t.protocol()).collect();
-            no_transport_for(desc, &installed)
-        })
+    /// A snapshot of the installed transports.
+    fn transports(&self) -> Arc<Vec<Arc<dyn Transport>>> {
+        self.transports.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// The transport serving `desc`: an installed one, else one created from the registry
+    /// (loading a plugin when a source has it). A new transport is told about every registered
+    /// region and may add fields to this engine's descriptor, which is then republished.
+    async fn pick_transport(&self, desc: &SegmentDescriptor) -> Result<Arc<dyn Transport>> {
+        if let Some(t) = self.transports().iter().find(|t| t.serves(desc)) {
+            return Ok(t.clone());
+        }
+        let _change = self.transport_change.lock().await;
+        // Shutdown stops the transports under this lock: none may be added after it.
+        self.check_open()?;
+        if let Some(t) = self.transports().iter().find(|t| t.serves(desc)) {
+            return Ok(t.clone());
+        }
+        let factory = self
+            .transport_registry
+            .load(&desc.protocol, &self.config)
+            .map_err(|e| e.context(format!("segment `{}`: {}", desc.name, e.message())))?
+            .ok_or_else(|| no_transport_for(desc, &self.transport_registry.searched(&self.config)))?;
+        let transport = factory.create(&self.ctx).await?;
+        if !transport.serves(desc) {
+            transport.shutdown().await;
+            return Err(no_transport_for(desc, &self.transport_registry.searched(&self.config)));
+        }
+        let regions = self.memory.regions();
+        for (i, region) in regions.iter().enumerate() {
+            if let Err(e) = transport.register_memory(region).await {
+                for r in &regions[..i] {
+                    let _ = transport.unregister_memory(r).await;
+                }
+                transport.shutdown().await;
+                return Err(e.context(format!(
+                    "the {} transport (loaded for segment `{}`) refused registered memory: {}",
+                    desc.protocol,
+                    desc.name,
+                    e.message()
+                )));
+            }
+        }
+        {
+            let mut list = self.transports.write().unwrap_or_else(|p| p.into_inner());
+            let mut next = Vec::clone(&list);
+            next.push(transport.clone());
+            *list = Arc::new(next);
+        }
+        tracing::info!(segment = %self.name, protocol = %desc.protocol, peer = %desc.name, "transport added for a peer");
+        drop(_change);
+        if let Err(e) = self.publish().await {
+            tracing::warn!(segment = %self.name, error = %e, "republishing after adding a transport failed");
+        }
+        Ok(transport)
     }
 
     /// Fetches `name` and stores it under its existing handle or a new one.
@@ -437,7 +500,7 @@ impl EngineInner {
                 desc.name
             )));
         }
-        let transport = self.pick_transport(&desc)?;
+        let transport = self.pick_transport(&desc).await?;
         let mut table = self.segments.write().unwrap_or_else(|p| p.into_inner());
         let handle = match table.by_name.get(name) {
             Some(h) => *h,
@@ -599,8 +662,8 @@ impl TransferEngine {
     }
 
     /// Protocols of the installed transports, in the order they are tried.
-    pub fn protocols(&self) -> Vec<&str> {
-        self.inner.transports.iter().map(|t| t.protocol()).collect()
+    pub fn protocols(&self) -> Vec<String> {
+        self.inner.transports().iter().map(|t| t.protocol().to_owned()).collect()
     }
 
     /// The primary (configured) transport.
@@ -704,14 +767,16 @@ impl TransferEngine {
 
     /// Tells every transport about new regions; on failure, detaches what was attached.
     async fn attach(&self, regions: &[Arc<Region>]) -> Result<()> {
+        let _change = self.inner.transport_change.lock().await;
+        let transports = self.inner.transports();
         for (i, region) in regions.iter().enumerate() {
-            for (t_idx, t) in self.inner.transports.iter().enumerate() {
+            for (t_idx, t) in transports.iter().enumerate() {
                 if let Err(e) = t.register_memory(region).await {
-                    for t in &self.inner.transports[..t_idx] {
+                    for t in &transports[..t_idx] {
                         let _ = t.unregister_memory(region).await;
                     }
                     for r in &regions[..i] {
-                        for t in &self.inner.transports {
+                        for t in transports.iter() {
                             let _ = t.unregister_memory(r).await;
                         }
                     }
@@ -723,9 +788,11 @@ impl TransferEngine {
     }
 
     async fn unregister_local(&self, addrs: &[u64]) -> Result<()> {
+        let _change = self.inner.transport_change.lock().await;
         let removed = self.inner.memory.unregister_batch(addrs)?;
+        let transports = self.inner.transports();
         for region in &removed {
-            for t in &self.inner.transports {
+            for t in transports.iter() {
                 if let Err(e) = t.unregister_memory(region).await {
                     tracing::warn!(addr = region.addr(), transport = t.protocol(), error = %e, "transport failed to unregister memory");
                 }
@@ -1079,7 +1146,8 @@ impl TransferEngine {
             task.abort();
         }
         self.inner.memory.close();
-        for t in &self.inner.transports {
+        let _change = self.inner.transport_change.lock().await;
+        for t in self.inner.transports().iter() {
             t.shutdown().await;
         }
         let deadline = tokio::time::Instant::now() + self.transfer_timeout();

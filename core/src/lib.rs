@@ -43,4 +43,4 @@ pub use resolver::{
     SegmentResolver,
 };
 pub use segment::OpenSegment;
-pub use transport::{Capabilities, Transport, TransportContext, TransportFactory, TransportRegistry};
+pub use transport::{Capabilities, Transport, TransportContext, TransportFactory, TransportRegistry, TransportSource};

@@ -145,15 +145,33 @@ pub trait TransportFactory: Send + Sync + 'static {
     async fn create(&self, ctx: &TransportContext) -> Result<Arc<dyn Transport>>;
 }
 
-/// Transport factories by protocol name.
+/// A place transport factories come from on demand, consulted when no installed factory serves
+/// a protocol that a config or a peer's descriptor names (the plugin loader is one).
+pub trait TransportSource: Send + Sync + 'static {
+    /// Finds (loading it if needed) a factory for `protocol`: `Ok(None)` when this source has
+    /// none, an error when it has one that cannot be used (for example a plugin of the wrong ABI
+    /// version). Called again for a protocol it answered `None` for.
+    fn load(&self, protocol: &str, config: &Config) -> Result<Option<Arc<dyn TransportFactory>>>;
+
+    /// One line for error messages: what this source searched (for example the plugin
+    /// directories).
+    fn describe(&self, config: &Config) -> String;
+}
+
+/// Transport factories by protocol name, plus the [`TransportSource`]s that supply factories on
+/// demand.
 #[derive(Clone, Default)]
 pub struct TransportRegistry {
     factories: Vec<Arc<dyn TransportFactory>>,
+    sources: Vec<Arc<dyn TransportSource>>,
 }
 
 impl std::fmt::Debug for TransportRegistry {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_list().entries(self.protocols()).finish()
+        f.debug_struct("TransportRegistry")
+            .field("protocols", &self.protocols())
+            .field("sources", &self.sources.len())
+            .finish()
     }
 }
 
@@ -172,6 +190,17 @@ impl TransportRegistry {
     /// Builder form of [`install`](Self::install).
     pub fn with(mut self, factory: Arc<dyn TransportFactory>) -> Self {
         self.install(factory);
+        self
+    }
+
+    /// Adds a source consulted, in order, for protocols no installed factory serves.
+    pub fn add_source(&mut self, source: Arc<dyn TransportSource>) {
+        self.sources.push(source);
+    }
+
+    /// Builder form of [`add_source`](Self::add_source).
+    pub fn with_source(mut self, source: Arc<dyn TransportSource>) -> Self {
+        self.add_source(source);
         self
     }
 
@@ -194,31 +223,54 @@ impl TransportRegistry {
         self.factories.iter().filter(|f| f.companion())
     }
 
-    /// The factory for the config's protocol, or a config error listing what is installed.
-    pub fn for_config(&self, config: &Config) -> Result<&Arc<dyn TransportFactory>> {
+    /// The factory for `name`: an installed one, else the first source's. `Ok(None)` when
+    /// nothing serves it; an error when a source found one it cannot use.
+    pub fn load(&self, name: &str, config: &Config) -> Result<Option<Arc<dyn TransportFactory>>> {
+        if let Some(f) = self.find(name) {
+            return Ok(Some(f.clone()));
+        }
+        for source in &self.sources {
+            if let Some(f) = source.load(name, config)? {
+                return Ok(Some(f));
+            }
+        }
+        Ok(None)
+    }
+
+    /// What was searched for a protocol nobody serves: the installed protocols and each
+    /// source's description.
+    pub fn searched(&self, config: &Config) -> String {
+        let installed = self.protocols();
+        let mut text =
+            format!("installed: {}", if installed.is_empty() { "none".to_owned() } else { installed.join(", ") });
+        for source in &self.sources {
+            text.push_str("; ");
+            text.push_str(&source.describe(config));
+        }
+        text
+    }
+
+    /// The factory for the config's protocol, or a config error listing what is installed and
+    /// what the sources searched.
+    pub fn for_config(&self, config: &Config) -> Result<Arc<dyn TransportFactory>> {
         let name = config.protocol();
-        self.find(name).ok_or_else(|| {
-            let installed = self.protocols();
-            config.field_error(
-                "protocol",
-                &format!(
-                    "unknown protocol {name:?}; installed: {}",
-                    if installed.is_empty() { "none".to_owned() } else { installed.join(", ") }
-                ),
-            )
-        })
+        match self.load(name, config) {
+            Ok(Some(f)) => Ok(f),
+            Ok(None) => {
+                Err(config.field_error("protocol", &format!("unknown protocol {name:?}; {}", self.searched(config))))
+            }
+            Err(e) => Err(e.context(format!("protocol {name:?}: {}", e.message()))),
+        }
     }
 }
 
 /// Builds the error for a segment no installed transport serves.
-pub(crate) fn no_transport_for(desc: &SegmentDescriptor, installed: &[&str]) -> Error {
+pub(crate) fn no_transport_for(desc: &SegmentDescriptor, searched: &str) -> Error {
     Error::new(
         crate::ErrorKind::Unsupported,
         format!(
-            "segment `{}` is served over protocol {:?}, which this engine has not installed (installed: {})",
-            desc.name,
-            desc.protocol,
-            installed.join(", ")
+            "segment `{}` is served over protocol {:?}, which this engine cannot load ({searched})",
+            desc.name, desc.protocol,
         ),
     )
 }
