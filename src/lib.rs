@@ -16,6 +16,7 @@
 //! | `http`  | HTTP metadata client (`http://host:port/metadata`) | yes |
 //! | `redis` | Redis metadata (`redis://host:port`) | yes |
 //! | `etcd`  | etcd metadata (`etcd://h1:2379,h2:2379`; building it needs `protoc`) | no |
+//! | `plugins` | transports loaded at run time from `libferry_transport_<protocol>.so` | yes |
 //!
 //! ```
 //! use ferry::{BlockTransfer, KvLayout, Location, Opcode};
@@ -69,7 +70,9 @@ pub mod metadata_backends {
     pub use ferry_metadata_p2p as p2p;
 }
 
-/// A transport registry holding every transport compiled in.
+/// A transport registry holding every transport compiled in and, with the `plugins` feature,
+/// the plugin loader (protocols not built in are looked up in the config's `plugins` list and
+/// `FERRY_PLUGIN_DIR`).
 pub fn default_transports() -> TransportRegistry {
     #[allow(unused_mut)]
     let mut registry = TransportRegistry::new();
@@ -79,6 +82,8 @@ pub fn default_transports() -> TransportRegistry {
     registry.install(std::sync::Arc::new(ferry_transport_null::NullTransportFactory));
     #[cfg(feature = "tcp")]
     registry.install(std::sync::Arc::new(ferry_transport_tcp::TcpTransportFactory));
+    #[cfg(feature = "plugins")]
+    registry.add_source(std::sync::Arc::new(ferry_plugin_host::PluginSource));
     registry
 }
 

@@ -1,0 +1,556 @@
+//! A loaded plugin used as a `ferry_core::Transport`.
+
+use std::collections::VecDeque;
+use std::ffi::{CStr, CString, c_char, c_void};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use ferry_abi::{
+    FERRY_CAP_CROSS_PROCESS, FERRY_CAP_DEVICE_MEMORY, FERRY_CAP_HOST_MEMORY, FERRY_CAP_NOTIFICATIONS, FERRY_CAP_READ,
+    FERRY_CAP_WRITE, FERRY_LOG_DEBUG, FERRY_LOG_ERROR, FERRY_LOG_INFO, FERRY_LOG_WARN, FERRY_OK, FERRY_OPCODE_READ,
+    FERRY_OPCODE_WRITE, FERRY_PLUGIN_ABI_MAJOR, FERRY_PLUGIN_ABI_MINOR, FERRY_STATE_CANCELLED, FERRY_STATE_COMPLETED,
+    FERRY_STATE_FAILED, FERRY_STATE_PENDING, FerryHostServices, FerryPluginApi, FerryPluginBatch, FerryPluginInstance,
+    FerryPluginTarget, FerryTransferRequest, FerryTransferStatus,
+};
+use ferry_core::{
+    Batch, Capabilities, Error, ErrorKind, Opcode, OpenSegment, Region, Result, SegmentDescriptor, Transport,
+    TransportContext, TransportFactory,
+};
+
+use crate::loader::LoadedPlugin;
+
+/// Creates transports from a loaded plugin.
+#[derive(Debug, Clone)]
+pub struct PluginTransportFactory {
+    plugin: Arc<LoadedPlugin>,
+}
+
+impl PluginTransportFactory {
+    /// A factory for `plugin`.
+    pub fn new(plugin: Arc<LoadedPlugin>) -> Self {
+        Self { plugin }
+    }
+
+    /// The plugin behind it.
+    pub fn plugin(&self) -> &Arc<LoadedPlugin> {
+        &self.plugin
+    }
+}
+
+/// Turns a plugin's status code into an error naming the plugin and the call.
+fn status_error(plugin: &LoadedPlugin, call: &str, code: i32) -> Error {
+    let kind = ErrorKind::from_code(code).unwrap_or(ErrorKind::Plugin);
+    let what = if kind == ErrorKind::Internal { " (the plugin panicked or hit a bug)" } else { "" };
+    Error::new(kind, format!("plugin `{}`: {call} failed with code {code}{what}", plugin.protocol()))
+}
+
+/// Host services handed to every instance: its log callback context names the plugin.
+struct HostServicesBox {
+    services: FerryHostServices,
+    _protocol: Box<CString>,
+}
+
+// SAFETY: the box is immutable after creation; its `ctx` points at the `CString` it owns, which
+// the log callback only reads, from any thread (the ABI allows that).
+unsafe impl Send for HostServicesBox {}
+// SAFETY: as above.
+unsafe impl Sync for HostServicesBox {}
+
+unsafe extern "C" fn host_log(ctx: *mut c_void, level: u32, message: *const c_char) {
+    let result = std::panic::catch_unwind(|| {
+        if message.is_null() {
+            return;
+        }
+        // SAFETY: `ctx` is the `CString` this host created for the instance (see
+        // `HostServicesBox`), alive as long as the instance; `message` is a NUL-terminated string
+        // valid for the call, per the ABI.
+        let (plugin, message) = unsafe {
+            let plugin =
+                if ctx.is_null() { "?".into() } else { CStr::from_ptr(ctx as *const c_char).to_string_lossy() };
+            (plugin, CStr::from_ptr(message).to_string_lossy())
+        };
+        match level {
+            FERRY_LOG_ERROR => tracing::error!(target: "ferry::plugin", plugin = %plugin, "{message}"),
+            FERRY_LOG_WARN => tracing::warn!(target: "ferry::plugin", plugin = %plugin, "{message}"),
+            FERRY_LOG_INFO => tracing::info!(target: "ferry::plugin", plugin = %plugin, "{message}"),
+            FERRY_LOG_DEBUG => tracing::debug!(target: "ferry::plugin", plugin = %plugin, "{message}"),
+            _ => tracing::trace!(target: "ferry::plugin", plugin = %plugin, "{message}"),
+        }
+    });
+    // A panic must not unwind into the plugin; logging is best effort.
+    drop(result);
+}
+
+#[async_trait]
+impl TransportFactory for PluginTransportFactory {
+    fn protocol(&self) -> &'static str {
+        self.plugin.protocol()
+    }
+
+    async fn create(&self, ctx: &TransportContext) -> Result<Arc<dyn Transport>> {
+        let api = *self.plugin.api();
+        let config = serde_json::to_string(&*ctx.config)
+            .map_err(|e| Error::config("the engine's config cannot be serialised for a plugin").with_source(e))?;
+        let config = CString::new(config).map_err(|_| Error::config("the engine's config contains a NUL byte"))?;
+        let name = CString::new(ctx.segment_name.clone())
+            .map_err(|_| Error::invalid("the segment name contains a NUL byte"))?;
+        let protocol = Box::new(CString::new(self.plugin.protocol()).unwrap_or_default());
+        let host = Box::new(HostServicesBox {
+            services: FerryHostServices {
+                struct_size: std::mem::size_of::<FerryHostServices>() as u64,
+                abi_major: FERRY_PLUGIN_ABI_MAJOR,
+                abi_minor: FERRY_PLUGIN_ABI_MINOR,
+                ctx: protocol.as_ptr() as *mut c_void,
+                log: Some(host_log),
+            },
+            _protocol: protocol,
+        });
+        let create = api.create.ok_or_else(|| status_error(&self.plugin, "create", ferry_abi::FERRY_E_PLUGIN))?;
+        let mut instance: *mut FerryPluginInstance = std::ptr::null_mut();
+        // SAFETY: every pointer is valid for the call; `host` lives in the transport's shared
+        // state until after `destroy`, as the ABI requires.
+        let code = unsafe { create(&host.services, name.as_ptr(), config.as_ptr(), &mut instance) };
+        if code != FERRY_OK {
+            return Err(status_error(&self.plugin, "create", code));
+        }
+        if instance.is_null() {
+            return Err(Error::new(
+                ErrorKind::Plugin,
+                format!("plugin `{}`: create reported success but returned no instance", self.plugin.protocol()),
+            ));
+        }
+        let shared = Arc::new(Shared {
+            plugin: self.plugin.clone(),
+            api,
+            instance: InstancePtr(instance),
+            _host: host,
+            targets: Mutex::new(Vec::new()),
+            queue: Mutex::new(VecDeque::new()),
+            wake: Condvar::new(),
+            stopping: AtomicBool::new(false),
+            timeout: ctx.config.transfer_timeout(),
+        });
+        let poller = shared.clone();
+        std::thread::Builder::new()
+            .name(format!("ferry-plugin-{}", self.plugin.protocol()))
+            .spawn(move || poller.poll_loop())
+            .map_err(|e| Error::new(ErrorKind::Plugin, "cannot start the plugin's completion thread").with_source(e))?;
+        Ok(Arc::new(PluginTransport { shared }))
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct InstancePtr(*mut FerryPluginInstance);
+#[derive(Debug, Clone, Copy)]
+struct TargetPtr(*mut FerryPluginTarget);
+#[derive(Debug, Clone, Copy)]
+struct BatchPtr(*mut FerryPluginBatch);
+// SAFETY: the ABI makes instances, targets and batches usable from any thread; these wrappers
+// only carry the opaque pointers between threads.
+unsafe impl Send for InstancePtr {}
+// SAFETY: as above.
+unsafe impl Sync for InstancePtr {}
+// SAFETY: as above.
+unsafe impl Send for TargetPtr {}
+// SAFETY: as above.
+unsafe impl Send for BatchPtr {}
+
+/// A submitted batch whose requests are not all finished.
+struct Outstanding {
+    pbatch: BatchPtr,
+    batch: Arc<Batch>,
+    indices: Vec<u32>,
+    deadline: Instant,
+}
+
+struct Shared {
+    plugin: Arc<LoadedPlugin>,
+    api: FerryPluginApi,
+    instance: InstancePtr,
+    _host: Box<HostServicesBox>,
+    /// Plugin targets by the host segment they were opened for.
+    targets: Mutex<Vec<(Weak<OpenSegment>, TargetPtr)>>,
+    queue: Mutex<VecDeque<Outstanding>>,
+    wake: Condvar,
+    stopping: AtomicBool,
+    timeout: Duration,
+}
+
+impl Shared {
+    fn protocol(&self) -> &'static str {
+        self.plugin.protocol()
+    }
+
+    /// The plugin target for `segment`, opened on first use. Targets of segments the engine
+    /// dropped are closed here.
+    fn target_for(&self, segment: &Arc<OpenSegment>) -> Result<TargetPtr> {
+        let mut targets = self.targets.lock().unwrap_or_else(|p| p.into_inner());
+        let close = self.api.close_target;
+        targets.retain(|(weak, t)| {
+            if weak.strong_count() > 0 {
+                return true;
+            }
+            if let Some(close) = close {
+                // SAFETY: the target came from this instance's `open_target`; its segment is gone,
+                // so no batch for it is outstanding (a batch holds its segments).
+                unsafe { close(self.instance.0, t.0) };
+            }
+            false
+        });
+        if let Some((_, t)) = targets.iter().find(|(w, _)| std::ptr::eq(w.as_ptr(), Arc::as_ptr(segment))) {
+            return Ok(*t);
+        }
+        let json = CString::new(segment.descriptor().to_json())
+            .map_err(|_| Error::invalid(format!("segment `{}`: descriptor contains a NUL byte", segment.name())))?;
+        let open =
+            self.api.open_target.ok_or_else(|| status_error(&self.plugin, "open_target", ferry_abi::FERRY_E_PLUGIN))?;
+        let mut target: *mut FerryPluginTarget = std::ptr::null_mut();
+        // SAFETY: valid instance, NUL-terminated descriptor, valid out-pointer.
+        let code = unsafe { open(self.instance.0, json.as_ptr(), &mut target) };
+        if code != FERRY_OK {
+            return Err(status_error(&self.plugin, &format!("open_target(`{}`)", segment.name()), code));
+        }
+        targets.push((Arc::downgrade(segment), TargetPtr(target)));
+        Ok(TargetPtr(target))
+    }
+
+    /// Polls `out` once; when nothing is pending, reports every request to the batch, frees the
+    /// plugin batch and returns true.
+    fn poll_once(&self, out: &Outstanding, statuses: &mut Vec<FerryTransferStatus>) -> bool {
+        statuses.clear();
+        statuses.resize(out.indices.len(), FerryTransferStatus::default());
+        let Some(poll) = self.api.poll else { return self.finish(out, None, statuses) };
+        // SAFETY: a live batch of this instance, and a status array of the batch's length.
+        let pending = unsafe { poll(self.instance.0, out.pbatch.0, statuses.as_mut_ptr(), statuses.len()) };
+        if pending < 0 {
+            let e = status_error(&self.plugin, "poll", pending);
+            self.cancel_plugin_batch(out);
+            return self.finish(out, Some(e), statuses);
+        }
+        if pending > 0 {
+            return false;
+        }
+        self.finish(out, None, statuses)
+    }
+
+    fn cancel_plugin_batch(&self, out: &Outstanding) {
+        if let Some(cancel) = self.api.cancel {
+            // SAFETY: a live batch of this instance. After `cancel` returns the plugin touches
+            // none of the batch's memory (ABI contract).
+            unsafe { cancel(self.instance.0, out.pbatch.0) };
+        }
+    }
+
+    /// Reports each request's outcome (`forced` for requests the plugin did not finish: it was
+    /// cancelled, so their memory is no longer touched) and frees the plugin batch.
+    fn finish(&self, out: &Outstanding, forced: Option<Error>, statuses: &[FerryTransferStatus]) -> bool {
+        for (k, &i) in out.indices.iter().enumerate() {
+            let st = statuses.get(k).copied().unwrap_or_default();
+            let result = match st.state {
+                FERRY_STATE_COMPLETED => Ok(()),
+                FERRY_STATE_CANCELLED => Err(Error::new(ErrorKind::Cancelled, "cancelled")),
+                FERRY_STATE_FAILED => Err(self.request_error(out, k, st.code)),
+                FERRY_STATE_PENDING => Err(forced.as_ref().map(Error::duplicate).unwrap_or_else(|| {
+                    Error::new(ErrorKind::Cancelled, format!("plugin `{}`: request was cancelled", self.protocol()))
+                })),
+                other => Err(Error::new(
+                    ErrorKind::Plugin,
+                    format!("plugin `{}`: poll reported unknown state {other} for request {k}", self.protocol()),
+                )),
+            };
+            out.batch.complete(i as usize, result);
+        }
+        if let Some(free) = self.api.free_batch {
+            // SAFETY: nothing of the batch is pending (finished or cancelled); it is freed once.
+            unsafe { free(self.instance.0, out.pbatch.0) };
+        }
+        true
+    }
+
+    fn request_error(&self, out: &Outstanding, k: usize, code: i32) -> Error {
+        let kind = ErrorKind::from_code(code).unwrap_or(ErrorKind::Transport);
+        let mut message = String::new();
+        if let Some(describe) = self.api.batch_error {
+            let mut buf = vec![0u8; 512];
+            // SAFETY: a live batch of this instance; `buf` has `buf.len()` writable bytes.
+            let n = unsafe { describe(self.instance.0, out.pbatch.0, k, buf.as_mut_ptr().cast(), buf.len()) };
+            if n > 0 {
+                let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+                message = String::from_utf8_lossy(&buf[..end]).into_owned();
+            }
+        }
+        if message.is_empty() {
+            message = format!("request failed with code {code}");
+        }
+        Error::new(kind, format!("plugin `{}`: {message}", self.protocol()))
+    }
+
+    /// The completion thread: polls outstanding batches, cancels those the caller cancelled or
+    /// that passed their deadline, and exits once the transport is gone and nothing is left.
+    fn poll_loop(self: Arc<Self>) {
+        let mut statuses = Vec::new();
+        let mut idle_polls = 0u32;
+        loop {
+            let current: Vec<Outstanding> = {
+                let mut q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
+                while q.is_empty() {
+                    if self.stopping.load(Ordering::Acquire) {
+                        return;
+                    }
+                    idle_polls = 0;
+                    q = self.wake.wait_timeout(q, Duration::from_millis(100)).unwrap_or_else(|p| p.into_inner()).0;
+                }
+                q.drain(..).collect()
+            };
+            let mut still = Vec::new();
+            let mut progressed = false;
+            for out in current {
+                let done = if out.batch.is_cancelled() {
+                    self.cancel_plugin_batch(&out);
+                    self.poll_once(&out, &mut statuses)
+                        || self.finish(
+                            &out,
+                            Some(Error::new(ErrorKind::Cancelled, "cancelled by the caller")),
+                            &statuses,
+                        )
+                } else if Instant::now() >= out.deadline {
+                    self.cancel_plugin_batch(&out);
+                    let e = Error::timeout(format!(
+                        "plugin `{}`: requests not finished within {:?}",
+                        self.protocol(),
+                        self.timeout
+                    ));
+                    self.poll_once(&out, &mut statuses) || self.finish(&out, Some(e), &statuses)
+                } else {
+                    self.poll_once(&out, &mut statuses)
+                };
+                if done {
+                    progressed = true;
+                } else {
+                    still.push(out);
+                }
+            }
+            if !still.is_empty() {
+                self.queue.lock().unwrap_or_else(|p| p.into_inner()).extend(still);
+            }
+            // Poll eagerly for a little while after progress, then back off.
+            idle_polls = if progressed { 0 } else { idle_polls.saturating_add(1) };
+            if idle_polls > 64 {
+                std::thread::sleep(Duration::from_micros(50));
+            } else {
+                std::thread::yield_now();
+            }
+        }
+    }
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        // The last reference: the transport is gone and the completion thread has exited, so no
+        // call on the instance can follow.
+        let targets = std::mem::take(self.targets.get_mut().unwrap_or_else(|p| p.into_inner()));
+        for (_, t) in targets {
+            if let Some(close) = self.api.close_target {
+                // SAFETY: a target of this instance, closed once, with no batch outstanding.
+                unsafe { close(self.instance.0, t.0) };
+            }
+        }
+        if let Some(destroy) = self.api.destroy {
+            // SAFETY: the instance is destroyed once, after every other call on it.
+            unsafe { destroy(self.instance.0) };
+        }
+    }
+}
+
+/// A transport implemented by a plugin library.
+pub struct PluginTransport {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for PluginTransport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PluginTransport").field("protocol", &self.shared.protocol()).finish_non_exhaustive()
+    }
+}
+
+impl Drop for PluginTransport {
+    fn drop(&mut self) {
+        // The completion thread drains what is left, then exits and drops the last reference.
+        self.shared.stopping.store(true, Ordering::Release);
+        self.shared.wake.notify_all();
+    }
+}
+
+unsafe extern "C" fn collect_field(ctx: *mut c_void, key: *const c_char, value: *const c_char) {
+    let _ = std::panic::catch_unwind(|| {
+        if ctx.is_null() || key.is_null() || value.is_null() {
+            return;
+        }
+        // SAFETY: `ctx` is the `Vec` passed by `PluginTransport::publish` for the duration of the
+        // call; `key` and `value` are NUL-terminated strings valid during this callback.
+        let (fields, key, value) =
+            unsafe { (&mut *(ctx as *mut Vec<(String, String)>), CStr::from_ptr(key), CStr::from_ptr(value)) };
+        fields.push((key.to_string_lossy().into_owned(), value.to_string_lossy().into_owned()));
+    });
+}
+
+/// Fields a plugin may not set in its engine's descriptor.
+const RESERVED_FIELDS: &[&str] = &["name", "protocol", "buffers", "ferry_instance", "timestamp"];
+
+#[async_trait]
+impl Transport for PluginTransport {
+    fn protocol(&self) -> &str {
+        self.shared.protocol()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        let c = self.shared.api.capabilities;
+        Capabilities {
+            read: c & FERRY_CAP_READ != 0,
+            write: c & FERRY_CAP_WRITE != 0,
+            notifications: c & FERRY_CAP_NOTIFICATIONS != 0,
+            host_memory: c & FERRY_CAP_HOST_MEMORY != 0,
+            device_memory: c & FERRY_CAP_DEVICE_MEMORY != 0,
+            cross_process: c & FERRY_CAP_CROSS_PROCESS != 0,
+        }
+    }
+
+    fn serves(&self, target: &SegmentDescriptor) -> bool {
+        target.protocol.eq_ignore_ascii_case(self.protocol())
+    }
+
+    fn publish(&self, descriptor: &mut SegmentDescriptor) {
+        let Some(publish) = self.shared.api.publish else { return };
+        let Ok(json) = CString::new(descriptor.to_json()) else { return };
+        let mut fields: Vec<(String, String)> = Vec::new();
+        // SAFETY: valid instance and descriptor string; `fields` outlives the call, and
+        // `collect_field` is the only user of the context pointer.
+        let code = unsafe {
+            publish(self.shared.instance.0, json.as_ptr(), Some(collect_field), (&mut fields as *mut Vec<_>).cast())
+        };
+        if code != FERRY_OK {
+            tracing::warn!(plugin = self.protocol(), code, "plugin publish failed; its fields are not published");
+            return;
+        }
+        let Ok(serde_json::Value::Object(mut object)) = serde_json::to_value(&*descriptor) else { return };
+        for (key, value) in fields {
+            if RESERVED_FIELDS.contains(&key.as_str()) {
+                tracing::warn!(plugin = self.protocol(), field = %key, "plugin tried to overwrite a reserved descriptor field; ignored");
+                continue;
+            }
+            match serde_json::from_str::<serde_json::Value>(&value) {
+                Ok(v) => {
+                    object.insert(key, v);
+                }
+                Err(e) => {
+                    tracing::warn!(plugin = self.protocol(), field = %key, error = %e, "plugin published a field that is not JSON; ignored")
+                }
+            }
+        }
+        let bytes = serde_json::to_vec(&object).unwrap_or_default();
+        match SegmentDescriptor::from_json("plugin publish", &bytes) {
+            Ok(d) => *descriptor = d,
+            Err(e) => {
+                tracing::warn!(plugin = self.protocol(), error = %e, "plugin fields make the descriptor invalid; ignored")
+            }
+        }
+    }
+
+    async fn register_memory(&self, region: &Region) -> Result<()> {
+        let Some(register) = self.shared.api.register_memory else { return Ok(()) };
+        let location = CString::new(region.location().to_string()).unwrap_or_default();
+        // SAFETY: valid instance and string; the region stays registered (and valid) until the
+        // matching `unregister_memory`, which is what the plugin is told.
+        let code = unsafe { register(self.shared.instance.0, region.addr(), region.len(), location.as_ptr()) };
+        if code != FERRY_OK {
+            return Err(status_error(&self.shared.plugin, "register_memory", code));
+        }
+        Ok(())
+    }
+
+    async fn unregister_memory(&self, region: &Region) -> Result<()> {
+        let Some(unregister) = self.shared.api.unregister_memory else { return Ok(()) };
+        // SAFETY: valid instance; plain integers.
+        let code = unsafe { unregister(self.shared.instance.0, region.addr(), region.len()) };
+        if code != FERRY_OK {
+            return Err(status_error(&self.shared.plugin, "unregister_memory", code));
+        }
+        Ok(())
+    }
+
+    async fn connect(&self, target: &OpenSegment) -> Result<()> {
+        let _ = target;
+        Ok(())
+    }
+
+    fn submit(&self, target: &Arc<OpenSegment>, batch: &Arc<Batch>, indices: &[u32]) -> Result<()> {
+        let shared = &self.shared;
+        if shared.stopping.load(Ordering::Acquire) {
+            return Err(Error::new(
+                ErrorKind::Shutdown,
+                format!("plugin `{}` transport is shut down", shared.protocol()),
+            ));
+        }
+        if batch.is_cancelled() {
+            for &i in indices {
+                batch.complete(i as usize, Err(Error::new(ErrorKind::Cancelled, "cancelled by the caller")));
+            }
+            return Ok(());
+        }
+        let ptarget = shared.target_for(target)?;
+        let requests: Vec<FerryTransferRequest> = indices
+            .iter()
+            .map(|&i| {
+                let r = &batch.request(i as usize).request;
+                FerryTransferRequest {
+                    opcode: match r.opcode {
+                        Opcode::Read => FERRY_OPCODE_READ,
+                        Opcode::Write => FERRY_OPCODE_WRITE,
+                    },
+                    flags: 0,
+                    target: r.target.0,
+                    local_addr: r.source,
+                    remote_addr: r.target_offset,
+                    length: r.length,
+                }
+            })
+            .collect();
+        let submit =
+            shared.api.submit.ok_or_else(|| status_error(&shared.plugin, "submit", ferry_abi::FERRY_E_PLUGIN))?;
+        let mut pbatch: *mut FerryPluginBatch = std::ptr::null_mut();
+        // SAFETY: valid instance and target; `requests` holds `len` requests the engine checked
+        // against registered memory (local) and the target's descriptor (remote).
+        let code = unsafe { submit(shared.instance.0, ptarget.0, requests.as_ptr(), requests.len(), &mut pbatch) };
+        if code != FERRY_OK {
+            return Err(status_error(&shared.plugin, "submit", code));
+        }
+        if pbatch.is_null() {
+            return Err(Error::new(
+                ErrorKind::Plugin,
+                format!("plugin `{}`: submit reported success but returned no batch", shared.protocol()),
+            ));
+        }
+        let out = Outstanding {
+            pbatch: BatchPtr(pbatch),
+            batch: batch.clone(),
+            indices: indices.to_vec(),
+            deadline: Instant::now() + shared.timeout,
+        };
+        // A synchronous plugin is done already: finish here, without a thread hop.
+        let mut statuses = Vec::with_capacity(indices.len());
+        if !shared.poll_once(&out, &mut statuses) {
+            shared.queue.lock().unwrap_or_else(|p| p.into_inner()).push_back(out);
+            shared.wake.notify_one();
+        }
+        Ok(())
+    }
+
+    async fn shutdown(&self) {
+        if let Some(shutdown) = self.shared.api.shutdown {
+            // SAFETY: valid instance; called once here (the engine shuts a transport down once).
+            unsafe { shutdown(self.shared.instance.0) };
+        }
+    }
+}
