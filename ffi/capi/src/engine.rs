@@ -1,0 +1,290 @@
+//! Engines: create (from JSON, a file or the environment), destroy, identity, memory
+//! registration and opened segments.
+
+use std::ffi::c_char;
+
+use ferry::{Config, Error, ErrorKind, HostnameResolver, Location, SegmentHandle, TransferEngine};
+
+use crate::FerryEngine;
+use crate::errors::{CResult, Out, copy_str, guard, invalid, opt_str_arg, str_arg};
+use crate::handles::{ENGINE_TAG, HandleTable};
+
+/// Every live engine of the process.
+pub(crate) static ENGINES: HandleTable<TransferEngine> = HandleTable::new(ENGINE_TAG, "engine", "destroyed");
+
+/// The engine behind `handle` (a clone: the table's lock is not held while it is used).
+pub(crate) fn engine(handle: FerryEngine) -> CResult<TransferEngine> {
+    ENGINES.get(handle).map(|e| TransferEngine::clone(&e))
+}
+
+fn env(var: &str) -> Option<String> {
+    std::env::var(var).ok()
+}
+
+/// Builds an engine from `config` with every compiled-in transport and metadata backend, and
+/// gives it a handle.
+fn create(config: Config) -> CResult<FerryEngine> {
+    let engine = ferry::builder().config(config).build_blocking()?;
+    match ENGINES.insert(engine.clone()) {
+        Ok(h) => Ok(h),
+        Err(e) => {
+            let _ = engine.shutdown_blocking();
+            Err(e)
+        }
+    }
+}
+
+/// Creates an engine configured by `config_json`, the contents of a `mooncake.json` (either
+/// of Mooncake's layouts, connector or store style, or Ferry's plain form), and stores its
+/// handle in `*out`.
+///
+/// NULL or an empty string selects the embedded default: in-process metadata and the `local`
+/// transport (engines of one process only). The environment overrides (`FERRY_LOCAL_HOSTNAME`,
+/// `FERRY_METADATA_SERVER`, `FERRY_PROTOCOL`, ..., `MC_METADATA_CLUSTER_ID`) are applied on
+/// top, as by `ferry_core::Config::discover`; `MOONCAKE_CONFIG_PATH` is not read (see
+/// `ferry_engine_create_from_env`). Every compiled-in transport and metadata backend is
+/// available.
+///
+/// Example: `{"local_hostname": "127.0.0.1", "metadata_server": "P2PHANDSHAKE",
+/// "protocol": "tcp"}` names the engine `127.0.0.1:<rpc port>` (see
+/// `ferry_engine_segment_name`).
+///
+/// Returns `FERRY_E_CONFIG` for malformed JSON or a bad field (the last error names the field,
+/// its line and column), `FERRY_E_INVALID_ARGUMENT` for a null `out` or a string that is not
+/// UTF-8, or the error of starting the transports and metadata backend.
+///
+/// # Safety
+/// `config_json` is NULL or a NUL-terminated string; `out` is valid for writing one
+/// `FerryEngine`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ferry_engine_create(config_json: *const c_char, out: *mut FerryEngine) -> i32 {
+    guard("ferry_engine_create", || {
+        // SAFETY: the caller passes NULL or a NUL-terminated string (this function's contract).
+        let text = unsafe { opt_str_arg(config_json, "config_json") }?;
+        // SAFETY: the caller promises `out` is valid for one write (this function's contract).
+        let out = unsafe { Out::new(out, "out") }?;
+        let mut config = match text.filter(|t| !t.trim().is_empty()) {
+            None => Config::embedded(),
+            Some(t) => Config::from_json_str(t, None)?,
+        };
+        config.apply_env(env)?;
+        out.write(create(config)?);
+        Ok(())
+    })
+}
+
+/// Creates an engine configured by the `mooncake.json` file at `path` (then the environment
+/// overrides, as for `ferry_engine_create`) and stores its handle in `*out`.
+///
+/// Returns `FERRY_E_CONFIG` when the file cannot be read or is invalid (the last error names
+/// the file and the field), `FERRY_E_INVALID_ARGUMENT` for a null argument or a path that is
+/// not UTF-8.
+///
+/// # Safety
+/// `path` is a NUL-terminated string; `out` is valid for writing one `FerryEngine`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ferry_engine_create_from_file(path: *const c_char, out: *mut FerryEngine) -> i32 {
+    guard("ferry_engine_create_from_file", || {
+        // SAFETY: the caller passes a NUL-terminated string (this function's contract).
+        let path = unsafe { str_arg(path, "path") }?;
+        // SAFETY: the caller promises `out` is valid for one write (this function's contract).
+        let out = unsafe { Out::new(out, "out") }?;
+        if path.is_empty() {
+            return Err(invalid("`path` is empty"));
+        }
+        let mut config = Config::from_file(path)?;
+        config.apply_env(env)?;
+        out.write(create(config)?);
+        Ok(())
+    })
+}
+
+/// Creates an engine the way Mooncake finds its config: the file named by
+/// `MOONCAKE_CONFIG_PATH` if set, else the embedded default, then the environment overrides
+/// (`ferry_core::Config::discover`). Stores its handle in `*out`.
+///
+/// # Safety
+/// `out` is valid for writing one `FerryEngine`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ferry_engine_create_from_env(out: *mut FerryEngine) -> i32 {
+    guard("ferry_engine_create_from_env", || {
+        // SAFETY: the caller promises `out` is valid for one write (this function's contract).
+        let out = unsafe { Out::new(out, "out") }?;
+        out.write(create(Config::discover()?)?);
+        Ok(())
+    })
+}
+
+/// Shuts the engine down and invalidates its handle: later calls with it return
+/// `FERRY_E_NOT_FOUND`, a second destroy included.
+///
+/// Shutting down stops the transports, waits (up to the transfer timeout) until no transfer
+/// holds registered memory, forgets every registration and removes the engine's entries from
+/// metadata. After `FERRY_OK` the memory the engine had registered may be freed. When transfers
+/// still held memory at the deadline it returns `FERRY_E_BUSY`: the handle is gone all the
+/// same, but that memory must not be freed until the transports let go of it
+/// (`ferry_batch_released` reports 1 for every batch; at the latest, one transfer timeout after
+/// the last submission). Batches keep working (poll, wait, free) after their engine was
+/// destroyed.
+#[unsafe(no_mangle)]
+pub extern "C" fn ferry_engine_destroy(engine: FerryEngine) -> i32 {
+    guard("ferry_engine_destroy", || ENGINES.remove(engine)?.shutdown_blocking())
+}
+
+/// Copies the engine's segment name (the name peers open it by, for example
+/// `127.0.0.1:15342`) NUL-terminated into `buf` of `cap` bytes and stores its length without
+/// the NUL in `*len`.
+///
+/// When `cap` is too small (`cap <= *len`) it copies a truncated name and returns
+/// `FERRY_E_INVALID_ARGUMENT`, with `*len` set: call with `buf = NULL, cap = 0` to learn the
+/// size.
+///
+/// # Safety
+/// `buf` is NULL (then `cap` must be 0) or valid for writing `cap` bytes; `len` is valid for
+/// writing one `size_t`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ferry_engine_segment_name(
+    engine: FerryEngine,
+    buf: *mut c_char,
+    cap: usize,
+    len: *mut usize,
+) -> i32 {
+    guard("ferry_engine_segment_name", || {
+        // SAFETY: the caller promises `len` is valid for one write (this function's contract).
+        let len = unsafe { Out::new(len, "len") }?;
+        if buf.is_null() && cap > 0 {
+            return Err(invalid(format!("`buf` is null but `cap` is {cap}")));
+        }
+        let e = self::engine(engine)?;
+        let name = e.segment_name();
+        len.write(name.len());
+        // SAFETY: `buf` is NULL or valid for `cap` bytes (this function's contract).
+        if !unsafe { copy_str(name, buf, cap) } {
+            return Err(invalid(format!(
+                "`cap` is {cap}, too small for the segment name `{name}` ({} bytes plus the NUL); `*len` holds its length",
+                name.len()
+            )));
+        }
+        Ok(())
+    })
+}
+
+/// Stores in `*out` the RPC port this engine publishes in its `rpc_meta` entry: the port of its
+/// `host:port` segment name (with `P2PHANDSHAKE`, the port peers handshake with), as Mooncake's
+/// `get_rpc_port` reports.
+///
+/// Returns `FERRY_E_NOT_FOUND` when the segment name is not `host:port` (the embedded default
+/// names engines `ferry-<pid>-<n>`, and publishes no RPC entry).
+///
+/// # Safety
+/// `out` is valid for writing one `uint16_t`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ferry_engine_rpc_port(engine: FerryEngine, out: *mut u16) -> i32 {
+    guard("ferry_engine_rpc_port", || {
+        // SAFETY: the caller promises `out` is valid for one write (this function's contract).
+        let out = unsafe { Out::new(out, "out") }?;
+        let e = self::engine(engine)?;
+        let port = HostnameResolver::parse(e.segment_name()).and_then(|id| id.port).ok_or_else(|| {
+            Error::not_found(format!(
+                "engine `{}` publishes no RPC entry: its segment name is not host:port",
+                e.segment_name()
+            ))
+        })?;
+        out.write(port);
+        Ok(())
+    })
+}
+
+/// Registers `[addr, addr + length)` with the engine and publishes it: from now on local
+/// requests may use the range, and peers may read and write it.
+///
+/// `location` says where the memory lives: `"cpu:N"` (host memory on NUMA node N), `"npu:N"`,
+/// `"cuda:N"` or `"*"` (let the transport detect it); NULL means `"cpu:0"`.
+///
+/// Registering is the caller's promise that the memory is valid: the range must be memory this
+/// process owns, readable and writable from any thread, and it must stay allocated, and not be
+/// reused for anything else, until `ferry_unregister_memory` returned `FERRY_OK` for it or its
+/// engine was destroyed with `FERRY_OK`. Ferry cannot check this; a broken promise corrupts
+/// memory.
+///
+/// Returns `FERRY_E_INVALID_ARGUMENT` for a zero `addr` or `length` or a bad location tag,
+/// `FERRY_E_ALREADY_EXISTS` when the range overlaps a registered one, `FERRY_E_OUT_OF_BOUNDS`
+/// when it wraps around the address space.
+///
+/// # Safety
+/// `location` is NULL or a NUL-terminated string; the memory promise above.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ferry_register_memory(
+    engine: FerryEngine,
+    addr: u64,
+    length: u64,
+    location: *const c_char,
+) -> i32 {
+    guard("ferry_register_memory", || {
+        // SAFETY: the caller passes NULL or a NUL-terminated string (this function's contract).
+        let location = unsafe { opt_str_arg(location, "location") }?;
+        let location: Location = location.unwrap_or("cpu:0").parse()?;
+        if addr == 0 {
+            return Err(invalid("`addr` is 0 (a null address cannot be registered)"));
+        }
+        if length == 0 {
+            return Err(invalid(format!("`length` is 0: nothing to register at {addr:#x}")));
+        }
+        let e = self::engine(engine)?;
+        // SAFETY: registering through the C API is the caller's promise that the range is valid
+        // memory it owns until it is unregistered or the engine is destroyed (this function's
+        // documented contract), which is exactly `register_memory_blocking`'s contract.
+        unsafe { e.register_memory_blocking(addr, length, location) }
+    })
+}
+
+/// Unregisters the region that starts at `addr` and publishes the change. Waits (up to the
+/// transfer timeout) for transfers still using it. After `FERRY_OK` the memory may be freed.
+///
+/// Returns `FERRY_E_NOT_FOUND` when no region starts at `addr`, `FERRY_E_BUSY` when transfers
+/// still used it at the deadline (the region stays registered).
+#[unsafe(no_mangle)]
+pub extern "C" fn ferry_unregister_memory(engine: FerryEngine, addr: u64) -> i32 {
+    guard("ferry_unregister_memory", || self::engine(engine)?.unregister_memory_blocking(addr))
+}
+
+/// Opens the peer segment `name` (a segment name such as `127.0.0.1:15342`, as its owner's
+/// `ferry_engine_segment_name` reports; the engine's own name works too) and stores its handle
+/// in `*out_segment`, for `FerryTransferRequest.target` and `ferry_kv_submit_blocks`.
+///
+/// Opening the same name again returns the same handle. Segment handles belong to the engine
+/// that opened them.
+///
+/// Returns `FERRY_E_NOT_FOUND` when no such segment is published, `FERRY_E_PEER_UNREACHABLE`
+/// when the metadata service (or, with `P2PHANDSHAKE`, the peer) cannot be reached,
+/// `FERRY_E_UNSUPPORTED` when no installed transport serves its protocol.
+///
+/// # Safety
+/// `name` is a NUL-terminated string; `out_segment` is valid for writing one `uint64_t`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ferry_open_segment(engine: FerryEngine, name: *const c_char, out_segment: *mut u64) -> i32 {
+    guard("ferry_open_segment", || {
+        // SAFETY: the caller passes a NUL-terminated string (this function's contract).
+        let name = unsafe { str_arg(name, "name") }?;
+        // SAFETY: the caller promises `out_segment` is valid for one write (this function's
+        // contract).
+        let out = unsafe { Out::new(out_segment, "out_segment") }?;
+        if name.is_empty() {
+            return Err(invalid("`name` is empty"));
+        }
+        let e = self::engine(engine)?;
+        out.write(e.open_segment_blocking(name)?.0);
+        Ok(())
+    })
+}
+
+/// Forgets an opened segment; its handle becomes invalid (`FERRY_E_NOT_FOUND` from then on).
+/// Batches already submitted to it are not affected.
+#[unsafe(no_mangle)]
+pub extern "C" fn ferry_close_segment(engine: FerryEngine, segment: u64) -> i32 {
+    guard("ferry_close_segment", || {
+        let e = self::engine(engine)?;
+        e.close_segment(SegmentHandle(segment))
+            .map_err(|err| Error::new(ErrorKind::NotFound, format!("engine `{}`: {}", e.segment_name(), err.message())))
+    })
+}

@@ -1,0 +1,469 @@
+//! The C API doing its job: batches (submit, poll, wait, cancel, free), the synchronous
+//! transfer, KV layouts moving selected blocks, and notifications between two engines on the
+//! P2P handshake with the tcp transport, with data verified.
+
+mod common;
+
+use std::ffi::{CStr, CString, c_char, c_void};
+use std::ptr::null_mut;
+use std::time::{Duration, Instant};
+
+use common::*;
+use ferry_abi::*;
+use ferry_c::*;
+
+#[test]
+fn submit_poll_wait_free_moves_the_bytes() {
+    let prefill = engine(None);
+    let decode = engine(None);
+    let src = Buffer::pattern(64 * 1024, 17);
+    let mut dst = Buffer::zeroed(64 * 1024);
+    register(prefill, &src);
+    register(decode, &dst);
+    let peer = open(decode, &name(prefill));
+    assert_eq!(open(decode, &name(prefill)), peer, "opening again gives the same handle");
+
+    // Two reads from prefill and one write back into it.
+    let half = 32 * 1024;
+    let b = submit(
+        decode,
+        &[
+            req(FERRY_OPCODE_READ, peer, dst.addr(), src.addr() + half, half),
+            req(FERRY_OPCODE_READ, peer, dst.addr() + half, src.addr(), half),
+        ],
+    );
+    ok(ferry_batch_wait(b, WAIT_MS));
+    let mut st = [FerryTransferStatus { state: -1, code: -1, transferred: 7 }; 2];
+    let mut pending = 9usize;
+    // SAFETY: `st` holds 2 statuses; `pending` is a valid out-pointer.
+    ok(unsafe { ferry_batch_poll(b, st.as_mut_ptr(), 2, &mut pending) });
+    assert_eq!(pending, 0);
+    for s in st {
+        assert_eq!(s, FerryTransferStatus { state: FERRY_STATE_COMPLETED, code: FERRY_OK, transferred: half });
+    }
+    let mut n = 0usize;
+    // SAFETY: a valid out-pointer.
+    ok(unsafe { ferry_batch_len(b, &mut n) });
+    assert_eq!(n, 2);
+    let mut released = 0;
+    // SAFETY: a valid out-pointer.
+    ok(unsafe { ferry_batch_released(b, &mut released) });
+    assert_eq!(released, 1, "a completed batch touches no memory any more");
+    ok(ferry_batch_cancel(b)); // no effect on a finished batch
+    // SAFETY: as above.
+    ok(unsafe { ferry_batch_poll(b, st.as_mut_ptr(), 2, &mut pending) });
+    assert_eq!(st[0].state, FERRY_STATE_COMPLETED, "cancelling a finished batch changes nothing");
+    ok(ferry_batch_free(b));
+    let s = src.bytes();
+    let half = half as usize;
+    assert_eq!(&dst.bytes()[..half], &s[half..]);
+    assert_eq!(&dst.bytes()[half..], &s[..half]);
+
+    // transfer_sync: write a new pattern from decode into prefill's buffer, read it back.
+    dst.fill(0xC3);
+    let sync = [req(FERRY_OPCODE_WRITE, peer, dst.addr(), src.addr() + 100, 1000)];
+    // SAFETY: `sync` holds 1 request.
+    ok(unsafe { ferry_transfer_sync(decode, sync.as_ptr(), 1, 0) });
+    assert!(src.bytes()[100..1100].iter().all(|&x| x == 0xC3));
+    assert_eq!(src.bytes()[99], Buffer::pattern(100, 17).bytes()[99], "bytes around the range are untouched");
+
+    ok(ferry_close_segment(decode, peer));
+    fails(ferry_close_segment(decode, peer), FERRY_E_NOT_FOUND, &[]);
+    destroy(decode);
+    destroy(prefill);
+}
+
+#[test]
+fn kv_layouts_move_exactly_the_selected_blocks() {
+    const BLOCKS: u32 = 16;
+    const LEN: u64 = 512;
+    let prefill = engine(None);
+    let decode = engine(None);
+    // Two regions per side (say, K and V of one layer), each 16 blocks of 512 bytes; every
+    // block of prefill is filled with a byte naming its region and block.
+    let p_regions: Vec<Buffer> = (0..2u8)
+        .map(|r| {
+            let mut bytes = vec![0u8; 8192];
+            for b in 0..BLOCKS as usize {
+                bytes[b * 512..(b + 1) * 512].fill(r << 7 | b as u8);
+            }
+            Buffer::from_bytes(bytes)
+        })
+        .collect();
+    let d_regions = [Buffer::zeroed(8192), Buffer::zeroed(8192)];
+    for b in &p_regions {
+        register(prefill, b);
+    }
+    for b in &d_regions {
+        register(decode, b);
+    }
+    let local_bases = [d_regions[0].addr(), d_regions[1].addr()];
+    let remote_bases = [p_regions[0].addr(), p_regions[1].addr()];
+    let mut layout = 0u64;
+    // SAFETY: `local_bases` holds 2 bases; a valid out-pointer.
+    ok(unsafe { ferry_kv_layout_register(decode, local_bases.as_ptr(), 2, BLOCKS, LEN, &mut layout) });
+    let peer = open(decode, &name(prefill));
+
+    // Pull prefill blocks 3,4,5 and 9 into decode blocks 10,11,12 and 0.
+    let local_ids = [10u32, 11, 12, 0];
+    let remote_ids = [3u32, 4, 5, 9];
+    let mut b: FerryBatch = 0;
+    // SAFETY: every array holds the count passed; a valid out-pointer.
+    ok(unsafe {
+        ferry_kv_submit_blocks(
+            decode,
+            layout,
+            peer,
+            remote_bases.as_ptr(),
+            2,
+            BLOCKS,
+            LEN,
+            FERRY_OPCODE_READ,
+            local_ids.as_ptr(),
+            remote_ids.as_ptr(),
+            4,
+            &mut b,
+        )
+    });
+    ok(ferry_batch_wait(b, WAIT_MS));
+    let mut runs = 0usize;
+    // SAFETY: a valid out-pointer.
+    ok(unsafe { ferry_batch_len(b, &mut runs) });
+    assert_eq!(runs, 4, "3,4,5 merge into one run per region; 9 is a run of its own: 2 x 2");
+    let mut failed = [u32::MAX; 4];
+    let mut nfailed = 99usize;
+    // SAFETY: `failed` has room for 4 ids; a valid out-pointer.
+    ok(unsafe { ferry_batch_failed_blocks(b, failed.as_mut_ptr(), 4, &mut nfailed) });
+    assert_eq!(nfailed, 0);
+    ok(ferry_batch_free(b));
+
+    for (r, region) in d_regions.iter().enumerate() {
+        for block in 0..BLOCKS as usize {
+            let got = &region.bytes()[block * 512..(block + 1) * 512];
+            let expected = match local_ids.iter().position(|&l| l as usize == block) {
+                Some(i) => (r as u8) << 7 | remote_ids[i] as u8,
+                None => 0,
+            };
+            assert!(got.iter().all(|&x| x == expected), "region {r} block {block}: expected {expected:#x}");
+        }
+    }
+
+    // And push decode block 10 back into prefill block 15 (a write).
+    let (l, rm) = ([10u32], [15u32]);
+    // SAFETY: as above.
+    ok(unsafe {
+        ferry_kv_submit_blocks(
+            decode,
+            layout,
+            peer,
+            remote_bases.as_ptr(),
+            2,
+            BLOCKS,
+            LEN,
+            FERRY_OPCODE_WRITE,
+            l.as_ptr(),
+            rm.as_ptr(),
+            1,
+            &mut b,
+        )
+    });
+    ok(ferry_batch_wait(b, 0));
+    ok(ferry_batch_free(b));
+    assert!(p_regions[0].bytes()[15 * 512..].iter().all(|&x| x == 3), "block 3's content landed in block 15");
+    assert!(p_regions[1].bytes()[15 * 512..].iter().all(|&x| x == 0x80 | 3));
+
+    ok(ferry_kv_layout_unregister(decode, layout));
+    destroy(decode);
+    destroy(prefill);
+}
+
+struct Received {
+    notes: Vec<(String, String)>,
+}
+
+unsafe extern "C" fn collect(ctx: *mut c_void, from: *const c_char, message: *const c_char) {
+    // SAFETY: `ctx` is the `Received` the test passed; the strings are valid during the call.
+    unsafe {
+        let r = &mut *(ctx as *mut Received);
+        r.notes.push((
+            CStr::from_ptr(from).to_string_lossy().into_owned(),
+            CStr::from_ptr(message).to_string_lossy().into_owned(),
+        ));
+    }
+}
+
+fn drain(e: FerryEngine) -> Vec<(String, String)> {
+    let mut r = Received { notes: Vec::new() };
+    let mut count = 99usize;
+    // SAFETY: `collect` matches the callback type; `r` outlives the call; valid out-pointer.
+    ok(unsafe { ferry_drain_notifications(e, Some(collect), &mut r as *mut Received as *mut c_void, &mut count) });
+    assert_eq!(count, r.notes.len());
+    r.notes
+}
+
+fn notify(e: FerryEngine, to: &str, message: &str) -> i32 {
+    let (to, message) = (CString::new(to).unwrap(), CString::new(message).unwrap());
+    // SAFETY: valid C strings.
+    unsafe { ferry_notify(e, to.as_ptr(), message.as_ptr()) }
+}
+
+#[test]
+fn two_p2p_tcp_engines_transfer_and_notify_each_other() {
+    let prefill = p2p_engine(10_000);
+    let decode = p2p_engine(10_000);
+    let (pn, dn) = (name(prefill), name(decode));
+    assert!(pn.starts_with("127.0.0.1:") && dn.starts_with("127.0.0.1:") && pn != dn, "{pn} {dn}");
+    let mut port = 0u16;
+    // SAFETY: a valid out-pointer.
+    ok(unsafe { ferry_engine_rpc_port(prefill, &mut port) });
+    assert_eq!(format!("127.0.0.1:{port}"), pn, "the rpc port is the one in the segment name");
+
+    let src = Buffer::pattern(1 << 20, 5);
+    let dst = Buffer::zeroed(1 << 20);
+    register(prefill, &src);
+    register(decode, &dst);
+    let peer = open(decode, &pn); // a handshake over loopback
+    let r = [req(FERRY_OPCODE_READ, peer, dst.addr(), src.addr(), 1 << 20)];
+    // SAFETY: `r` holds 1 request.
+    ok(unsafe { ferry_transfer_sync(decode, r.as_ptr(), 1, 0) });
+    assert_eq!(dst.bytes(), src.bytes());
+
+    // Notifications, both ways, in order, each delivered once.
+    assert!(drain(prefill).is_empty());
+    ok(notify(decode, &pn, "blocks 1-3 ready"));
+    ok(notify(decode, &pn, "request 42 done"));
+    ok(notify(prefill, &dn, "ack"));
+    assert_eq!(
+        drain(prefill),
+        vec![(dn.clone(), "blocks 1-3 ready".to_owned()), (dn.clone(), "request 42 done".to_owned())]
+    );
+    assert!(drain(prefill).is_empty(), "draining empties the queue");
+    assert_eq!(drain(decode), vec![(pn.clone(), "ack".to_owned())]);
+
+    // A peer that went away is unreachable.
+    destroy(prefill);
+    fails(notify(decode, &pn, "anyone?"), FERRY_E_PEER_UNREACHABLE, &["peer_unreachable", &pn]);
+    destroy(decode);
+}
+
+#[test]
+fn the_callback_may_call_back_into_ferry() {
+    let a = p2p_engine(5000);
+    let b = p2p_engine(5000);
+    ok(notify(a, &name(b), "first"));
+
+    struct Ctx {
+        engine: FerryEngine,
+        seen: usize,
+        inner_count: usize,
+    }
+    unsafe extern "C" fn reenter(ctx: *mut c_void, _: *const c_char, _: *const c_char) {
+        // SAFETY: `ctx` is the test's `Ctx`, alive for the drain call.
+        let ctx = unsafe { &mut *(ctx as *mut Ctx) };
+        ctx.seen += 1;
+        // Drain again from inside the callback: no deadlock, nothing left to deliver.
+        // SAFETY: `ignore` matches the type; valid out-pointer.
+        let rc = unsafe { ferry_drain_notifications(ctx.engine, Some(ignore), null_mut(), &mut ctx.inner_count) };
+        assert_eq!(rc, FERRY_OK);
+    }
+    unsafe extern "C" fn ignore(_: *mut c_void, _: *const c_char, _: *const c_char) {}
+    let mut ctx = Ctx { engine: b, seen: 0, inner_count: 99 };
+    let mut count = 0usize;
+    // SAFETY: `reenter` matches the type; `ctx` outlives the call; valid out-pointer.
+    ok(unsafe { ferry_drain_notifications(b, Some(reenter), &mut ctx as *mut Ctx as *mut c_void, &mut count) });
+    assert_eq!((count, ctx.seen, ctx.inner_count), (1, 1, 0));
+    destroy(a);
+    destroy(b);
+}
+
+/// Polls `ferry_batch_released` until it reports 1; returns how long that took.
+#[track_caller]
+fn wait_released(b: FerryBatch, within: Duration) -> Duration {
+    let t = Instant::now();
+    loop {
+        let mut released = -1;
+        // SAFETY: a valid out-pointer.
+        ok(unsafe { ferry_batch_released(b, &mut released) });
+        assert!(released == 0 || released == 1, "{released}");
+        if released == 1 {
+            return t.elapsed();
+        }
+        assert!(t.elapsed() < within, "batch {b} not released after {within:?}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn a_pending_batch_can_be_polled_timed_out_cancelled_and_freed() {
+    let silent = SilentPeer::start();
+    let e = p2p_engine(3_000);
+    let local = Buffer::zeroed(4096);
+    register(e, &local);
+    let peer = open(e, &silent.name);
+    let b = submit(
+        e,
+        &[
+            req(FERRY_OPCODE_READ, peer, local.addr(), silent.buffer_addr, 1024),
+            req(FERRY_OPCODE_WRITE, peer, local.addr() + 2048, silent.buffer_addr + 4096, 1024),
+        ],
+    );
+    let mut st = [FerryTransferStatus::default(); 2];
+    let mut pending = 0usize;
+    // SAFETY: `st` holds 2 statuses; valid out-pointer.
+    ok(unsafe { ferry_batch_poll(b, st.as_mut_ptr(), 2, &mut pending) });
+    assert_eq!(pending, 2);
+    assert!(st.iter().all(|s| s.state == FERRY_STATE_PENDING && s.code == FERRY_OK && s.transferred == 0));
+
+    let t = Instant::now();
+    fails(ferry_batch_wait(b, 100), FERRY_E_TIMEOUT, &["timeout: 2 of 2 request(s) still pending after 100ms"]);
+    assert!(t.elapsed() >= Duration::from_millis(100) && t.elapsed() < Duration::from_secs(3));
+    fails(ferry_batch_wait(b, 20), FERRY_E_TIMEOUT, &[]); // still running: wait again
+
+    ok(ferry_batch_cancel(b));
+    // SAFETY: as above.
+    ok(unsafe { ferry_batch_poll(b, st.as_mut_ptr(), 2, &mut pending) });
+    assert_eq!(pending, 0);
+    assert!(st.iter().all(|s| s.state == FERRY_STATE_CANCELLED && s.code == FERRY_E_CANCELLED));
+    fails(ferry_batch_wait(b, WAIT_MS), FERRY_E_CANCELLED, &["cancelled: 2 of 2 request(s) failed; first, request 0"]);
+
+    // transfer_sync times out and cancels what is pending.
+    let r = [req(FERRY_OPCODE_READ, peer, local.addr(), silent.buffer_addr, 16)];
+    // SAFETY: `r` holds 1 request.
+    fails(unsafe { ferry_transfer_sync(e, r.as_ptr(), 1, 50) }, FERRY_E_TIMEOUT, &["still pending after 50ms"]);
+
+    // Freeing a pending batch cancels it.
+    let b2 = submit(e, &r);
+    ok(ferry_batch_free(b2));
+    fails(ferry_batch_wait(b2, 1), FERRY_E_NOT_FOUND, &["was freed"]);
+
+    // The transport lets go of the cancelled requests when the peer hangs up (well before
+    // their 3 s deadline); then destroy finds no memory in use.
+    silent.hang_up();
+    let took = wait_released(b, Duration::from_secs(2));
+    assert!(took < Duration::from_secs(2), "released by the hang-up, not the deadline: {took:?}");
+    ok(ferry_batch_free(b));
+    let t = Instant::now();
+    ok(ferry_engine_destroy(e));
+    assert!(t.elapsed() < Duration::from_secs(3), "destroy took {:?}", t.elapsed());
+    drop(local);
+}
+
+#[test]
+fn a_cancelled_block_transfer_names_its_blocks() {
+    let silent = SilentPeer::start();
+    let e = p2p_engine(3_000);
+    let local = Buffer::zeroed(8 * 256);
+    register(e, &local);
+    let peer = open(e, &silent.name);
+    let mut layout = 0u64;
+    // SAFETY: one base; valid out-pointer.
+    ok(unsafe { ferry_kv_layout_register(e, &local.addr(), 1, 8, 256, &mut layout) });
+    let (l, r) = ([1u32, 2, 6], [0u32, 1, 7]);
+    let mut b: FerryBatch = 0;
+    // SAFETY: every array holds the count passed; valid out-pointer.
+    ok(unsafe {
+        ferry_kv_submit_blocks(
+            e,
+            layout,
+            peer,
+            &silent.buffer_addr,
+            1,
+            8,
+            256,
+            FERRY_OPCODE_READ,
+            l.as_ptr(),
+            r.as_ptr(),
+            3,
+            &mut b,
+        )
+    });
+    ok(ferry_batch_cancel(b));
+    fails(ferry_batch_wait(b, WAIT_MS), FERRY_E_CANCELLED, &[]);
+    let mut n = 0usize;
+    // SAFETY: NULL with capacity 0 is a size query.
+    fails(
+        unsafe { ferry_batch_failed_blocks(b, null_mut(), 0, &mut n) },
+        FERRY_E_INVALID_ARGUMENT,
+        &["`cap` is 0 but 3 block(s) failed"],
+    );
+    assert_eq!(n, 3);
+    let mut ids = [0u32; 3];
+    // SAFETY: room for 3 ids.
+    ok(unsafe { ferry_batch_failed_blocks(b, ids.as_mut_ptr(), 3, &mut n) });
+    assert_eq!(ids, [1, 2, 6]);
+    silent.hang_up();
+    wait_released(b, Duration::from_secs(2));
+    ok(ferry_batch_free(b));
+    destroy(e);
+}
+
+#[test]
+fn a_waiting_thread_holds_up_no_other_call() {
+    let silent = SilentPeer::start();
+    let e = p2p_engine(4_000);
+    let local = Buffer::zeroed(4096);
+    register(e, &local);
+    let peer = open(e, &silent.name);
+    let b = submit(e, &[req(FERRY_OPCODE_READ, peer, local.addr(), silent.buffer_addr, 64)]);
+    let waiter = std::thread::spawn(move || {
+        let rc = ferry_batch_wait(b, 30_000);
+        (rc, last_error())
+    });
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(!waiter.is_finished(), "the batch is pending");
+    // While the waiter blocks: other engines and batches work, quickly.
+    let t = Instant::now();
+    let other = engine(None);
+    let buf = Buffer::pattern(256, 1);
+    register(other, &buf);
+    let seg = open(other, &name(other));
+    let ob = submit(other, &[req(FERRY_OPCODE_READ, seg, buf.addr(), buf.addr() + 128, 64)]);
+    ok(ferry_batch_wait(ob, WAIT_MS));
+    ok(ferry_batch_free(ob));
+    assert!(name(e).starts_with("127.0.0.1:"));
+    destroy(other);
+    assert!(!waiter.is_finished(), "still pending after the other calls ({:?})", t.elapsed());
+    // Cancelling from this thread wakes the waiter. (Had a lock been held across its wait, the
+    // calls above would have blocked until the request's 4 s deadline, and it would report a
+    // timeout instead.)
+    ok(ferry_batch_cancel(b));
+    let (rc, msg) = waiter.join().unwrap();
+    assert_eq!(rc, FERRY_E_CANCELLED, "{msg}");
+    assert!(msg.starts_with("cancelled: "), "the waiter's own last error: {msg}");
+    silent.hang_up();
+    wait_released(b, Duration::from_secs(3));
+    ok(ferry_batch_free(b));
+    destroy(e);
+}
+
+#[test]
+fn engines_can_be_created_and_destroyed_from_many_threads() {
+    let threads: Vec<_> = (0..4)
+        .map(|i| {
+            std::thread::spawn(move || {
+                let e = engine(None);
+                let src = Buffer::pattern(4096, i);
+                let dst = Buffer::zeroed(4096);
+                register(e, &src);
+                register(e, &dst);
+                let seg = open(e, &name(e));
+                let r = [req(FERRY_OPCODE_READ, seg, dst.addr(), src.addr(), 4096)];
+                for _ in 0..20 {
+                    // SAFETY: `r` holds 1 request.
+                    ok(unsafe { ferry_transfer_sync(e, r.as_ptr(), 1, 0) });
+                }
+                assert_eq!(dst.bytes(), src.bytes());
+                destroy(e);
+                e
+            })
+        })
+        .collect();
+    let handles: Vec<FerryEngine> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+    for h in &handles {
+        fails(ferry_engine_destroy(*h), FERRY_E_NOT_FOUND, &["was destroyed"]);
+    }
+    let mut sorted = handles.clone();
+    sorted.sort_unstable();
+    sorted.dedup();
+    assert_eq!(sorted.len(), handles.len(), "every engine got its own handle");
+}
