@@ -57,14 +57,31 @@ pub(crate) async fn run(args: DoctorArgs) -> Result<std::process::ExitCode> {
     }
 
     let protocol = cfg.protocol();
+    let built_in = transports.find(protocol).is_some();
     match transports.for_config(&cfg) {
-        Ok(f) => println!(
-            "protocol:         {} [{}] -> transport `{}` (installed)",
+        Ok(f) if built_in => println!(
+            "protocol:         {} [{}] -> transport `{}` (built in)",
             protocol,
             source(&cfg, "protocol"),
             f.protocol()
         ),
+        Ok(f) => println!(
+            "protocol:         {} [{}] -> transport `{}` (plugin {}, loaded and version-checked)",
+            protocol,
+            source(&cfg, "protocol"),
+            f.protocol(),
+            ferry_plugin_host::already_loaded(f.protocol())
+                .map(|p| p.path().display().to_string())
+                .unwrap_or_else(|| "?".into())
+        ),
         Err(e) => problems.push(e.message().to_owned()),
+    }
+    let plugin_paths = ferry_plugin_host::search_path(&cfg);
+    if plugin_paths.is_empty() {
+        println!("plugin search:    none (set {} or the config's `plugins`)", ferry_plugin_host::PLUGIN_DIR_ENV);
+    } else {
+        let list: Vec<String> = plugin_paths.iter().map(|p| p.display().to_string()).collect();
+        println!("plugin search:    {}", list.join(", "));
     }
     let companions: Vec<&str> = transports.companions().map(|f| f.protocol()).filter(|p| *p != protocol).collect();
     if !companions.is_empty() {

@@ -1,0 +1,338 @@
+//! Transport plugins loaded at run time: the example plugin (Rust) and a C plugin move data when
+//! a config names their protocol, a peer's descriptor makes an engine load one, and broken
+//! plugins fail with clear errors while the host keeps running.
+//!
+//! Needs the plugin libraries built first (`scripts/test.sh` does it):
+//! `cargo build -p ferry-transport-example -p ferry-transport-panicky`.
+//! The C plugins are compiled here with the system `cc`.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+
+use anyhow::{Context, Result, bail, ensure};
+use common::Buffer;
+use ferry::{
+    Config, EngineBuilder, ErrorKind, Location, Opcode, SegmentDescriptor, TransferEngine, TransferRequest,
+    TransportRegistry,
+};
+use ferry_plugin_host::PluginSource;
+
+/// The cargo target directory of this build (`target/<profile>`).
+fn target_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    // target/<profile>/deps/plugins-<hash>
+    exe.parent().and_then(Path::parent).expect("target/<profile>").to_path_buf()
+}
+
+fn built_plugin(crate_lib: &str) -> Result<PathBuf> {
+    let path = target_dir().join(format!("lib{crate_lib}.so"));
+    ensure!(
+        path.is_file(),
+        "{} is missing: build the plugins first (`cargo build -p ferry-transport-example -p ferry-transport-panicky`; scripts/test.sh does it)",
+        path.display()
+    );
+    Ok(path)
+}
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// A fresh directory under the target dir.
+fn scratch(name: &str) -> PathBuf {
+    let dir = target_dir().join("plugin-tests").join(format!("{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("scratch dir");
+    dir
+}
+
+/// Compiles `ffi/plugins/c/<source>` into `dir/<file>` with the system C compiler.
+fn compile_c_plugin(source: &str, dir: &Path, file: &str) -> Result<PathBuf> {
+    let out = dir.join(file);
+    let status = Command::new("cc")
+        .args(["-shared", "-fPIC", "-std=c99", "-Wall", "-Werror", "-O2"])
+        .arg("-I")
+        .arg(repo().join("ffi/include"))
+        .arg(repo().join("ffi/plugins/c").join(source))
+        .arg("-o")
+        .arg(&out)
+        .arg("-lpthread")
+        .status()
+        .context("running cc")?;
+    ensure!(status.success(), "cc failed for {source}");
+    Ok(out)
+}
+
+/// Writes a mooncake.json naming `protocol` with `plugins` pointing at `plugin_dir`.
+fn write_config(dir: &Path, protocol: &str, plugin_dir: &Path) -> PathBuf {
+    let path = dir.join(format!("mooncake-{protocol}.json"));
+    let text = serde_json::json!({ "protocol": protocol, "plugins": [plugin_dir], "transfer_timeout_ms": 5000 });
+    std::fs::write(&path, serde_json::to_vec_pretty(&text).unwrap()).unwrap();
+    path
+}
+
+/// An engine whose only transports come from plugins (no same-process shortcut, so the
+/// plugin carries every byte), on a private in-process metadata store.
+async fn plugin_engine(
+    meta: &Arc<ferry::InProcessMetadata>,
+    config: Config,
+    name: &str,
+    registry: TransportRegistry,
+) -> ferry::Result<TransferEngine> {
+    EngineBuilder::new()
+        .config(config)
+        .transports(registry.with_source(Arc::new(PluginSource)))
+        .metadata(meta.clone() as Arc<dyn ferry::MetadataBackend>)
+        .segment_name(name)
+        .build()
+        .await
+}
+
+/// Reads and writes between two engines and checks every byte.
+async fn round_trip(a: &TransferEngine, b: &TransferEngine) -> Result<()> {
+    let src = Buffer::filled(64 << 10, 7);
+    let dst = Buffer::zeroed(64 << 10);
+    // SAFETY: both buffers outlive the transfers (the engines are shut down by the caller
+    // before the buffers drop... and every batch is waited for below).
+    unsafe { a.register_memory(src.addr(), src.len(), Location::Cpu(0)).await }?;
+    // SAFETY: as above.
+    unsafe { b.register_memory(dst.addr(), dst.len(), Location::Cpu(0)).await }?;
+    let peer = b.open_segment(a.segment_name()).await?;
+    // Read two pieces, then write one back into a's second half.
+    let reqs = [
+        TransferRequest { opcode: Opcode::Read, source: dst.addr(), target: peer, target_offset: src.addr(), length: 4096 },
+        TransferRequest {
+            opcode: Opcode::Read,
+            source: dst.addr() + 4096,
+            target: peer,
+            target_offset: src.addr() + 8192,
+            length: 28 << 10,
+        },
+    ];
+    let batch = b.submit(&reqs).await?;
+    batch.wait_ok_blocking(b.transfer_timeout())?;
+    ensure!(dst.bytes()[..4096] == src.bytes()[..4096], "first read differs");
+    ensure!(dst.bytes()[4096..(32 << 10)] == src.bytes()[8192..8192 + (28 << 10)], "second read differs");
+    let write = TransferRequest {
+        opcode: Opcode::Write,
+        source: dst.addr(),
+        target: peer,
+        target_offset: src.addr() + (32 << 10),
+        length: 32 << 10,
+    };
+    b.transfer(&[write]).await?;
+    ensure!(src.bytes()[32 << 10..] == dst.bytes()[..32 << 10], "write differs");
+    // Out of the peer's buffer: refused before the plugin sees it.
+    let bad = TransferRequest { length: 1 << 20, ..write };
+    let e = b.transfer(&[bad]).await.expect_err("out of bounds");
+    ensure!(e.kind() == ErrorKind::OutOfBounds, "{e}");
+    b.unregister_memory(dst.addr()).await?;
+    a.unregister_memory(src.addr()).await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn example_plugin_is_selected_by_protocol_in_mooncake_json_and_moves_data() -> Result<()> {
+    let dir = scratch("example");
+    let plugins = dir.join("plugins");
+    std::fs::create_dir_all(&plugins)?;
+    std::fs::copy(built_plugin("ferry_transport_example")?, plugins.join("libferry_transport_example.so"))?;
+    // A relative `plugins` entry is resolved against the config file's directory.
+    let config_path = dir.join("mooncake.json");
+    std::fs::write(&config_path, r#"{"protocol": "example", "plugins": ["plugins"], "transfer_timeout_ms": 5000}"#)?;
+
+    let meta = ferry::InProcessMetadata::new();
+    let a = plugin_engine(&meta, Config::from_file(&config_path)?, "prefill", TransportRegistry::new()).await?;
+    let b = plugin_engine(&meta, Config::from_file(&config_path)?, "decode", TransportRegistry::new()).await?;
+    assert_eq!(a.protocols(), vec!["example"]);
+    assert_eq!(a.primary_transport().protocol(), "example");
+    let published = a.local_descriptor();
+    assert_eq!(published.protocol, "example");
+    assert!(
+        serde_json::to_value(&published)?.get("example_instance").is_some(),
+        "the plugin's publish() added its field: {published:?}"
+    );
+    round_trip(&a, &b).await?;
+    a.shutdown().await?;
+    b.shutdown().await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peers_descriptor_makes_the_engine_load_the_plugin() -> Result<()> {
+    let dir = scratch("lazy");
+    std::fs::copy(built_plugin("ferry_transport_example")?, dir.join("libferry_transport_example.so"))?;
+    let meta = ferry::InProcessMetadata::new();
+    let example = Config::from_file(write_config(&dir, "example", &dir))?;
+    let a = plugin_engine(&meta, example, "prefill", TransportRegistry::new()).await?;
+    // b is configured for another protocol; a's descriptor names `example`.
+    let null = Config::from_file(write_config(&dir, "null", &dir))?;
+    let b = plugin_engine(
+        &meta,
+        null,
+        "decode",
+        TransportRegistry::new().with(Arc::new(ferry_transport_null::NullTransportFactory)),
+    )
+    .await?;
+    assert_eq!(b.protocols(), vec!["null"]);
+    round_trip(&a, &b).await?;
+    assert_eq!(b.protocols(), vec!["null", "example"], "loaded when the peer's descriptor named it");
+    assert!(serde_json::to_value(b.local_descriptor())?.get("example_instance").is_some(), "republished");
+    a.shutdown().await?;
+    b.shutdown().await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugin_written_in_c_moves_data() -> Result<()> {
+    let dir = scratch("cplugin");
+    compile_c_plugin("memcpy_plugin.c", &dir, "libferry_transport_cmemcpy.so")?;
+    let meta = ferry::InProcessMetadata::new();
+    let cfg = write_config(&dir, "cmemcpy", &dir);
+    let a = plugin_engine(&meta, Config::from_file(&cfg)?, "prefill", TransportRegistry::new()).await?;
+    let b = plugin_engine(&meta, Config::from_file(&cfg)?, "decode", TransportRegistry::new()).await?;
+    assert_eq!(a.protocols(), vec!["cmemcpy"]);
+    round_trip(&a, &b).await?;
+    a.shutdown().await?;
+    b.shutdown().await?;
+    Ok(())
+}
+
+/// Builds an engine for `protocol` with `dir` as its plugin directory and returns the error.
+async fn load_error(dir: &Path, protocol: &str) -> ferry::Error {
+    let meta = ferry::InProcessMetadata::new();
+    let cfg = Config::from_file(write_config(dir, protocol, dir)).expect("config");
+    match plugin_engine(&meta, cfg, "broken", TransportRegistry::new()).await {
+        Ok(_) => panic!("an engine on the broken plugin `{protocol}` was built"),
+        Err(e) => e,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn broken_plugins_fail_with_clear_errors_and_the_host_keeps_running() -> Result<()> {
+    let dir = scratch("broken");
+    compile_c_plugin("wrong_major.c", &dir, "libferry_transport_wrongmajor.so")?;
+    compile_c_plugin("small_struct.c", &dir, "libferry_transport_smallstruct.so")?;
+    compile_c_plugin("no_entry.c", &dir, "libferry_transport_noentry.so")?;
+    std::fs::write(dir.join("libferry_transport_notalib.so"), b"#!/bin/sh\necho this is not a shared library\n")?;
+
+    let e = load_error(&dir, "wrongmajor").await;
+    assert_eq!(e.kind(), ErrorKind::Plugin, "{e}");
+    assert!(e.message().contains("libferry_transport_wrongmajor.so") && e.message().contains("majors must match"), "{e}");
+
+    let e = load_error(&dir, "smallstruct").await;
+    assert_eq!(e.kind(), ErrorKind::Plugin, "{e}");
+    assert!(e.message().contains("smaller than ABI 1.0"), "{e}");
+
+    let e = load_error(&dir, "noentry").await;
+    assert_eq!(e.kind(), ErrorKind::Plugin, "{e}");
+    assert!(e.message().contains("is not a Ferry transport plugin") && e.message().contains("ferry_transport_plugin_entry"), "{e}");
+
+    let e = load_error(&dir, "notalib").await;
+    assert_eq!(e.kind(), ErrorKind::Plugin, "{e}");
+    assert!(e.message().contains("cannot be loaded") && e.message().contains("libferry_transport_notalib.so"), "{e}");
+
+    // Nothing by that name anywhere: a config error that says where Ferry looked.
+    let e = load_error(&dir, "absent").await;
+    assert_eq!(e.kind(), ErrorKind::Config, "{e}");
+    assert!(e.message().contains("unknown protocol \"absent\"") && e.message().contains(&dir.display().to_string()), "{e}");
+
+    // The host is unharmed: a working plugin still moves data in this process.
+    std::fs::copy(built_plugin("ferry_transport_example")?, dir.join("libferry_transport_example.so"))?;
+    let meta = ferry::InProcessMetadata::new();
+    let cfg = write_config(&dir, "example", &dir);
+    let a = plugin_engine(&meta, Config::from_file(&cfg)?, "prefill", TransportRegistry::new()).await?;
+    let b = plugin_engine(&meta, Config::from_file(&cfg)?, "decode", TransportRegistry::new()).await?;
+    round_trip(&a, &b).await?;
+    a.shutdown().await?;
+    b.shutdown().await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugin_that_panics_in_submit_fails_the_batch_not_the_process() -> Result<()> {
+    let dir = scratch("panicky");
+    std::fs::copy(built_plugin("ferry_transport_panicky")?, dir.join("libferry_transport_panicky.so"))?;
+    let meta = ferry::InProcessMetadata::new();
+    let cfg = write_config(&dir, "panicky", &dir);
+    let a = plugin_engine(&meta, Config::from_file(&cfg)?, "prefill", TransportRegistry::new()).await?;
+    let b = plugin_engine(&meta, Config::from_file(&cfg)?, "decode", TransportRegistry::new()).await?;
+    let src = Buffer::filled(4096, 1);
+    let dst = Buffer::zeroed(4096);
+    // SAFETY: the buffers outlive the engines' use (shutdown below).
+    unsafe { a.register_memory(src.addr(), src.len(), Location::Cpu(0)).await }?;
+    // SAFETY: as above.
+    unsafe { b.register_memory(dst.addr(), dst.len(), Location::Cpu(0)).await }?;
+    let peer = b.open_segment("prefill").await?;
+    let req = TransferRequest { opcode: Opcode::Read, source: dst.addr(), target: peer, target_offset: src.addr(), length: 4096 };
+    for _ in 0..3 {
+        let e = b.transfer(&[req]).await.expect_err("the plugin panics");
+        assert_eq!(e.kind(), ErrorKind::Internal, "{e}");
+        assert!(e.message().contains("panicky"), "{e}");
+    }
+    // Memory held by the failed batches was released: it can be unregistered at once.
+    b.unregister_memory(dst.addr()).await?;
+    a.shutdown().await?;
+    b.shutdown().await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn descriptor_protocols_that_are_not_plugin_names_are_refused() -> Result<()> {
+    let dir = scratch("names");
+    let meta = ferry::InProcessMetadata::new();
+    let cfg = write_config(&dir, "null", &dir);
+    let b = plugin_engine(
+        &meta,
+        Config::from_file(&cfg)?,
+        "decode",
+        TransportRegistry::new().with(Arc::new(ferry_transport_null::NullTransportFactory)),
+    )
+    .await?;
+    for protocol in ["../../tmp/evil", "rdma"] {
+        let desc = SegmentDescriptor::new(format!("peer-{}", protocol.len()), protocol);
+        ferry::MetadataBackend::put(&*meta, &ferry::MetadataKeys::new(None).segment(&desc.name), &desc.to_json()).await?;
+        let e = b.open_segment(&desc.name).await.expect_err("no transport");
+        assert_eq!(e.kind(), ErrorKind::Unsupported, "{e}");
+        assert!(e.message().contains(protocol) && e.message().contains("cannot load"), "{e}");
+    }
+    b.shutdown().await?;
+    Ok(())
+}
+
+/// `FERRY_PLUGIN_DIR` is read from the environment: checked in a child process so no test
+/// mutates this process's environment.
+#[test]
+fn plugin_dir_from_the_environment() -> Result<()> {
+    if std::env::var_os("FERRY_PLUGIN_ENV_CHILD").is_some() {
+        let rt = tokio::runtime::Runtime::new()?;
+        return rt.block_on(async {
+            let meta = ferry::InProcessMetadata::new();
+            let cfg = Config::from_json_str(r#"{"protocol": "example"}"#, None)?;
+            let a = plugin_engine(&meta, cfg.clone(), "prefill", TransportRegistry::new()).await?;
+            let b = plugin_engine(&meta, cfg, "decode", TransportRegistry::new()).await?;
+            round_trip(&a, &b).await?;
+            a.shutdown().await?;
+            b.shutdown().await?;
+            anyhow::Ok(())
+        });
+    }
+    let dir = scratch("envdir");
+    std::fs::copy(built_plugin("ferry_transport_example")?, dir.join("libferry_transport_example.so"))?;
+    let out = Command::new(std::env::current_exe()?)
+        .args(["--exact", "plugin_dir_from_the_environment", "--nocapture", "--test-threads", "1"])
+        .env("FERRY_PLUGIN_ENV_CHILD", "1")
+        .env("FERRY_PLUGIN_DIR", format!("/nonexistent/ferry:{}", dir.display()))
+        .output()?;
+    if !out.status.success() {
+        bail!(
+            "child failed: {}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(())
+}
