@@ -103,7 +103,13 @@ async fn round_trip(a: &TransferEngine, b: &TransferEngine) -> Result<()> {
     let peer = b.open_segment(a.segment_name()).await?;
     // Read two pieces, then write one back into a's second half.
     let reqs = [
-        TransferRequest { opcode: Opcode::Read, source: dst.addr(), target: peer, target_offset: src.addr(), length: 4096 },
+        TransferRequest {
+            opcode: Opcode::Read,
+            source: dst.addr(),
+            target: peer,
+            target_offset: src.addr(),
+            length: 4096,
+        },
         TransferRequest {
             opcode: Opcode::Read,
             source: dst.addr() + 4096,
@@ -221,7 +227,10 @@ async fn broken_plugins_fail_with_clear_errors_and_the_host_keeps_running() -> R
 
     let e = load_error(&dir, "wrongmajor").await;
     assert_eq!(e.kind(), ErrorKind::Plugin, "{e}");
-    assert!(e.message().contains("libferry_transport_wrongmajor.so") && e.message().contains("majors must match"), "{e}");
+    assert!(
+        e.message().contains("libferry_transport_wrongmajor.so") && e.message().contains("majors must match"),
+        "{e}"
+    );
 
     let e = load_error(&dir, "smallstruct").await;
     assert_eq!(e.kind(), ErrorKind::Plugin, "{e}");
@@ -229,7 +238,10 @@ async fn broken_plugins_fail_with_clear_errors_and_the_host_keeps_running() -> R
 
     let e = load_error(&dir, "noentry").await;
     assert_eq!(e.kind(), ErrorKind::Plugin, "{e}");
-    assert!(e.message().contains("is not a Ferry transport plugin") && e.message().contains("ferry_transport_plugin_entry"), "{e}");
+    assert!(
+        e.message().contains("is not a Ferry transport plugin") && e.message().contains("ferry_transport_plugin_entry"),
+        "{e}"
+    );
 
     let e = load_error(&dir, "notalib").await;
     assert_eq!(e.kind(), ErrorKind::Plugin, "{e}");
@@ -238,7 +250,10 @@ async fn broken_plugins_fail_with_clear_errors_and_the_host_keeps_running() -> R
     // Nothing by that name anywhere: a config error that says where Ferry looked.
     let e = load_error(&dir, "absent").await;
     assert_eq!(e.kind(), ErrorKind::Config, "{e}");
-    assert!(e.message().contains("unknown protocol \"absent\"") && e.message().contains(&dir.display().to_string()), "{e}");
+    assert!(
+        e.message().contains("unknown protocol \"absent\"") && e.message().contains(&dir.display().to_string()),
+        "{e}"
+    );
 
     // The host is unharmed: a working plugin still moves data in this process.
     std::fs::copy(built_plugin("ferry_transport_example")?, dir.join("libferry_transport_example.so"))?;
@@ -267,7 +282,13 @@ async fn a_plugin_that_panics_in_submit_fails_the_batch_not_the_process() -> Res
     // SAFETY: as above.
     unsafe { b.register_memory(dst.addr(), dst.len(), Location::Cpu(0)).await }?;
     let peer = b.open_segment("prefill").await?;
-    let req = TransferRequest { opcode: Opcode::Read, source: dst.addr(), target: peer, target_offset: src.addr(), length: 4096 };
+    let req = TransferRequest {
+        opcode: Opcode::Read,
+        source: dst.addr(),
+        target: peer,
+        target_offset: src.addr(),
+        length: 4096,
+    };
     for _ in 0..3 {
         let e = b.transfer(&[req]).await.expect_err("the plugin panics");
         assert_eq!(e.kind(), ErrorKind::Internal, "{e}");
@@ -294,7 +315,8 @@ async fn descriptor_protocols_that_are_not_plugin_names_are_refused() -> Result<
     .await?;
     for protocol in ["../../tmp/evil", "rdma"] {
         let desc = SegmentDescriptor::new(format!("peer-{}", protocol.len()), protocol);
-        ferry::MetadataBackend::put(&*meta, &ferry::MetadataKeys::new(None).segment(&desc.name), &desc.to_json()).await?;
+        ferry::MetadataBackend::put(&*meta, &ferry::MetadataKeys::new(None).segment(&desc.name), &desc.to_json())
+            .await?;
         let e = b.open_segment(&desc.name).await.expect_err("no transport");
         assert_eq!(e.kind(), ErrorKind::Unsupported, "{e}");
         assert!(e.message().contains(protocol) && e.message().contains("cannot load"), "{e}");
@@ -328,11 +350,7 @@ fn plugin_dir_from_the_environment() -> Result<()> {
         .env("FERRY_PLUGIN_DIR", format!("/nonexistent/ferry:{}", dir.display()))
         .output()?;
     if !out.status.success() {
-        bail!(
-            "child failed: {}\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
+        bail!("child failed: {}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     }
     Ok(())
 }

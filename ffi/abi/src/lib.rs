@@ -227,10 +227,16 @@ pub struct FerryPluginApi {
     /// The host registered `[addr, addr + length)` (location such as `cpu:0` or `npu:3`); the
     /// memory stays valid until `unregister_memory`. An error rolls the registration back.
     pub register_memory: Option<
-        unsafe extern "C" fn(instance: *mut FerryPluginInstance, addr: u64, length: u64, location: *const c_char) -> i32,
+        unsafe extern "C" fn(
+            instance: *mut FerryPluginInstance,
+            addr: u64,
+            length: u64,
+            location: *const c_char,
+        ) -> i32,
     >,
     /// The host unregistered the region starting at `addr`; no batch uses it any more.
-    pub unregister_memory: Option<unsafe extern "C" fn(instance: *mut FerryPluginInstance, addr: u64, length: u64) -> i32>,
+    pub unregister_memory:
+        Option<unsafe extern "C" fn(instance: *mut FerryPluginInstance, addr: u64, length: u64) -> i32>,
     /// Opens the peer described by `descriptor_json` (a Mooncake segment descriptor).
     pub open_target: Option<
         unsafe extern "C" fn(
