@@ -100,5 +100,25 @@ cargo run --locked --quiet --example kv_blocks
 say "doc tests"
 cargo test --workspace --all-features --doc --locked
 
+# The test binaries do not build the shared libraries the tests load (the plugins, libferry_c.so
+# for the Python package) nor the `ferry` binary pytest talks to: one build of everything first.
+say "cargo build (libraries, plugins, the ferry CLI)"
+cargo build --workspace --all-features --locked
+
+status=0
 say "tests"
-"${RUNNER[@]}" --locked
+"${RUNNER[@]}" --locked || status=1
+
+# The Python package, installed the way README says (one pip command), then its pytest suite:
+# two Python processes over P2PHANDSHAKE, Python against the Rust `ferry` binary and against
+# Mooncake's wheel. FERRY_CARGO_PROFILE=debug reuses the build above.
+say "python: pip install ./ffi/python, pytest"
+PYVENV=.venv-ferry
+if [ ! -x "$PYVENV/bin/python" ]; then
+    python3 -m venv "$PYVENV"
+fi
+"$PYVENV/bin/pip" install -q --upgrade pytest
+FERRY_CARGO_PROFILE=debug "$PYVENV/bin/pip" install -q --force-reinstall --no-deps ./ffi/python
+FERRY_BIN="$PWD/target/debug/ferry" "$PYVENV/bin/python" -m pytest -q ffi/python/tests || status=1
+
+exit $status
