@@ -365,3 +365,33 @@ async fn an_early_answer_never_releases_a_write_whose_payload_is_still_being_sen
     assert!(matches!(err.kind(), ErrorKind::PeerUnreachable | ErrorKind::Timeout), "{err}");
     e.unregister_memory(local.addr()).await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_fails_requests_waiting_on_a_silent_peer_at_once() {
+    // Without this, a request cancelled while waiting for a peer that never answers held its
+    // memory until its deadline, and a shutdown right after the cancel answered Busy.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let meta = InProcessMetadata::new();
+    let d = fake_peer("silent", silent.local_addr().unwrap().port(), 0x1000, 1 << 20);
+    MetadataBackend::put(&*meta, "mooncake/ram/silent", &d.to_json()).await.unwrap();
+    let e = ferry::builder()
+        .transports(tcp_only())
+        .protocol("tcp")
+        .metadata(meta as Arc<dyn MetadataBackend>)
+        .transfer_timeout(Duration::from_secs(20))
+        .build()
+        .await
+        .unwrap();
+    let local = Buffer::zeroed(4096);
+    unsafe { e.register_memory(local.addr(), local.len(), Location::Cpu(0)).await }.unwrap();
+    let peer = e.open_segment("silent").await.unwrap();
+    let batch = e.submit(&[req(Opcode::Read, local.addr(), peer, 0x1000, 16)]).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await; // the request is on the wire
+    batch.cancel();
+    assert!(!batch.all_released(), "the lane still owns the request's memory");
+    let t = Instant::now();
+    e.shutdown().await.expect("shutdown releases the in-flight request instead of answering Busy");
+    assert!(t.elapsed() < Duration::from_secs(5), "took {:?} (the transfer timeout is 20 s)", t.elapsed());
+    assert!(batch.all_released());
+    drop(silent);
+}

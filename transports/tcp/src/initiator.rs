@@ -85,12 +85,18 @@ pub(crate) struct PeerAddr {
 }
 
 impl Peer {
-    /// Starts `lanes` lane tasks for `addr` on `runtime`.
-    pub(crate) fn start(addr: PeerAddr, lanes: usize, io: &crate::IoThreads) -> Self {
+    /// Starts `lanes` lane tasks for `addr` on `runtime`. When `stop` turns true (the transport
+    /// shuts down), requests waiting for a response fail at once instead of at their deadline.
+    pub(crate) fn start(
+        addr: PeerAddr,
+        lanes: usize,
+        io: &crate::IoThreads,
+        stop: tokio::sync::watch::Receiver<bool>,
+    ) -> Self {
         let lanes = (0..lanes.max(1))
             .map(|_| {
                 let (tx, rx) = mpsc::unbounded_channel();
-                io.next().spawn(lane(addr.clone(), rx));
+                io.next().spawn(lane(addr.clone(), rx, stop.clone()));
                 (tx, Arc::new(AtomicUsize::new(0)))
             })
             .collect();
@@ -131,7 +137,7 @@ fn lost(addr: &PeerAddr, what: &str, e: impl std::fmt::Display) -> Error {
     Error::unreachable(format!("tcp peer {}:{}: {what}: {e}", addr.host, addr.port))
 }
 
-async fn lane(addr: PeerAddr, mut rx: mpsc::UnboundedReceiver<Job>) {
+async fn lane(addr: PeerAddr, mut rx: mpsc::UnboundedReceiver<Job>, stop: tokio::sync::watch::Receiver<bool>) {
     let mut carry: VecDeque<Job> = VecDeque::new();
     loop {
         let job = match carry.pop_front() {
@@ -169,7 +175,7 @@ async fn lane(addr: PeerAddr, mut rx: mpsc::UnboundedReceiver<Job>) {
             }
         };
         carry.push_front(job);
-        carry = connection(&addr, stream, carry, &mut rx).await;
+        carry = connection(&addr, stream, carry, &mut rx, stop.clone()).await;
     }
 }
 
@@ -180,6 +186,7 @@ async fn connection(
     stream: TcpStream,
     mut queue: VecDeque<Job>,
     rx: &mut mpsc::UnboundedReceiver<Job>,
+    stop: tokio::sync::watch::Receiver<bool>,
 ) -> VecDeque<Job> {
     if let Err(e) = stream.set_nodelay(true) {
         tracing::debug!(error = %e, "tcp initiator: set_nodelay failed");
@@ -191,7 +198,7 @@ async fn connection(
     // read from memory (a peer may answer before the payload was sent, or the connection may
     // fail in the middle of it), and reports success only if the whole payload went out.
     let (flushed, flushed_rx) = tokio::sync::watch::channel((0u64, false));
-    let mut reader = tokio::spawn(read_responses(addr.clone(), r, inflight_rx, flushed_rx));
+    let mut reader = tokio::spawn(read_responses(addr.clone(), r, inflight_rx, flushed_rx, stop));
     let mut seq = 0u64;
     let mut buf = Vec::with_capacity(FLUSH_AT + HEADER_LEN + COALESCE);
     loop {
@@ -326,6 +333,7 @@ async fn read_responses(
     mut r: OwnedReadHalf,
     mut inflight: mpsc::UnboundedReceiver<(Job, u64)>,
     mut flushed: tokio::sync::watch::Receiver<(u64, bool)>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
 ) -> VecDeque<Job> {
     // A WRITE is completed (whatever its outcome) only once the writer no longer reads its
     // payload: completing releases the caller's memory. A status that came before the whole
@@ -365,7 +373,20 @@ async fn read_responses(
             }
         };
         let (job, seq) = job;
-        match timeout_at(job.deadline, read_response(&mut r, &job, addr.v2)).await {
+        // Dropping the read (shutdown) stops it touching the request's memory; the connection
+        // is then out of step and is dropped with the others.
+        let read = tokio::select! {
+            read = timeout_at(job.deadline, read_response(&mut r, &job, addr.v2)) => read,
+            () = stopped(&mut stop) => {
+                let err = Error::new(
+                    ErrorKind::Shutdown,
+                    format!("tcp peer {}:{}: transport shut down while waiting for the response", addr.host, addr.port),
+                );
+                done(job, seq, Err(err.duplicate())).await;
+                break err;
+            }
+        };
+        match read {
             Ok(Ok(outcome)) => done(job, seq, outcome).await,
             Ok(Err(e)) => {
                 let err = lost(&addr, "connection lost", e);
@@ -387,6 +408,11 @@ async fn read_responses(
         done(j, seq, Err(failure.duplicate())).await;
     }
     VecDeque::new()
+}
+
+/// Completes once the transport is shut down (or its stop signal is gone).
+async fn stopped(stop: &mut tokio::sync::watch::Receiver<bool>) {
+    let _ = stop.wait_for(|&stopped| stopped).await.map(|_| ());
 }
 
 /// Completes when the peer closes (or breaks) a connection on which nothing is in flight; a

@@ -140,7 +140,10 @@ impl TcpTransport {
             // port leaves its old address behind); their lanes end with them.
             peers.retain(|_, p| !p.unused_for(PEER_IDLE));
         }
-        Ok(peers.entry(addr.clone()).or_insert_with(|| Arc::new(Peer::start(addr, self.lanes, &self.io))).clone())
+        Ok(peers
+            .entry(addr.clone())
+            .or_insert_with(|| Arc::new(Peer::start(addr, self.lanes, &self.io, self.stop.subscribe())))
+            .clone())
     }
 }
 
@@ -269,7 +272,8 @@ mod tests {
     fn an_idle_peer_is_prunable_and_a_fresh_one_is_not() {
         let io = IoThreads::start(1).unwrap();
         let addr = PeerAddr { host: "127.0.0.1".into(), port: 1, v2: true };
-        let peer = Peer::start(addr, 2, &io);
+        let (_stop, stop_rx) = tokio::sync::watch::channel(false);
+        let peer = Peer::start(addr, 2, &io, stop_rx);
         assert!(peer.unused_for(Duration::ZERO), "no load, no use: prunable at once");
         assert!(!peer.unused_for(Duration::from_secs(3600)), "not idle for an hour yet");
     }
