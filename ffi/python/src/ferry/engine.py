@@ -1,0 +1,1062 @@
+"""``ferry.engine``: a drop-in for ``mooncake.engine`` (``TransferEngine``, ``TransferNotify``,
+``TransferOpcode``) over Ferry's C API.
+
+Method names, arguments and return conventions follow ``mooncake.engine.TransferEngine``:
+integer results are 0 on success and negative on failure, with Mooncake's values (transfers
+and ``initialize`` return -1; ``register_memory`` and friends return Mooncake's error codes
+such as -7 for an overlapping registration). Arguments of the wrong type raise ``TypeError``
+and invalid values (negative lengths, lists of different lengths) raise ``ValueError``.
+The library's readable message of the last failure is :meth:`TransferEngine.last_error`
+(also logged at debug level on the ``ferry`` logger).
+
+Beyond Mooncake, the same class offers a Pythonic layer that raises :class:`ferry.FerryError`
+subclasses: :meth:`TransferEngine.from_config`, :meth:`~TransferEngine.register_kv_layout`,
+:meth:`~TransferEngine.transfer_blocks`, :meth:`~TransferEngine.notify`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import enum
+import itertools
+import json
+import logging
+import mmap
+import os
+import threading
+from ctypes import byref, c_size_t, c_uint16, c_uint32, c_uint64, c_void_p
+from typing import Any, Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
+
+from . import _capi
+from .errors import (
+    E_BUSY,
+    E_INVALID_ARGUMENT,
+    E_NOT_FOUND,
+    E_OUT_OF_BOUNDS,
+    E_SHUTDOWN,
+    E_TIMEOUT,
+    OK,
+    FerryError,
+    code_name,
+    error_for,
+    mooncake_code,
+)
+from .kv import U32_MAX, Batch, KvLayout, check_int, check_ints
+
+__all__ = ["TransferEngine", "TransferNotify", "TransferOpcode", "Read", "Write", "RegisteredKvLayout"]
+
+_log = logging.getLogger("ferry")
+
+P2PHANDSHAKE = "P2PHANDSHAKE"
+"""Mooncake's name for the peer-to-peer handshake metadata mode."""
+
+
+class TransferOpcode(enum.IntEnum):
+    """Direction of a transfer (``mooncake.engine.TransferOpcode``)."""
+
+    Read = _capi.OPCODE_READ
+    Write = _capi.OPCODE_WRITE
+    READ = _capi.OPCODE_READ  # alias: Mooncake's documentation spells them in capitals
+    WRITE = _capi.OPCODE_WRITE
+
+
+Read = TransferOpcode.Read
+Write = TransferOpcode.Write
+
+
+class TransferNotify:
+    """A notification (``mooncake.engine.TransferNotify``): ``name`` and ``msg``.
+
+    Received notifications carry the sender's segment name in ``name`` (Ferry's wire format
+    fills it in); for an outgoing one only ``msg`` is sent. ``notify_msg`` is an alias of
+    ``msg`` (the field's name on the wire).
+    """
+
+    __slots__ = ("name", "msg")
+
+    def __init__(self, name: str = "", msg: str = "") -> None:
+        if not isinstance(name, str) or not isinstance(msg, str):
+            raise TypeError("TransferNotify(name, msg) takes two strings")
+        self.name = name
+        self.msg = msg
+
+    @property
+    def notify_msg(self) -> str:
+        """Alias of :attr:`msg`."""
+        return self.msg
+
+    def __repr__(self) -> str:
+        return f"TransferNotify(name={self.name!r}, msg={self.msg!r})"
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, TransferNotify):
+            return NotImplemented
+        return (self.name, self.msg) == (other.name, other.msg)
+
+    def __hash__(self) -> int:
+        return hash((self.name, self.msg))
+
+
+class RegisteredKvLayout(NamedTuple):
+    """A local KV layout registered with an engine (:meth:`TransferEngine.register_kv_layout`)."""
+
+    id: int
+    """The C API's layout handle."""
+    layout: KvLayout
+    """The layout."""
+
+
+# --- argument checks -------------------------------------------------------------------------
+
+
+def _text(value: object, name: str) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a str, not {type(value).__name__}")
+    if "\0" in value:
+        raise ValueError(f"{name} must not contain NUL characters")
+    return value
+
+
+def _opcode(value: object) -> int:
+    if isinstance(value, str):
+        lowered = value.lower()
+        if lowered in ("read", "write"):
+            return _capi.OPCODE_READ if lowered == "read" else _capi.OPCODE_WRITE
+        raise ValueError(f"op must be 'read' or 'write' (got {value!r})")
+    op = check_int(value, "opcode", maximum=1 << 32)
+    if op not in (_capi.OPCODE_READ, _capi.OPCODE_WRITE):
+        raise ValueError(f"opcode must be TransferOpcode.Read (0) or TransferOpcode.Write (1), got {op}")
+    return op
+
+
+def _triples(buffers: object, peer_buffer_addresses: object, lengths: object) -> List[Tuple[int, int, int]]:
+    local = check_ints(buffers, "buffers")
+    remote = check_ints(peer_buffer_addresses, "peer_buffer_addresses")
+    lens = check_ints(lengths, "lengths")
+    if not len(local) == len(remote) == len(lens):
+        raise ValueError(
+            f"buffers, peer_buffer_addresses and lengths differ in length ({len(local)}, {len(remote)}, {len(lens)})"
+        )
+    return list(zip(local, remote, lens))
+
+
+def _mooncake_timeout_ms() -> Optional[int]:
+    """Mooncake's ``MC_TRANSFER_TIMEOUT`` (whole seconds, at least 5) in milliseconds."""
+    raw = os.environ.get("MC_TRANSFER_TIMEOUT", "").strip()
+    if not raw:
+        return None
+    try:
+        seconds = int(raw)
+    except ValueError:
+        _log.warning("ignoring MC_TRANSFER_TIMEOUT=%r: not a whole number of seconds", raw)
+        return None
+    return max(5, seconds) * 1000
+
+
+def _metadata_conn(metadata_server: str, metadata_type: Optional[str]) -> str:
+    """The metadata connection string Mooncake builds from ``initialize``'s arguments."""
+    server = metadata_server.strip()
+    if not server or server == P2PHANDSHAKE or "://" in server or not metadata_type:
+        return server
+    if metadata_type.lower() in ("p2p", "p2phandshake"):
+        return P2PHANDSHAKE
+    return f"{metadata_type}://{server}"
+
+
+# --- libc, for managed buffers ---------------------------------------------------------------
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mmap.restype = c_void_p
+_libc.mmap.argtypes = [c_void_p, c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+_libc.munmap.restype = ctypes.c_int
+_libc.munmap.argtypes = [c_void_p, c_size_t]
+_MAP_FAILED = ctypes.c_void_p(-1).value
+
+
+class TransferEngine:
+    """Ferry's transfer engine with the interface of ``mooncake.engine.TransferEngine``.
+
+    Create it, then :meth:`initialize` it (Mooncake style), or build one from a config in one
+    step with :meth:`from_config`. :meth:`close` (or leaving a ``with`` block, or garbage
+    collection) destroys the engine; memory it allocated with :meth:`allocate_managed_buffer`
+    is released then too.
+
+    Every method may be called from any thread. Foreign calls release the GIL.
+    """
+
+    def __init__(self) -> None:
+        self._handle = 0
+        self._lock = threading.Lock()
+        self._segments: Dict[str, int] = {}
+        self._pending: Dict[int, int] = {}  # batch id -> C batch (0: nothing to move)
+        self._ids = itertools.count(1)
+        self._regions: Dict[int, int] = {}
+        self._managed: Dict[int, int] = {}
+        self._layouts: Dict[int, RegisteredKvLayout] = {}
+        self._tls = threading.local()
+
+    # --- lifetime ----------------------------------------------------------------------------
+
+    @classmethod
+    def from_config(cls, config: Union[None, str, Mapping[str, Any]] = None) -> TransferEngine:
+        """An engine built from a ``mooncake.json``-style config (a dict or JSON text; ``None``:
+        the embedded default — in-process metadata, ``local`` transport). Environment overrides
+        (``FERRY_*``, ``MC_*``) apply. Raises :class:`ferry.FerryError` on failure."""
+        if config is None:
+            text = ""
+        elif isinstance(config, str):
+            text = config
+        elif isinstance(config, Mapping):
+            text = json.dumps(dict(config))
+        else:
+            raise TypeError(f"config must be a dict, a JSON string or None, not {type(config).__name__}")
+        engine = cls()
+        rc = engine._create(text)
+        if rc != OK:
+            raise engine._error(rc)
+        return engine
+
+    @classmethod
+    def from_file(cls, path: Union[str, os.PathLike[str]]) -> TransferEngine:
+        """An engine built from a ``mooncake.json`` file. Raises :class:`ferry.FerryError`."""
+        p = _text(os.fspath(path), "path")
+        engine = cls()
+        out = c_uint64()
+        rc = _capi.lib.ferry_engine_create_from_file(p.encode(), byref(out))
+        if rc != OK:
+            engine._fail(rc, "from_file")
+            raise engine._error(rc)
+        engine._handle = out.value
+        return engine
+
+    @classmethod
+    def from_env(cls) -> TransferEngine:
+        """An engine configured the way Mooncake finds its config: the file named by
+        ``MOONCAKE_CONFIG_PATH`` if set (else the embedded default), then the environment
+        overrides. Raises :class:`ferry.FerryError`."""
+        engine = cls()
+        out = c_uint64()
+        rc = _capi.lib.ferry_engine_create_from_env(byref(out))
+        if rc != OK:
+            engine._fail(rc, "from_env")
+            raise engine._error(rc)
+        engine._handle = out.value
+        return engine
+
+    def _create(self, config_json: str) -> int:
+        already = "the engine is already initialized; close() it first"
+        if self._handle:
+            return self._fail(E_INVALID_ARGUMENT, "initialize", already)
+        out = c_uint64()
+        rc = _capi.lib.ferry_engine_create(config_json.encode("utf-8"), byref(out))
+        if rc != OK:
+            return self._fail(rc, "initialize")
+        with self._lock:
+            raced = bool(self._handle)
+            if not raced:
+                self._handle = out.value
+        if raced:  # another thread initialized this object meanwhile: keep its engine
+            _capi.lib.ferry_engine_destroy(out.value)
+            return self._fail(E_INVALID_ARGUMENT, "initialize", already)
+        _log.debug("engine %#x created from %s", out.value, config_json or "the embedded default")
+        return OK
+
+    def initialize(self, local_hostname: str, metadata_server: str, protocol: str, device_name: str) -> int:
+        """Starts the engine (Mooncake's ``initialize``). Returns 0, or -1 on failure.
+
+        ``local_hostname`` is this engine's address (``ip`` or ``ip:port``; with
+        ``P2PHANDSHAKE`` the segment name becomes ``ip:<rpc port>``); ``metadata_server`` is
+        ``P2PHANDSHAKE``, ``http://…``, ``etcd://…``, ``redis://…``, bare ``host:port``
+        (etcd) or ``""`` (Ferry's in-process store); ``device_name`` is passed to
+        non-``tcp`` transports.
+        """
+        args = [
+            _text(v, n)
+            for v, n in (
+                (local_hostname, "local_hostname"),
+                (metadata_server, "metadata_server"),
+                (protocol, "protocol"),
+                (device_name, "device_name"),
+            )
+        ]
+        return self._initialize(*args, metadata_type=None)
+
+    def initialize_ext(
+        self, local_hostname: str, metadata_server: str, protocol: str, device_name: str, metadata_type: str
+    ) -> int:
+        """:meth:`initialize` with the metadata type (``etcd``, ``redis``, ``http``, ``p2p``) for a
+        ``metadata_server`` given without a scheme. Returns 0, or -1 on failure."""
+        args = [
+            _text(v, n)
+            for v, n in (
+                (local_hostname, "local_hostname"),
+                (metadata_server, "metadata_server"),
+                (protocol, "protocol"),
+                (device_name, "device_name"),
+                (metadata_type, "metadata_type"),
+            )
+        ]
+        return self._initialize(*args[:4], metadata_type=args[4])
+
+    def _initialize(
+        self, local_hostname: str, metadata_server: str, protocol: str, device_name: str, metadata_type: Optional[str]
+    ) -> int:
+        config: Dict[str, Any] = {}
+        if local_hostname.strip():
+            config["local_hostname"] = local_hostname.strip()
+        conn = _metadata_conn(metadata_server, metadata_type)
+        if conn:
+            config["metadata_server"] = conn
+        if protocol.strip():
+            config["protocol"] = protocol.strip()
+        if device_name.strip() and protocol.strip() != "tcp":
+            config["device_name"] = device_name.strip()
+        timeout = _mooncake_timeout_ms()
+        if timeout is not None:
+            config["transfer_timeout_ms"] = timeout
+        return -1 if self._create(json.dumps(config)) != OK else 0
+
+    def close(self) -> None:
+        """Destroys the engine: pending batches are cancelled and freed, registrations dropped,
+        managed buffers unmapped. Idempotent."""
+        with self._lock:
+            handle, self._handle = self._handle, 0
+            pending = list(self._pending.values())
+            managed = list(self._managed.items())
+            self._pending.clear()
+            self._segments.clear()
+            self._regions.clear()
+            self._managed.clear()
+            self._layouts.clear()
+        for batch in pending:
+            if batch:
+                _release_batch(batch)
+        if handle:
+            rc = _capi.lib.ferry_engine_destroy(handle)
+            if rc != OK:
+                _log.warning("destroying engine %#x failed (%s): %s", handle, code_name(rc), _capi.last_error())
+                if rc == E_BUSY and managed:
+                    # Transfers still held registered memory at the deadline: unmapping it now
+                    # could let them write into freed pages. Leak it instead.
+                    _log.warning("leaking %d managed buffer(s) still in use by transfers", len(managed))
+                    return
+        # After the engine is gone no transfer can touch the managed buffers any more.
+        for addr, length in managed:
+            _libc.munmap(addr, length)
+
+    def __enter__(self) -> TransferEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - never raise from a finalizer (interpreter shutdown)
+            pass
+
+    def __repr__(self) -> str:
+        if not self._handle:
+            return "<ferry.TransferEngine (not initialized)>"
+        try:
+            return f"<ferry.TransferEngine {self.get_local_segment_name()}>"
+        except FerryError:
+            return f"<ferry.TransferEngine handle={self._handle:#x}>"
+
+    # --- errors ------------------------------------------------------------------------------
+
+    def _fail(self, code: int, what: str, message: Optional[str] = None) -> int:
+        """Records a failure (call right after the failing C call: it reads the C last error).
+        Returns ``code``."""
+        text = message if message is not None else _capi.last_error()
+        if not text:
+            text = f"failed with {code_name(code)}"
+        self._tls.error = (code, f"{what}: {text}")
+        _log.debug("%s failed (%s): %s", what, code_name(code), text)
+        return code
+
+    def _error(self, code: int) -> FerryError:
+        return error_for(code, self.last_error())
+
+    def _raise_on(self, rc: int, what: str) -> None:
+        if rc != OK:
+            self._fail(rc, what)
+            raise self._error(rc)
+
+    def last_error(self) -> str:
+        """The readable message of the last failure of this engine in the calling thread
+        (``""`` if none). A later success does not clear it."""
+        err = getattr(self._tls, "error", None)
+        return err[1] if err else ""
+
+    def last_error_code(self) -> int:
+        """The ``FERRY_E_*`` code of the failure :meth:`last_error` describes (0 if none)."""
+        err = getattr(self._tls, "error", None)
+        return err[0] if err else OK
+
+    def _live(self, what: str) -> int:
+        handle = self._handle
+        if not handle:
+            self._fail(E_SHUTDOWN, what, "the engine is not initialized (or was closed)")
+        return handle
+
+    def _need(self, what: str) -> int:
+        handle = self._live(what)
+        if not handle:
+            raise self._error(E_SHUTDOWN)
+        return handle
+
+    # --- information -------------------------------------------------------------------------
+
+    def get_rpc_port(self) -> int:
+        """The port of this engine's RPC (handshake) listener, or -1 on failure."""
+        handle = self._live("get_rpc_port")
+        if not handle:
+            return -1
+        port = c_uint16()
+        rc = _capi.lib.ferry_engine_rpc_port(handle, byref(port))
+        if rc != OK:
+            self._fail(rc, "get_rpc_port")
+            return -1
+        return port.value
+
+    def get_local_segment_name(self) -> str:
+        """This engine's segment name (``ip:port``): what peers pass as ``target_hostname``.
+        Raises :class:`ferry.FerryError` on failure."""
+        handle = self._need("get_local_segment_name")
+        cap = 256
+        while True:
+            buf = ctypes.create_string_buffer(cap)
+            length = c_size_t()
+            rc = _capi.lib.ferry_engine_segment_name(handle, buf, cap, byref(length))
+            if rc == OK:
+                return buf.value.decode("utf-8", errors="replace")
+            if rc == E_INVALID_ARGUMENT and length.value >= cap:
+                cap = length.value + 1
+                continue
+            self._raise_on(rc, "get_local_segment_name")
+
+    @property
+    def segment_name(self) -> str:
+        """Same as :meth:`get_local_segment_name`."""
+        return self.get_local_segment_name()
+
+    # --- memory ------------------------------------------------------------------------------
+
+    def register_memory(self, buffer_addr: int, capacity: int, location: str = "*") -> int:
+        """Registers ``[buffer_addr, buffer_addr + capacity)`` so transfers may use it and peers
+        may address it. Returns 0 or a Mooncake error code (-1 invalid argument, -7 overlap)."""
+        addr = check_int(buffer_addr, "buffer_addr")
+        length = check_int(capacity, "capacity")
+        loc = _text(location, "location")
+        return self._register(addr, length, loc, "register_memory")
+
+    def _register(self, addr: int, length: int, location: str, what: str) -> int:
+        handle = self._live(what)
+        if not handle:
+            return mooncake_code(E_SHUTDOWN)
+        rc = _capi.lib.ferry_register_memory(handle, addr, length, location.encode())
+        if rc != OK:
+            return mooncake_code(self._fail(rc, what))
+        with self._lock:
+            self._regions[addr] = length
+        return 0
+
+    def unregister_memory(self, buffer_addr: int) -> int:
+        """Unregisters the region starting at ``buffer_addr`` (waits for transfers using it).
+        Returns 0 or a Mooncake error code (-3 not registered, -4 busy)."""
+        addr = check_int(buffer_addr, "buffer_addr")
+        return self._unregister(addr, "unregister_memory")
+
+    def _unregister(self, addr: int, what: str) -> int:
+        handle = self._live(what)
+        if not handle:
+            return mooncake_code(E_SHUTDOWN)
+        rc = _capi.lib.ferry_unregister_memory(handle, addr)
+        if rc != OK:
+            return mooncake_code(self._fail(rc, what))
+        with self._lock:
+            self._regions.pop(addr, None)
+        return 0
+
+    def batch_register_memory(
+        self, buffer_addresses: Sequence[int], capacities: Sequence[int], location: str = "*"
+    ) -> int:
+        """Registers several regions; on a failure the ones registered by this call are
+        unregistered again. Returns 0 or a Mooncake error code."""
+        addrs = check_ints(buffer_addresses, "buffer_addresses")
+        lens = check_ints(capacities, "capacities")
+        loc = _text(location, "location")
+        if len(addrs) != len(lens):
+            raise ValueError(f"buffer_addresses and capacities differ in length ({len(addrs)}, {len(lens)})")
+        done: List[int] = []
+        for addr, length in zip(addrs, lens):
+            rc = self._register(addr, length, loc, "batch_register_memory")
+            if rc != 0:
+                message, code = self.last_error(), self.last_error_code()
+                for a in done:
+                    self._unregister(a, "batch_register_memory (rollback)")
+                self._tls.error = (code, message)
+                return rc
+            done.append(addr)
+        return 0
+
+    def batch_unregister_memory(self, buffer_addresses: Sequence[int]) -> int:
+        """Unregisters several regions (all are tried). Returns 0 or the first failure's
+        Mooncake error code."""
+        addrs = check_ints(buffer_addresses, "buffer_addresses")
+        first = 0
+        for addr in addrs:
+            rc = self._unregister(addr, "batch_unregister_memory")
+            if rc != 0 and first == 0:
+                first = rc
+        return first
+
+    def allocate_managed_buffer(self, length: int) -> int:
+        """Allocates ``length`` bytes (page-aligned, zero-filled) and registers them. Returns the
+        address, or 0 on failure. Free it with :meth:`free_managed_buffer` (or let
+        :meth:`close` release it)."""
+        size = max(1, check_int(length, "length"))
+        handle = self._live("allocate_managed_buffer")
+        if not handle:
+            return 0
+        addr = _libc.mmap(None, size, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0)
+        if addr is None or addr == _MAP_FAILED:
+            errno = ctypes.get_errno()
+            self._fail(
+                E_INVALID_ARGUMENT, "allocate_managed_buffer", f"mmap of {size} bytes failed: {os.strerror(errno)}"
+            )
+            return 0
+        rc = _capi.lib.ferry_register_memory(handle, addr, size, b"*")
+        if rc != OK:
+            self._fail(rc, "allocate_managed_buffer")
+            _libc.munmap(addr, size)
+            return 0
+        with self._lock:
+            self._managed[addr] = size
+        return addr
+
+    def free_managed_buffer(self, buffer_addr: int, length: int) -> int:
+        """Unregisters and frees a buffer of :meth:`allocate_managed_buffer`. Returns 0, or a
+        negative code (the buffer is kept when transfers still use it)."""
+        addr = check_int(buffer_addr, "buffer_addr")
+        check_int(length, "length")
+        with self._lock:
+            size = self._managed.get(addr)
+        if size is None:
+            self._fail(E_NOT_FOUND, "free_managed_buffer", f"{addr:#x} is not a managed buffer of this engine")
+            return -1
+        handle = self._live("free_managed_buffer")
+        if handle:
+            rc = _capi.lib.ferry_unregister_memory(handle, addr)
+            if rc != OK:
+                return mooncake_code(self._fail(rc, "free_managed_buffer"))
+        with self._lock:
+            self._managed.pop(addr, None)
+        _libc.munmap(addr, size)
+        return 0
+
+    def _registered(self, addr: int, length: int) -> bool:
+        end = addr + length
+        with self._lock:
+            regions = list(self._regions.items()) + list(self._managed.items())
+        return any(base <= addr and end <= base + size for base, size in regions)
+
+    def write_bytes_to_buffer(
+        self, dest_address: int, src_ptr: Union[bytes, bytearray, memoryview, str], length: int
+    ) -> int:
+        """Copies the first ``length`` bytes of ``src_ptr`` to ``dest_address``, which must lie in
+        memory registered with this engine. Returns 0, or -3 for an unregistered range."""
+        dest = check_int(dest_address, "dest_address")
+        n = check_int(length, "length")
+        if isinstance(src_ptr, str):
+            data = src_ptr.encode("utf-8")
+        elif isinstance(src_ptr, (bytes, bytearray, memoryview)):
+            data = bytes(src_ptr) if not isinstance(src_ptr, bytes) else src_ptr
+        else:
+            raise TypeError(f"src_ptr must be bytes, bytearray, memoryview or str, not {type(src_ptr).__name__}")
+        if n > len(data):
+            raise ValueError(f"length {n} exceeds the {len(data)} bytes given")
+        if n == 0:
+            return 0
+        if not self._registered(dest, n):
+            msg = f"[{dest:#x}, +{n}) is not inside memory registered with this engine"
+            return mooncake_code(self._fail(E_OUT_OF_BOUNDS, "write_bytes_to_buffer", msg))
+        ctypes.memmove(dest, data, n)
+        return 0
+
+    def read_bytes_from_buffer(self, source_address: int, length: int) -> bytes:
+        """The ``length`` bytes at ``source_address``, which must lie in memory registered with
+        this engine (else :class:`ferry.OutOfBoundsError`, a ``ValueError``)."""
+        src = check_int(source_address, "source_address")
+        n = check_int(length, "length")
+        if n == 0:
+            return b""
+        if not self._registered(src, n):
+            msg = f"[{src:#x}, +{n}) is not inside memory registered with this engine"
+            self._fail(E_OUT_OF_BOUNDS, "read_bytes_from_buffer", msg)
+            raise self._error(E_OUT_OF_BOUNDS)
+        return ctypes.string_at(src, n)
+
+    # --- segments ----------------------------------------------------------------------------
+
+    def _segment(self, name: str, what: str) -> int:
+        """The segment handle of ``name`` (opened once and cached), or 0 after recording why."""
+        seg = self._segments.get(name)
+        if seg:
+            return seg
+        handle = self._live(what)
+        if not handle:
+            return 0
+        out = c_uint64()
+        rc = _capi.lib.ferry_open_segment(handle, name.encode("utf-8"), byref(out))
+        if rc != OK:
+            self._fail(rc, what)
+            return 0
+        with self._lock:
+            return self._segments.setdefault(name, out.value)
+
+    @staticmethod
+    def _requests(opcode: int, segment: int, triples: Sequence[Tuple[int, int, int]]) -> Any:
+        if len(triples) == 1:
+            local, remote, length = triples[0]
+            return _capi.TransferRequest(opcode, 0, segment, local, remote, length)
+        arr = (_capi.TransferRequest * len(triples))()
+        for i, (local, remote, length) in enumerate(triples):
+            r = arr[i]
+            r.opcode, r.target, r.local_addr, r.remote_addr, r.length = opcode, segment, local, remote, length
+        return arr
+
+    # --- Mooncake transfers ------------------------------------------------------------------
+
+    def _sync(
+        self, what: str, target: str, opcode: int, triples: List[Tuple[int, int, int]], notify: Optional[TransferNotify]
+    ) -> int:
+        handle = self._live(what)
+        if not handle:
+            return -1
+        # Zero-length requests move nothing; Mooncake accepts them and so does this binding.
+        triples = [t for t in triples if t[2]]
+        if triples:
+            seg = self._segment(target, what)
+            if not seg:
+                return -1
+            rc = _capi.lib.ferry_transfer_sync(handle, self._requests(opcode, seg, triples), len(triples), 0)
+            if rc != OK:
+                self._fail(rc, what)
+                return -1
+        if notify is not None:
+            rc = _capi.lib.ferry_notify(handle, target.encode("utf-8"), notify.msg.encode("utf-8"))
+            if rc != OK:
+                self._fail(rc, f"{what} (notification)")
+                return -1
+        return 0
+
+    def _submit(self, what: str, target: str, opcode: int, triples: List[Tuple[int, int, int]]) -> int:
+        """Submits asynchronously; returns the Python-side batch id (> 0), or 0 on failure."""
+        handle = self._live(what)
+        if not handle:
+            return 0
+        triples = [t for t in triples if t[2]]
+        batch = 0
+        if triples:
+            seg = self._segment(target, what)
+            if not seg:
+                return 0
+            out = c_uint64()
+            rc = _capi.lib.ferry_submit(handle, self._requests(opcode, seg, triples), len(triples), byref(out))
+            if rc != OK:
+                self._fail(rc, what)
+                return 0
+            batch = out.value
+        with self._lock:
+            batch_id = next(self._ids)
+            self._pending[batch_id] = batch
+        return batch_id
+
+    def transfer_sync_read(
+        self, target_hostname: str, buffer: int, peer_buffer_address: int, length: int, transport_hint: str = ""
+    ) -> int:
+        """Reads ``length`` bytes at ``peer_buffer_address`` of segment ``target_hostname`` into
+        local ``buffer``; returns when done. 0, or -1 on failure (see :meth:`last_error`)."""
+        target = _text(target_hostname, "target_hostname")
+        triple = (
+            check_int(buffer, "buffer"),
+            check_int(peer_buffer_address, "peer_buffer_address"),
+            check_int(length, "length"),
+        )
+        _hint(transport_hint)
+        return self._sync("transfer_sync_read", target, _capi.OPCODE_READ, [triple], None)
+
+    def transfer_sync_write(
+        self, target_hostname: str, buffer: int, peer_buffer_address: int, length: int, transport_hint: str = ""
+    ) -> int:
+        """Writes ``length`` bytes of local ``buffer`` to ``peer_buffer_address`` of segment
+        ``target_hostname``; returns when done. 0, or -1 on failure."""
+        target = _text(target_hostname, "target_hostname")
+        triple = (
+            check_int(buffer, "buffer"),
+            check_int(peer_buffer_address, "peer_buffer_address"),
+            check_int(length, "length"),
+        )
+        _hint(transport_hint)
+        return self._sync("transfer_sync_write", target, _capi.OPCODE_WRITE, [triple], None)
+
+    def transfer_sync(
+        self,
+        target_hostname: str,
+        buffer: int,
+        peer_buffer_address: int,
+        length: int,
+        opcode: Union[TransferOpcode, int],
+        notify: Optional[TransferNotify] = None,
+        transport_hint: str = "",
+    ) -> int:
+        """One transfer in direction ``opcode``; after it completed, ``notify.msg`` (if given) is
+        sent to the peer. 0, or -1 on failure."""
+        target = _text(target_hostname, "target_hostname")
+        triple = (
+            check_int(buffer, "buffer"),
+            check_int(peer_buffer_address, "peer_buffer_address"),
+            check_int(length, "length"),
+        )
+        op = _opcode(opcode)
+        return self._sync("transfer_sync", target, op, [triple], _notify_arg(notify, transport_hint))
+
+    def batch_transfer_sync_read(
+        self,
+        target_hostname: str,
+        buffers: Sequence[int],
+        peer_buffer_addresses: Sequence[int],
+        lengths: Sequence[int],
+        transport_hint: str = "",
+    ) -> int:
+        """Reads several ranges of ``target_hostname`` in one batch. 0, or -1 on failure."""
+        target = _text(target_hostname, "target_hostname")
+        triples = _triples(buffers, peer_buffer_addresses, lengths)
+        _hint(transport_hint)
+        return self._sync("batch_transfer_sync_read", target, _capi.OPCODE_READ, triples, None)
+
+    def batch_transfer_sync_write(
+        self,
+        target_hostname: str,
+        buffers: Sequence[int],
+        peer_buffer_addresses: Sequence[int],
+        lengths: Sequence[int],
+        transport_hint: str = "",
+    ) -> int:
+        """Writes several ranges to ``target_hostname`` in one batch. 0, or -1 on failure."""
+        target = _text(target_hostname, "target_hostname")
+        triples = _triples(buffers, peer_buffer_addresses, lengths)
+        _hint(transport_hint)
+        return self._sync("batch_transfer_sync_write", target, _capi.OPCODE_WRITE, triples, None)
+
+    def batch_transfer_sync(
+        self,
+        target_hostname: str,
+        buffers: Sequence[int],
+        peer_buffer_addresses: Sequence[int],
+        lengths: Sequence[int],
+        opcode: Union[TransferOpcode, int],
+        notify: Optional[TransferNotify] = None,
+        transport_hint: str = "",
+    ) -> int:
+        """A batch in direction ``opcode``, then ``notify`` (if given). 0, or -1 on failure."""
+        target = _text(target_hostname, "target_hostname")
+        triples = _triples(buffers, peer_buffer_addresses, lengths)
+        op = _opcode(opcode)
+        return self._sync("batch_transfer_sync", target, op, triples, _notify_arg(notify, transport_hint))
+
+    def batch_transfer_async_read(
+        self,
+        target_hostname: str,
+        buffers: Sequence[int],
+        peer_buffer_addresses: Sequence[int],
+        lengths: Sequence[int],
+        transport_hint: str = "",
+    ) -> int:
+        """Starts a batch of reads. Returns its batch id (for :meth:`get_batch_transfer_status`
+        or :meth:`transfer_check_status`), or 0 on failure."""
+        target = _text(target_hostname, "target_hostname")
+        triples = _triples(buffers, peer_buffer_addresses, lengths)
+        _hint(transport_hint)
+        return self._submit("batch_transfer_async_read", target, _capi.OPCODE_READ, triples)
+
+    def batch_transfer_async_write(
+        self,
+        target_hostname: str,
+        buffers: Sequence[int],
+        peer_buffer_addresses: Sequence[int],
+        lengths: Sequence[int],
+        transport_hint: str = "",
+    ) -> int:
+        """Starts a batch of writes. Returns its batch id, or 0 on failure."""
+        target = _text(target_hostname, "target_hostname")
+        triples = _triples(buffers, peer_buffer_addresses, lengths)
+        _hint(transport_hint)
+        return self._submit("batch_transfer_async_write", target, _capi.OPCODE_WRITE, triples)
+
+    def batch_transfer_async(
+        self,
+        target_hostname: str,
+        buffers: Sequence[int],
+        peer_buffer_addresses: Sequence[int],
+        lengths: Sequence[int],
+        opcode: Union[TransferOpcode, int],
+        transport_hint: str = "",
+    ) -> int:
+        """Starts a batch in direction ``opcode``. Returns its batch id, or 0 on failure."""
+        target = _text(target_hostname, "target_hostname")
+        triples = _triples(buffers, peer_buffer_addresses, lengths)
+        op = _opcode(opcode)
+        _hint(transport_hint)
+        return self._submit("batch_transfer_async", target, op, triples)
+
+    def transfer_submit_write(
+        self, target_hostname: str, buffer: int, peer_buffer_address: int, length: int, transport_hint: str = ""
+    ) -> int:
+        """Starts one write. Returns its batch id (for :meth:`transfer_check_status`), or -1 on
+        failure."""
+        target = _text(target_hostname, "target_hostname")
+        triple = (
+            check_int(buffer, "buffer"),
+            check_int(peer_buffer_address, "peer_buffer_address"),
+            check_int(length, "length"),
+        )
+        _hint(transport_hint)
+        batch_id = self._submit("transfer_submit_write", target, _capi.OPCODE_WRITE, [triple])
+        return batch_id if batch_id else -1
+
+    def transfer_check_status(self, batch_id: int) -> int:
+        """Polls a batch without blocking: 1 completed, 0 still in progress, -1 failed, -2
+        timed out. A completed or failed batch is released (its id becomes unknown: -1);
+        a timed-out one is kept until :meth:`close`."""
+        bid = check_int(batch_id, "batch_id")
+        with self._lock:
+            batch = self._pending.get(bid)
+        if batch is None:
+            self._fail(
+                E_NOT_FOUND, "transfer_check_status", f"unknown batch id {bid} (never issued, or already finished)"
+            )
+            return -1
+        if not batch:
+            self._forget(bid)
+            return 1
+        pending = c_size_t()
+        rc = _capi.lib.ferry_batch_poll(batch, None, 0, byref(pending))
+        if rc != OK:
+            self._fail(rc, "transfer_check_status")
+            self._forget(bid)
+            return -1
+        if pending.value:
+            return 0
+        # Every request finished: a zero-timeout wait reports the first failure with its message.
+        rc = _capi.lib.ferry_batch_wait(batch, 1)
+        if rc == OK:
+            self._forget(bid)
+            return 1
+        self._fail(rc, "transfer_check_status")
+        if rc == E_TIMEOUT:
+            return -2
+        self._forget(bid)
+        return -1
+
+    def get_batch_transfer_status(self, batch_ids: Sequence[int]) -> int:
+        """Waits for every batch (the GIL is released meanwhile) and releases them. 0 if all
+        completed, -1 if any failed, timed out or is unknown (the others are then cancelled)."""
+        ids = check_ints(batch_ids, "batch_ids")
+        with self._lock:
+            batches = [(bid, self._pending.pop(bid, None)) for bid in ids]
+        result = 0
+        for bid, batch in batches:
+            if batch is None:
+                if result == 0:
+                    self._fail(E_NOT_FOUND, "get_batch_transfer_status", f"unknown batch id {bid}")
+                result = -1
+                continue
+            if not batch:
+                continue
+            if result == 0:
+                rc = _capi.lib.ferry_batch_wait(batch, 0)
+                if rc != OK:
+                    self._fail(rc, "get_batch_transfer_status")
+                    result = -1
+            _release_batch(batch)
+        return result
+
+    def _forget(self, batch_id: int) -> None:
+        with self._lock:
+            batch = self._pending.pop(batch_id, None)
+        if batch:
+            _release_batch(batch)
+
+    # --- notifications -----------------------------------------------------------------------
+
+    def get_notifies(self) -> List[TransferNotify]:
+        """Takes the notifications received so far, oldest first. ``name`` is the sender's
+        segment name, ``msg`` the message."""
+        handle = self._live("get_notifies")
+        if not handle:
+            return []
+        got: List[TransferNotify] = []
+
+        def collect(_ctx: Optional[int], sender: Optional[bytes], message: Optional[bytes]) -> None:
+            got.append(
+                TransferNotify(
+                    (sender or b"").decode("utf-8", errors="replace"),
+                    (message or b"").decode("utf-8", errors="replace"),
+                )
+            )
+
+        callback = _capi.NotificationFn(collect)
+        count = c_size_t()
+        rc = _capi.lib.ferry_drain_notifications(handle, callback, None, byref(count))
+        if rc != OK:
+            self._fail(rc, "get_notifies")
+        return got
+
+    def notify(self, target_hostname: str, message: str) -> None:
+        """Sends a notification to the owner of segment ``target_hostname`` (Pythonic: raises
+        :class:`ferry.FerryError` on failure)."""
+        target = _text(target_hostname, "target_hostname")
+        msg = _text(message, "message")
+        handle = self._need("notify")
+        self._raise_on(_capi.lib.ferry_notify(handle, target.encode("utf-8"), msg.encode("utf-8")), "notify")
+
+    # --- KV blocks (Pythonic) ----------------------------------------------------------------
+
+    def register_kv_layout(self, layout: KvLayout) -> RegisteredKvLayout:
+        """Registers a local KV layout (its memory must be registered already). Raises
+        :class:`ferry.FerryError` on failure."""
+        if not isinstance(layout, KvLayout):
+            raise TypeError(f"layout must be a ferry.KvLayout, not {type(layout).__name__}")
+        handle = self._need("register_kv_layout")
+        bases = (c_uint64 * len(layout.bases))(*layout.bases)
+        out = c_uint64()
+        rc = _capi.lib.ferry_kv_layout_register(
+            handle, bases, len(layout.bases), layout.block_count, layout.block_len, byref(out)
+        )
+        self._raise_on(rc, "register_kv_layout")
+        registered = RegisteredKvLayout(out.value, layout)
+        with self._lock:
+            self._layouts[out.value] = registered
+        return registered
+
+    def unregister_kv_layout(self, layout: RegisteredKvLayout) -> None:
+        """Unregisters a layout of :meth:`register_kv_layout`."""
+        if not isinstance(layout, RegisteredKvLayout):
+            raise TypeError(f"layout must be a RegisteredKvLayout, not {type(layout).__name__}")
+        handle = self._need("unregister_kv_layout")
+        self._raise_on(_capi.lib.ferry_kv_layout_unregister(handle, layout.id), "unregister_kv_layout")
+        with self._lock:
+            self._layouts.pop(layout.id, None)
+
+    def transfer_blocks(
+        self,
+        peer: str,
+        remote_layout: KvLayout,
+        local_blocks: Iterable[int],
+        remote_blocks: Iterable[int],
+        op: Union[str, TransferOpcode, int] = "read",
+        wait: bool = True,
+        local_layout: Optional[RegisteredKvLayout] = None,
+        timeout: Optional[float] = None,
+    ) -> Batch:
+        """Moves blocks between the local layout and segment ``peer`` laid out as
+        ``remote_layout``: ``local_blocks[i]`` pairs with ``remote_blocks[i]``; ``op`` is
+        ``"read"`` (pull) or ``"write"`` (push).
+
+        ``local_layout`` defaults to the one layout registered with this engine. With
+        ``wait=True`` the call returns the finished :class:`ferry.Batch` once every block
+        moved, or raises the first failure with ``failed_blocks`` (local ids) attached —
+        requests still pending at the deadline (``timeout`` seconds, default the engine's
+        transfer timeout) are cancelled first, so it lists every block that did not arrive.
+        With ``wait=False`` it returns the running batch.
+        """
+        target = _text(peer, "peer")
+        if not isinstance(remote_layout, KvLayout):
+            raise TypeError(f"remote_layout must be a ferry.KvLayout, not {type(remote_layout).__name__}")
+        lb = check_ints(local_blocks, "local_blocks", U32_MAX)
+        rb = check_ints(remote_blocks, "remote_blocks", U32_MAX)
+        if len(lb) != len(rb):
+            raise ValueError(f"{len(lb)} local block ids but {len(rb)} remote block ids")
+        if not lb:
+            raise ValueError("no blocks to transfer")
+        opcode = _opcode(op)
+        local = self._pick_layout(local_layout)
+        handle = self._need("transfer_blocks")
+        seg = self._segment(target, "transfer_blocks")
+        if not seg:
+            raise self._error(self.last_error_code())
+        n = len(lb)
+        out = c_uint64()
+        rc = _capi.lib.ferry_kv_submit_blocks(
+            handle,
+            local.id,
+            seg,
+            (c_uint64 * len(remote_layout.bases))(*remote_layout.bases),
+            len(remote_layout.bases),
+            remote_layout.block_count,
+            remote_layout.block_len,
+            opcode,
+            (c_uint32 * n)(*lb),
+            (c_uint32 * n)(*rb),
+            n,
+            byref(out),
+        )
+        self._raise_on(rc, "transfer_blocks")
+        batch = Batch(out.value, blocks=True)
+        if wait:
+            try:
+                batch.wait(timeout)
+            except FerryError as e:
+                self._tls.error = (e.code, f"transfer_blocks: {e.message}")
+                try:
+                    # Past the deadline: cancel what is still pending (as ferry_transfer_sync
+                    # does), so every block that did not arrive is reported.
+                    if batch.pending():
+                        batch.cancel()
+                    e.failed_blocks = batch.failed_blocks()  # type: ignore[attr-defined]
+                finally:
+                    batch.free()
+                raise
+        return batch
+
+    def _pick_layout(self, layout: Optional[RegisteredKvLayout]) -> RegisteredKvLayout:
+        if layout is not None:
+            if not isinstance(layout, RegisteredKvLayout):
+                raise TypeError(f"local_layout must be a RegisteredKvLayout, not {type(layout).__name__}")
+            return layout
+        with self._lock:
+            layouts = list(self._layouts.values())
+        if len(layouts) == 1:
+            return layouts[0]
+        if not layouts:
+            raise error_for(E_NOT_FOUND, "transfer_blocks: no KV layout is registered (call register_kv_layout first)")
+        raise ValueError(f"{len(layouts)} KV layouts are registered: pass local_layout=")
+
+
+def _hint(transport_hint: object) -> None:
+    """Checks Mooncake's ``transport_hint`` (a TENT-only option, ignored here as by Mooncake's
+    classic backend)."""
+    _text(transport_hint, "transport_hint")
+
+
+def _notify_arg(notify: object, transport_hint: object) -> Optional[TransferNotify]:
+    _hint(transport_hint)
+    if notify is None:
+        return None
+    msg = getattr(notify, "msg", None)
+    if not isinstance(msg, str):
+        raise TypeError(f"notify must be a TransferNotify (with a str msg), not {type(notify).__name__}")
+    if isinstance(notify, TransferNotify):
+        return notify
+    return TransferNotify(str(getattr(notify, "name", "")), msg)
+
+
+def _release_batch(handle: int) -> None:
+    """Frees a C batch, cancelling it first when it is still pending."""
+    if _capi.lib.ferry_batch_free(handle) != OK:
+        _capi.lib.ferry_batch_cancel(handle)
+        _capi.lib.ferry_batch_free(handle)

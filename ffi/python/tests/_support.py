@@ -1,0 +1,249 @@
+"""Shared helpers of the ferry Python test suite: data patterns, paths, child processes, and a
+minimal speaker of the P2P handshake (to read a peer's descriptor and to impersonate a peer
+whose data port never answers)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+REPO = Path(__file__).resolve().parents[3]
+"""The Ferry repository (tests live in ffi/python/tests)."""
+
+PEERS = Path(__file__).resolve().parent / "peers"
+
+_BASE = bytes(range(251))
+
+
+def pattern(offset: int, length: int, seed: int) -> bytes:
+    """Byte k of a patterned buffer is (k + seed) % 251 (as in tests/interop/mooncake_peer.py)."""
+    start = (offset + seed) % 251
+    reps = (start + length) // 251 + 1
+    return (_BASE * reps)[start : start + length]
+
+
+def ferry_bin() -> Path:
+    """The `ferry` CLI binary: $FERRY_BIN, else target/debug/ferry. Fails loudly when missing."""
+    path = Path(os.environ.get("FERRY_BIN") or REPO / "target" / "debug" / "ferry")
+    assert path.is_file(), (
+        f"\n*** the ferry CLI binary {path} does not exist: build it with `cargo build -p ferry-cli` "
+        f"or point FERRY_BIN at it\n"
+    )
+    return path
+
+
+def mooncake_python() -> Path:
+    """A Python that imports mooncake.engine: $FERRY_MOONCAKE_PYTHON, else the repository's
+    .venv-mooncake. Fails loudly (these tests are never skipped)."""
+    path = Path(os.environ.get("FERRY_MOONCAKE_PYTHON") or REPO / ".venv-mooncake" / "bin" / "python")
+    ok = (
+        path.is_file()
+        and subprocess.run(
+            [str(path), "-c", "import mooncake.engine"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        ).returncode
+        == 0
+    )
+    assert ok, (
+        f"\n*** Mooncake interop cannot run: {path} cannot import mooncake.engine.\n*** Install the wheel: "
+        f"python3 -m venv .venv-mooncake && .venv-mooncake/bin/pip install mooncake-transfer-engine-non-cuda "
+        f"(plus Debian libibverbs1 libnuma1 librdmacm1), or set FERRY_MOONCAKE_PYTHON.\n"
+    )
+    return path
+
+
+class Child:
+    """A child process spoken to line by line over stdin/stdout. close() sends `quit` (if not
+    None), then SIGTERM, then SIGKILL."""
+
+    def __init__(self, argv: List[str], env: Optional[Dict[str, str]] = None, quit: Optional[str] = "quit") -> None:
+        self.argv = argv
+        self.quit = quit
+        self.stderr_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"ferry-pytest-child-{os.getpid()}-{id(self)}.log"
+        self._stderr = open(self.stderr_path, "w+b")
+        self.proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._stderr,
+            env={**os.environ, **(env or {})},
+            text=True,
+            bufsize=1,
+        )
+
+    def stderr_text(self) -> str:
+        self._stderr.flush()
+        return self.stderr_path.read_text(errors="replace")[-4000:]
+
+    def readline(self, timeout: float = 60.0) -> str:
+        """The next stdout line (without the newline); fails with the child's stderr on EOF or
+        timeout."""
+        result: List[str] = []
+        reader = threading.Thread(target=lambda: result.append(self.proc.stdout.readline()), daemon=True)
+        reader.start()
+        reader.join(timeout)
+        if reader.is_alive():
+            raise AssertionError(f"{self.argv[:3]}: no output within {timeout} s\nstderr:\n{self.stderr_text()}")
+        line = result[0]
+        if not line:
+            code = self.proc.wait(timeout=10)
+            raise AssertionError(f"{self.argv[:3]} exited ({code}) without output\nstderr:\n{self.stderr_text()}")
+        return line.rstrip("\n")
+
+    def read_json(self, timeout: float = 60.0) -> Any:
+        return json.loads(self.readline(timeout))
+
+    def send(self, line: str) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+
+    def ask(self, line: str, timeout: float = 60.0) -> str:
+        self.send(line)
+        return self.readline(timeout)
+
+    def close(self) -> None:
+        if self.proc.poll() is None and self.quit is not None:
+            try:
+                self.send(self.quit)
+                self.proc.wait(timeout=10)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        for stream in (self.proc.stdin, self.proc.stdout):
+            if stream is not None:
+                stream.close()
+        self._stderr.close()
+        self.stderr_path.unlink(missing_ok=True)
+
+
+# --- the P2P handshake (Mooncake's framing: u64 LE length of type byte + payload, type, JSON) ---
+
+FRAME_METADATA = 1
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = sock.recv(n - len(data))
+        if not chunk:
+            raise ConnectionError("handshake peer closed the connection")
+        data += chunk
+    return data
+
+
+def _frame(kind: int, payload: bytes) -> bytes:
+    return struct.pack("<QB", len(payload) + 1, kind) + payload
+
+
+def _read_frame(sock: socket.socket) -> tuple:
+    (length,) = struct.unpack("<Q", _recv_exact(sock, 8))
+    body = _recv_exact(sock, length)
+    return body[0], body[1:]
+
+
+def fetch_descriptor(segment: str, timeout: float = 10.0) -> Dict[str, Any]:
+    """The segment descriptor a P2P-handshake peer (`host:port`) serves."""
+    host, port = segment.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=timeout) as s:
+        s.sendall(_frame(FRAME_METADATA, b"{}"))
+        kind, payload = _read_frame(s)
+    assert kind == FRAME_METADATA, f"{segment} answered a metadata request with frame type {kind}"
+    return json.loads(payload)
+
+
+class SilentPeer:
+    """A fake P2P-handshake peer: it answers metadata requests with a `tcp` descriptor whose
+    data port accepts connections and never says a word, so every transfer to it runs into the
+    initiator's transfer timeout. `segment` is its name; `addr`/`length` its one buffer."""
+
+    def __init__(self, addr: int = 0x10000, length: int = 1 << 20) -> None:
+        self.addr, self.length = addr, length
+        self.data = socket.socket()
+        self.data.bind(("127.0.0.1", 0))
+        self.data.listen(64)
+        self.rpc = socket.socket()
+        self.rpc.bind(("127.0.0.1", 0))
+        self.rpc.listen(64)
+        self.segment = f"127.0.0.1:{self.rpc.getsockname()[1]}"
+        self._held: List[socket.socket] = []
+        self._stop = threading.Event()
+        self._threads = [
+            threading.Thread(target=self._serve_rpc, daemon=True),
+            threading.Thread(target=self._hold_data, daemon=True),
+        ]
+        for t in self._threads:
+            t.start()
+
+    def descriptor(self) -> Dict[str, Any]:
+        return {
+            "name": self.segment,
+            "protocol": "tcp",
+            "buffers": [{"addr": self.addr, "length": self.length, "name": "cpu:0"}],
+            "tcp_data_host": "127.0.0.1",
+            "tcp_data_port": self.data.getsockname()[1],
+            "tcp_proto_version": 2,
+        }
+
+    def _serve_rpc(self) -> None:
+        self.rpc.settimeout(0.1)
+        while not self._stop.is_set():
+            try:
+                conn, _ = self.rpc.accept()
+            except socket.timeout:
+                continue
+            except OSError:
+                return
+            with conn:
+                try:
+                    conn.settimeout(5)
+                    kind, _ = _read_frame(conn)
+                    if kind == FRAME_METADATA:
+                        conn.sendall(_frame(FRAME_METADATA, json.dumps(self.descriptor()).encode()))
+                except (OSError, ConnectionError):
+                    pass
+
+    def _hold_data(self) -> None:
+        self.data.settimeout(0.1)
+        while not self._stop.is_set():
+            try:
+                conn, _ = self.data.accept()
+            except socket.timeout:
+                continue
+            except OSError:
+                return
+            self._held.append(conn)  # accepted, never read from or written to
+
+    def close(self) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout=5)
+        for s in self._held + [self.rpc, self.data]:
+            s.close()
+
+
+def python_child(script: Path, *args: str, env: Optional[Dict[str, str]] = None) -> Child:
+    """Runs `script` under this interpreter (the one with ferry installed)."""
+    return Child([sys.executable, str(script), *args], env=env)
+
+
+def wait_until(predicate, timeout: float = 10.0, interval: float = 0.02) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return predicate()
