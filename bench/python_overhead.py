@@ -10,6 +10,10 @@ Cases (each: p50, p90, p99 and mean microseconds per call, calls per second):
                             a prebuilt request (the floor the Python layer adds to)
   cross_process_tcp.*       the same two calls against an engine in a second Python process:
                             real TCP over loopback (skipped with --no-cross-process)
+  cross_process_tcp.rust_engine
+                            with --ferry-bin PATH: the Rust engine called directly (`ferry bench`,
+                            blocking API, batches of one 4 KiB read, one thread) against the same
+                            second-process engine: what the binding adds to, measured in the same run
   mooncake_wheel            with --mooncake-python PY: the same loop on Mooncake's wheel in that
                             interpreter, two engines of one process (TCP loopback: Mooncake has
                             no same-process path)
@@ -18,6 +22,7 @@ Prints one JSON object. Install the package first (`pip install ./ffi/python`, r
 
 Usage: python bench/python_overhead.py [--iterations N] [--warmup N] [--size BYTES]
                                        [--no-cross-process] [--mooncake-python PATH]
+                                       [--ferry-bin target/release/ferry]
 """
 
 from __future__ import annotations
@@ -99,6 +104,26 @@ def mooncake_case(size, iterations, warmup):
     print(json.dumps(timed(lambda: initiator.transfer_sync_read(peer, local, remote, size), iterations, warmup)))
 
 
+def rust_case(ferry_bin, segment, args):
+    """The Rust engine reading `size` bytes from `segment`, one request per batch, one thread."""
+    run = subprocess.run(
+        [
+            ferry_bin, "bench", "--segment_id", segment, "--operation", "read",
+            "--block_size", str(args.size), "--buffer_size", str(max(args.size, 65536)),
+            "--batch_size", "1", "--threads", "1", "--duration", str(args.rust_seconds), "--json",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        check=True,
+    )
+    report = json.loads(run.stdout.strip().splitlines()[-1])
+    lat = report["batch_latency_us"]
+    mean = report["duration_s"] * 1e6 / max(report["batches"], 1)
+    return {"p50_us": round(lat["p50"], 3), "p99_us": round(lat["p99"], 3), "mean_us": round(mean, 3),
+            "calls_per_s": round(1e6 / mean)}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--iterations", type=int, default=20000)
@@ -106,6 +131,8 @@ def main():
     ap.add_argument("--size", type=int, default=4096)
     ap.add_argument("--no-cross-process", action="store_true")
     ap.add_argument("--mooncake-python", help="a Python with the Mooncake wheel, for the comparison row")
+    ap.add_argument("--ferry-bin", help="the ferry CLI, for the Rust-engine row (cross-process)")
+    ap.add_argument("--rust-seconds", type=int, default=5, help="duration of the Rust-engine row")
     ap.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--mooncake-case", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -145,6 +172,8 @@ def main():
             out["cross_process_tcp"] = cases(
                 initiator, info["segment"], local, info["addr"], args.size, args.iterations, args.warmup
             )
+            if args.ferry_bin:
+                out["cross_process_tcp"]["rust_engine"] = rust_case(args.ferry_bin, info["segment"], args)
         finally:
             child.stdin.close()
             child.wait(timeout=30)
