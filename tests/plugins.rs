@@ -354,3 +354,47 @@ fn plugin_dir_from_the_environment() -> Result<()> {
     }
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timed_out_request_keeps_its_memory_until_the_plugin_lets_go() -> Result<()> {
+    let dir = scratch("lingering");
+    compile_c_plugin("lingering.c", &dir, "libferry_transport_lingering.so")?;
+    let meta = ferry::InProcessMetadata::new();
+    let path = dir.join("mooncake.json");
+    let text = serde_json::json!({ "protocol": "lingering", "plugins": [dir], "transfer_timeout_ms": 200 });
+    std::fs::write(&path, text.to_string())?;
+    let a = plugin_engine(&meta, Config::from_file(&path)?, "prefill", TransportRegistry::new()).await?;
+    let b = plugin_engine(&meta, Config::from_file(&path)?, "decode", TransportRegistry::new()).await?;
+    let src = Buffer::zeroed(4096);
+    let dst = Buffer::zeroed(4096);
+    // SAFETY: the buffers outlive the engines' use (shutdown below).
+    unsafe { a.register_memory(src.addr(), src.len(), Location::Cpu(0)).await }?;
+    // SAFETY: as above.
+    unsafe { b.register_memory(dst.addr(), dst.len(), Location::Cpu(0)).await }?;
+    let peer = b.open_segment("prefill").await?;
+    let req = TransferRequest {
+        opcode: Opcode::Read,
+        source: dst.addr(),
+        target: peer,
+        target_offset: src.addr(),
+        length: 4096,
+    };
+    let t = std::time::Instant::now();
+    let batch = b.submit(&[req]).await?;
+    let e = batch.wait_ok(std::time::Duration::from_secs(5)).await.expect_err("never finishes");
+    assert_eq!(e.kind(), ErrorKind::Timeout, "{e}");
+    assert!(t.elapsed() < std::time::Duration::from_millis(1500), "reported at the timeout, took {:?}", t.elapsed());
+    // The plugin still reports the request pending (it lingers 300 ms after the cancel): the
+    // memory stays leased meanwhile.
+    assert!(!batch.all_released(), "released while the plugin still reported it pending");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while !batch.all_released() {
+        assert!(std::time::Instant::now() < deadline, "never released");
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    assert!(t.elapsed() >= std::time::Duration::from_millis(450), "released only after the linger: {:?}", t.elapsed());
+    b.unregister_memory(dst.addr()).await?;
+    a.shutdown().await?;
+    b.shutdown().await?;
+    Ok(())
+}

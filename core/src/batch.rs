@@ -236,6 +236,14 @@ impl Batch {
         self.set_outcome(i, result)
     }
 
+    /// Records request `i`'s outcome **without** releasing it: the caller sees the outcome at
+    /// once (for example a timeout), while the transport, which may still touch the request's
+    /// memory, releases it later with [`complete`](Self::complete) (whose outcome is then
+    /// ignored). Returns whether this call set the outcome.
+    pub fn report_outcome(&self, i: usize, result: Result<()>) -> bool {
+        self.set_outcome(i, result)
+    }
+
     /// Records an outcome without releasing the request (cancellation does not stop a
     /// transport from touching memory it already started on).
     fn set_outcome(&self, i: usize, result: Result<()>) -> bool {

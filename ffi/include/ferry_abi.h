@@ -380,8 +380,10 @@ typedef struct FerryPluginApi {
                   struct FerryTransferStatus *statuses,
                   size_t count);
   /**
-   * Cancels the batch's pending requests. After it returns the plugin touches none of the
-   * batch's memory; `poll` then reports no request pending.
+   * Asks the plugin to stop the batch's pending requests; should not block. A request the
+   * plugin can no longer stop stays [`FERRY_STATE_PENDING`] in `poll` until the plugin
+   * touches its memory no more; the host keeps polling, and frees the batch only once `poll`
+   * reports nothing pending.
    */
   void (*cancel)(FerryPluginInstance *instance, FerryPluginBatch *batch);
   /**

@@ -268,8 +268,10 @@ pub struct FerryPluginApi {
             count: usize,
         ) -> i32,
     >,
-    /// Cancels the batch's pending requests. After it returns the plugin touches none of the
-    /// batch's memory; `poll` then reports no request pending.
+    /// Asks the plugin to stop the batch's pending requests; should not block. A request the
+    /// plugin can no longer stop stays [`FERRY_STATE_PENDING`] in `poll` until the plugin
+    /// touches its memory no more; the host keeps polling, and frees the batch only once `poll`
+    /// reports nothing pending.
     pub cancel: Option<unsafe extern "C" fn(instance: *mut FerryPluginInstance, batch: *mut FerryPluginBatch)>,
     /// Copies the error message of request `index` (NUL-terminated, truncated to `capacity`)
     /// into `buffer` and returns its full length in bytes without the NUL (0 when none).

@@ -161,8 +161,13 @@ unsafe impl Send for BatchPtr {}
 struct Outstanding {
     pbatch: BatchPtr,
     batch: Arc<Batch>,
+    /// Keeps the plugin target open while the batch is outstanding (targets are closed once
+    /// their segment is gone).
+    _segment: Arc<OpenSegment>,
     indices: Vec<u32>,
     deadline: Instant,
+    /// The plugin was asked to cancel the batch.
+    cancel_sent: bool,
 }
 
 struct Shared {
@@ -216,45 +221,55 @@ impl Shared {
         Ok(TargetPtr(target))
     }
 
-    /// Polls `out` once; when nothing is pending, reports every request to the batch, frees the
-    /// plugin batch and returns true.
-    fn poll_once(&self, out: &Outstanding, statuses: &mut Vec<FerryTransferStatus>) -> bool {
+    /// Polls `out` once. When the plugin reports nothing pending, reports every request to the
+    /// batch (releasing it), frees the plugin batch and returns true. A request the plugin still
+    /// reports pending is never released: its memory may still be touched.
+    fn poll_once(&self, out: &mut Outstanding, statuses: &mut Vec<FerryTransferStatus>) -> bool {
         statuses.clear();
         statuses.resize(out.indices.len(), FerryTransferStatus::default());
-        let Some(poll) = self.api.poll else { return self.finish(out, None, statuses) };
+        let Some(poll) = self.api.poll else { return false };
         // SAFETY: a live batch of this instance, and a status array of the batch's length.
         let pending = unsafe { poll(self.instance.0, out.pbatch.0, statuses.as_mut_ptr(), statuses.len()) };
         if pending < 0 {
+            // The plugin cannot say what it is doing: fail the requests for the caller now, ask
+            // the plugin to stop, and keep the memory until it reports the batch finished.
             let e = status_error(&self.plugin, "poll", pending);
-            self.cancel_plugin_batch(out);
-            return self.finish(out, Some(e), statuses);
-        }
-        if pending > 0 {
+            for &i in &out.indices {
+                out.batch.report_outcome(i as usize, Err(e.duplicate()));
+            }
+            self.cancel_once(out);
             return false;
         }
-        self.finish(out, None, statuses)
+        if pending > 0 || statuses.iter().any(|st| st.state == FERRY_STATE_PENDING) {
+            return false;
+        }
+        self.finish(out, statuses);
+        true
     }
 
-    fn cancel_plugin_batch(&self, out: &Outstanding) {
+    /// Asks the plugin (once) to stop the batch.
+    fn cancel_once(&self, out: &mut Outstanding) {
+        if out.cancel_sent {
+            return;
+        }
+        out.cancel_sent = true;
         if let Some(cancel) = self.api.cancel {
-            // SAFETY: a live batch of this instance. After `cancel` returns the plugin touches
-            // none of the batch's memory (ABI contract).
+            // SAFETY: a live batch of this instance. The plugin keeps reporting a request
+            // pending until it touches its memory no more (ABI contract).
             unsafe { cancel(self.instance.0, out.pbatch.0) };
         }
     }
 
-    /// Reports each request's outcome (`forced` for requests the plugin did not finish: it was
-    /// cancelled, so their memory is no longer touched) and frees the plugin batch.
-    fn finish(&self, out: &Outstanding, forced: Option<Error>, statuses: &[FerryTransferStatus]) -> bool {
+    /// Reports each request's outcome (releasing it) and frees the plugin batch. Only called
+    /// once the plugin reported no request pending. An outcome recorded earlier (a timeout,
+    /// the caller's cancel) stays; `complete` only releases then.
+    fn finish(&self, out: &Outstanding, statuses: &[FerryTransferStatus]) {
         for (k, &i) in out.indices.iter().enumerate() {
             let st = statuses.get(k).copied().unwrap_or_default();
             let result = match st.state {
                 FERRY_STATE_COMPLETED => Ok(()),
                 FERRY_STATE_CANCELLED => Err(Error::new(ErrorKind::Cancelled, "cancelled")),
                 FERRY_STATE_FAILED => Err(self.request_error(out, k, st.code)),
-                FERRY_STATE_PENDING => Err(forced.as_ref().map(Error::duplicate).unwrap_or_else(|| {
-                    Error::new(ErrorKind::Cancelled, format!("plugin `{}`: request was cancelled", self.protocol()))
-                })),
                 other => Err(Error::new(
                     ErrorKind::Plugin,
                     format!("plugin `{}`: poll reported unknown state {other} for request {k}", self.protocol()),
@@ -263,10 +278,9 @@ impl Shared {
             out.batch.complete(i as usize, result);
         }
         if let Some(free) = self.api.free_batch {
-            // SAFETY: nothing of the batch is pending (finished or cancelled); it is freed once.
+            // SAFETY: nothing of the batch is pending; it is freed once.
             unsafe { free(self.instance.0, out.pbatch.0) };
         }
-        true
     }
 
     fn request_error(&self, out: &Outstanding, k: usize, code: i32) -> Error {
@@ -287,8 +301,10 @@ impl Shared {
         Error::new(kind, format!("plugin `{}`: {message}", self.protocol()))
     }
 
-    /// The completion thread: polls outstanding batches, cancels those the caller cancelled or
-    /// that passed their deadline, and exits once the transport is gone and nothing is left.
+    /// The completion thread: polls outstanding batches, asks the plugin to cancel those the
+    /// caller cancelled or that passed their deadline (the caller sees the timeout at once; the
+    /// memory is released only when the plugin lets go of it), and exits once the transport is
+    /// gone and nothing is left.
     fn poll_loop(self: Arc<Self>) {
         let mut statuses = Vec::new();
         let mut idle_polls = 0u32;
@@ -306,27 +322,21 @@ impl Shared {
             };
             let mut still = Vec::new();
             let mut progressed = false;
-            for out in current {
-                let done = if out.batch.is_cancelled() {
-                    self.cancel_plugin_batch(&out);
-                    self.poll_once(&out, &mut statuses)
-                        || self.finish(
-                            &out,
-                            Some(Error::new(ErrorKind::Cancelled, "cancelled by the caller")),
-                            &statuses,
-                        )
-                } else if Instant::now() >= out.deadline {
-                    self.cancel_plugin_batch(&out);
+            for mut out in current {
+                if out.batch.is_cancelled() {
+                    self.cancel_once(&mut out);
+                } else if !out.cancel_sent && Instant::now() >= out.deadline {
                     let e = Error::timeout(format!(
                         "plugin `{}`: requests not finished within {:?}",
                         self.protocol(),
                         self.timeout
                     ));
-                    self.poll_once(&out, &mut statuses) || self.finish(&out, Some(e), &statuses)
-                } else {
-                    self.poll_once(&out, &mut statuses)
-                };
-                if done {
+                    for &i in &out.indices {
+                        out.batch.report_outcome(i as usize, Err(e.duplicate()));
+                    }
+                    self.cancel_once(&mut out);
+                }
+                if self.poll_once(&mut out, &mut statuses) {
                     progressed = true;
                 } else {
                     still.push(out);
@@ -335,10 +345,11 @@ impl Shared {
             if !still.is_empty() {
                 self.queue.lock().unwrap_or_else(|p| p.into_inner()).extend(still);
             }
-            // Poll eagerly for a little while after progress, then back off.
+            // Poll eagerly for a little while after progress, then back off to 1 ms.
             idle_polls = if progressed { 0 } else { idle_polls.saturating_add(1) };
             if idle_polls > 64 {
-                std::thread::sleep(Duration::from_micros(50));
+                let backoff = 50u64 << ((idle_polls - 64) / 16).min(5);
+                std::thread::sleep(Duration::from_micros(backoff.min(1000)));
             } else {
                 std::thread::yield_now();
             }
@@ -532,15 +543,17 @@ impl Transport for PluginTransport {
                 format!("plugin `{}`: submit reported success but returned no batch", shared.protocol()),
             ));
         }
-        let out = Outstanding {
+        let mut out = Outstanding {
             pbatch: BatchPtr(pbatch),
             batch: batch.clone(),
+            _segment: target.clone(),
             indices: indices.to_vec(),
             deadline: Instant::now() + shared.timeout,
+            cancel_sent: false,
         };
         // A synchronous plugin is done already: finish here, without a thread hop.
         let mut statuses = Vec::with_capacity(indices.len());
-        if !shared.poll_once(&out, &mut statuses) {
+        if !shared.poll_once(&mut out, &mut statuses) {
             shared.queue.lock().unwrap_or_else(|p| p.into_inner()).push_back(out);
             shared.wake.notify_one();
         }

@@ -90,6 +90,18 @@ impl Instance {
         if let Err(e) = self.block_on(async move { transport.shutdown().await }) {
             self.host.log(FERRY_LOG_WARN, &format!("plugin `{}`: shutdown: {e}", self.protocol));
         }
+        // A peer engine's transport may be copying into this instance's memory under a lease on
+        // this (plugin-side) registry: the host frees the memory once shutdown returns.
+        if !wait_until(self.config.transfer_timeout(), || self.memory.leases() == 0) {
+            self.host.log(
+                FERRY_LOG_ERROR,
+                &format!(
+                    "plugin `{}`: {} lease(s) on this engine's memory still held at shutdown",
+                    self.protocol,
+                    self.memory.leases()
+                ),
+            );
+        }
     }
 
     fn check_running(&self) -> Result<()> {
@@ -787,7 +799,9 @@ pub(crate) unsafe extern "C" fn cancel(instance: *mut FerryPluginInstance, batch
         call.bind_instance(inst);
         // SAFETY: a live batch of this instance (ABI contract).
         let batch = &unsafe { batch_ref(batch) }?.batch;
-        inst.cancel_and_wait(batch);
+        // Non-blocking: requests the transport already started stay PENDING in `poll` until it
+        // released them, and the host keeps polling until then.
+        batch.cancel();
         Ok(())
     })
 }
