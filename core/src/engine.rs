@@ -723,13 +723,18 @@ impl TransferEngine {
         if regions.is_empty() {
             return Err(Error::invalid("no regions to register"));
         }
+        // Registry and transports change together: a transport added meanwhile (a peer naming a
+        // new protocol) sees each region exactly once.
+        let change = self.inner.transport_change.lock().await;
         // SAFETY: the caller's contract is this function's contract.
         let added = unsafe { self.inner.memory.register_batch(regions) }?;
         let addrs: Vec<u64> = added.iter().map(|r| r.addr()).collect();
         if let Err(e) = self.attach(&added).await {
+            drop(change);
             drop(added);
             return Err(self.roll_back(&addrs, e, false).await);
         }
+        drop(change);
         drop(added);
         if let Err(e) = self.inner.publish().await {
             return Err(self.roll_back(&addrs, e, true).await);
@@ -765,9 +770,9 @@ impl TransferEngine {
         }
     }
 
-    /// Tells every transport about new regions; on failure, detaches what was attached.
+    /// Tells every transport about new regions; on failure, detaches what was attached. The
+    /// caller holds `transport_change`.
     async fn attach(&self, regions: &[Arc<Region>]) -> Result<()> {
-        let _change = self.inner.transport_change.lock().await;
         let transports = self.inner.transports();
         for (i, region) in regions.iter().enumerate() {
             for (t_idx, t) in transports.iter().enumerate() {
