@@ -128,7 +128,15 @@ pub unsafe extern "C" fn ferry_engine_create_from_env(out: *mut FerryEngine) -> 
 /// destroyed.
 #[unsafe(no_mangle)]
 pub extern "C" fn ferry_engine_destroy(engine: FerryEngine) -> i32 {
-    guard("ferry_engine_destroy", || ENGINES.remove(engine)?.shutdown_blocking())
+    guard("ferry_engine_destroy", || {
+        // Refused before the handle is invalidated, so the caller can retry from a plain thread.
+        if tokio::runtime::Handle::try_current().is_ok() {
+            return Err(invalid(
+                "ferry_engine_destroy called from inside a tokio runtime; call it from a plain thread (the engine is still alive)",
+            ));
+        }
+        ENGINES.remove(engine)?.shutdown_blocking()
+    })
 }
 
 /// Copies the engine's segment name (the name peers open it by, for example

@@ -596,3 +596,15 @@ fn remote_ranges_are_checked_against_the_peers_published_buffers() {
     fails(unsafe { ferry_batch_released(1, null_mut()) }, FERRY_E_INVALID_ARGUMENT, &["`released` is null"]);
     destroy(e);
 }
+
+#[test]
+fn destroy_inside_a_tokio_runtime_is_refused_and_the_engine_survives() {
+    let e = engine(None);
+    let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    let rc = rt.block_on(async { ferry_engine_destroy(e) });
+    fails(rc, FERRY_E_INVALID_ARGUMENT, &["inside a tokio runtime", "still alive"]);
+    // The handle still works, and a destroy from a plain thread succeeds.
+    assert!(!name(e).is_empty());
+    ok(ferry_engine_destroy(e));
+    fails(ferry_engine_destroy(e), FERRY_E_NOT_FOUND, &["engine handle"]);
+}
