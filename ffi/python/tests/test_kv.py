@@ -64,6 +64,9 @@ def test_write_blocks_without_waiting(caches):
     with decode.transfer_blocks(
         peer, remote_layout, [4], [15], op=ferry.TransferOpcode.Write, wait=False, local_layout=layout
     ) as batch:
+        for bad in (float("inf"), float("nan"), -1, 0, 1e30):
+            with pytest.raises(ValueError):
+                batch.wait(timeout=bad)
         batch.wait(timeout=10)
         assert len(batch) == REGIONS and batch.done()
     for r in range(REGIONS):

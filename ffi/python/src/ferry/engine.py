@@ -542,18 +542,24 @@ class TransferEngine:
         negative code (the buffer is kept when transfers still use it)."""
         addr = check_int(buffer_addr, "buffer_addr")
         check_int(length, "length")
+        # Taken out of the table first: a concurrent free or close() cannot unmap it twice.
         with self._lock:
-            size = self._managed.get(addr)
+            size = self._managed.pop(addr, None)
         if size is None:
             self._fail(E_NOT_FOUND, "free_managed_buffer", f"{addr:#x} is not a managed buffer of this engine")
             return -1
         handle = self._live("free_managed_buffer")
-        if handle:
-            rc = _capi.lib.ferry_unregister_memory(handle, addr)
-            if rc != OK:
-                return mooncake_code(self._fail(rc, "free_managed_buffer"))
-        with self._lock:
-            self._managed.pop(addr, None)
+        if not handle:
+            # close() ran between the two steps and destroyed the engine without seeing this
+            # buffer; whether transfers still touched it is unknown here, so it is leaked rather
+            # than unmapped.
+            _log.warning("free_managed_buffer raced with close(); leaking %#x (%d bytes)", addr, size)
+            return -1
+        rc = _capi.lib.ferry_unregister_memory(handle, addr)
+        if rc != OK:
+            with self._lock:
+                self._managed[addr] = size  # still registered: kept for a later free or close()
+            return mooncake_code(self._fail(rc, "free_managed_buffer"))
         _libc.munmap(addr, size)
         return 0
 

@@ -207,8 +207,10 @@ class Batch:
         else:
             if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
                 raise TypeError(f"timeout must be a number of seconds, not {type(timeout).__name__}")
-            if not timeout > 0:
-                raise ValueError(f"timeout must be positive (got {timeout})")
+            if not timeout > 0 or timeout == float("inf"):
+                raise ValueError(f"timeout must be a positive, finite number of seconds (got {timeout})")
+            if timeout * 1000 >= 2**63:
+                raise ValueError(f"timeout too large (got {timeout} s)")
             ms = max(1, int(round(timeout * 1000)))
         rc = _capi.lib.ferry_batch_wait(handle, ms)
         if rc != OK:
