@@ -281,3 +281,23 @@ async fn metadata_server_killed_with_sigkill_loses_nothing_with_a_data_dir() {
     let _ = again.wait();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn doctor_names_the_plugin_that_serves_the_protocol_and_where_it_looked() {
+    // The example plugin, built by `cargo build --workspace` (scripts/test.sh) beside this binary.
+    let bin_dir = std::path::Path::new(env!("CARGO_BIN_EXE_ferry")).parent().unwrap().to_path_buf();
+    let lib = bin_dir.join("libferry_transport_example.so");
+    assert!(lib.is_file(), "{} missing: run `cargo build -p ferry-transport-example` first", lib.display());
+    let good = tmp("plugin.json", &format!(r#"{{"protocol": "example", "plugins": ["{}"]}}"#, bin_dir.display()));
+    let out = ferry().args(["doctor", "--config"]).arg(&good).output().unwrap();
+    let s = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{s}");
+    assert!(s.contains("-> transport `example` (plugin ") && s.contains("libferry_transport_example.so"), "{s}");
+    assert!(s.contains(&format!("plugin search:    {}", bin_dir.display())), "{s}");
+
+    let missing = tmp("noplugin.json", r#"{"protocol": "nosuchplugin"}"#);
+    let out = ferry().args(["doctor", "--config"]).arg(&missing).output().unwrap();
+    let all = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(!out.status.success(), "{all}");
+    assert!(all.contains("unknown protocol \"nosuchplugin\"") && all.contains("FERRY_PLUGIN_DIR"), "{all}");
+}
