@@ -52,7 +52,7 @@ mock! {
     #[async_trait]
     impl SegmentResolver for Resolver {
         fn name(&self) -> &str;
-        async fn resolve(&self, query: &ResolveQuery) -> ferry::Result<Identity>;
+        async fn resolve(&self, query: &ResolveQuery, known: &Identity) -> ferry::Result<Identity>;
     }
 }
 
@@ -278,10 +278,10 @@ async fn a_descriptor_of_an_unknown_protocol_names_what_is_installed() {
 async fn resolver_errors_name_the_resolver_and_answers_are_explained() {
     let mut broken = MockResolver::new();
     broken.expect_name().return_const("rank-table".to_owned());
-    broken.expect_resolve().returning(|_| Err(Error::config("/etc/ranktable.json: status is \"initializing\"")));
+    broken.expect_resolve().returning(|_, _| Err(Error::config("/etc/ranktable.json: status is \"initializing\"")));
     let mut env = MockResolver::new();
     env.expect_name().return_const("env".to_owned());
-    env.expect_resolve().returning(|_| Ok(Identity { physical_device: Some(5), ..Identity::default() }));
+    env.expect_resolve().returning(|_, _| Ok(Identity { physical_device: Some(5), ..Identity::default() }));
 
     let meta = InProcessMetadata::new();
     let good = common::builder(&meta)

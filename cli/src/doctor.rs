@@ -1,11 +1,12 @@
 //! `ferry doctor`: validates a config and prints what Ferry resolved from it, field by field,
-//! with where each value came from and which resolver answered each identity field.
+//! with where each value came from and which resolver answered each identity field (and how:
+//! which variable, file entry or segment-name part).
 
 use std::path::PathBuf;
 
 use anyhow::Result;
 use clap::Args;
-use ferry::{Config, FieldSource, MetadataServer, ResolveQuery, ResolveTarget, ResolverChain};
+use ferry::{Config, Environment, FieldSource, MetadataServer, ResolveQuery, ResolverRegistry};
 
 /// Options of `ferry doctor`.
 #[derive(Debug, Args)]
@@ -13,9 +14,13 @@ pub(crate) struct DoctorArgs {
     /// Config file (default: $MOONCAKE_CONFIG_PATH, else the embedded default).
     #[arg(long, short)]
     config: Option<PathBuf>,
-    /// This process's local rank (default: $LOCAL_RANK).
-    #[arg(long, env = "LOCAL_RANK")]
+    /// This process's local rank (default: $FERRY_LOCAL_RANK, else $LOCAL_RANK, else the
+    /// config's `local_rank`).
+    #[arg(long)]
     local_rank: Option<u32>,
+    /// Also resolve the identity of this peer segment (`ip:port[:npu_N]`).
+    #[arg(long)]
+    peer: Option<String>,
 }
 
 fn source(cfg: &Config, field: &str) -> String {
@@ -32,7 +37,12 @@ pub(crate) async fn run(args: DoctorArgs) -> Result<std::process::ExitCode> {
         None => Config::discover_with(env),
     };
     let cfg = match loaded {
-        Ok(c) => c,
+        Ok(mut c) => {
+            if let Some(r) = args.local_rank {
+                c.set_local_rank(r);
+            }
+            c
+        }
         Err(e) => {
             println!("config: INVALID");
             println!("  {}", e.message());
@@ -50,7 +60,14 @@ pub(crate) async fn run(args: DoctorArgs) -> Result<std::process::ExitCode> {
 
     match cfg.local_segment_name() {
         Ok(Some(name)) => {
-            println!("segment name:     {name}  [{}]", source(&cfg, "local_hostname").replace("default", "role URL"))
+            let port = match (cfg.base_port_for_role(), cfg.local_rank()) {
+                (Ok(Some(base)), Some(rank)) => format!("; port = base_port {base} + local rank {rank}"),
+                _ => String::new(),
+            };
+            println!(
+                "segment name:     {name}  [{}{port}]",
+                source(&cfg, "local_hostname").replace("default", "role URL")
+            )
         }
         Ok(None) => println!("segment name:     (generated at start: ferry-<pid>-<n>)"),
         Err(e) => problems.push(e.message().to_owned()),
@@ -124,14 +141,65 @@ pub(crate) async fn run(args: DoctorArgs) -> Result<std::process::ExitCode> {
         println!("unknown fields:   {} (kept, not used)", unknown.join(", "));
     }
 
-    let chain = ResolverChain::with_defaults();
-    let local_segment = cfg.local_segment_name().ok().flatten();
-    let query = ResolveQuery { target: ResolveTarget::Local, local_segment, local_rank: args.local_rank };
-    println!("identity (resolver chain: {}):", chain.names().join(" -> "));
-    match chain.resolve(&query).await {
-        Ok(res) => {
-            for line in res.to_string().lines() {
-                println!("  {line}");
+    match cfg.local_rank() {
+        Some(r) => {
+            let from = match cfg.source_of("local_rank") {
+                Some(FieldSource::Api) => "--local-rank".to_owned(),
+                _ => source(&cfg, "local_rank"),
+            };
+            println!("local rank:       {r} [{from}]")
+        }
+        None => println!("local rank:       unknown (set LOCAL_RANK or FERRY_LOCAL_RANK, or --local-rank)"),
+    }
+    let env = Environment::process();
+    let rank_table = ferry::RankTableResolver::from_config(&cfg, &env);
+    if let Some(p) = rank_table.path() {
+        let form = match ferry::RankTable::load(p) {
+            Ok(t) => format!("{}, {} device(s)", t.form(), t.entries().len()),
+            Err(_) => "unreadable or invalid, see below".to_owned(),
+        };
+        println!("rank table:       {} ({form}) [{}]", p.display(), rank_table.set_by());
+    }
+    match cfg.hccn_conf_path() {
+        Some(p) => println!("hccn.conf:        {} [{}]", p.display(), source(&cfg, "hccn_conf_path")),
+        None => println!("hccn.conf:        {} [default; not needed when absent]", ferry::resolver::DEFAULT_HCCN_CONF),
+    }
+
+    // The core's resolvers; a link a transport provides (the HCCL transport's `acl`) is listed
+    // as not in this build.
+    let registry = ResolverRegistry::with_builtin();
+    match registry.build_chain(&cfg, &env) {
+        Ok(chain) => {
+            let skipped = match chain.skipped() {
+                [] => String::new(),
+                s => format!("; not in this build: {}", s.join(", ")),
+            };
+            let order = if cfg.resolvers.is_some() {
+                format!("[{}]", source(&cfg, "resolvers"))
+            } else {
+                "[default order]".into()
+            };
+            println!("identity (resolver chain: {} {order}{skipped}):", chain.names().join(" -> "));
+            let local_segment = cfg.local_segment_name().ok().flatten();
+            let mut queries = vec![("", ResolveQuery::local(local_segment.clone(), cfg.local_rank()))];
+            if let Some(peer) = &args.peer {
+                queries.push((peer.as_str(), ResolveQuery::peer(peer.clone(), local_segment, cfg.local_rank())));
+            }
+            for (peer, query) in queries {
+                if !peer.is_empty() {
+                    println!("peer {peer}:");
+                }
+                match chain.resolve(&query).await {
+                    Ok(res) => {
+                        for line in res.to_string().lines() {
+                            println!("  {line}");
+                        }
+                    }
+                    Err(e) => {
+                        println!("  FAILED (see status below)");
+                        problems.push(e.message().to_owned());
+                    }
+                }
             }
         }
         Err(e) => problems.push(e.message().to_owned()),

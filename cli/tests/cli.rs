@@ -6,7 +6,12 @@ fn ferry() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_ferry"));
     c.env_remove("MOONCAKE_CONFIG_PATH").env_remove("LOCAL_RANK");
     for (k, _) in std::env::vars() {
-        if k.starts_with("FERRY_") || k == "MC_METADATA_CLUSTER_ID" {
+        let identity = ["ASCEND_RT_VISIBLE_DEVICES", "PHYSICAL_DEVICES", "ASCEND_NPU_PHY_ID"];
+        if k.starts_with("FERRY_")
+            || k == "MC_METADATA_CLUSTER_ID"
+            || k == "DISAGGREGATED_PREFILL_RANK_TABLE_PATH"
+            || identity.contains(&k.as_str())
+        {
             c.env_remove(k);
         }
     }
@@ -167,6 +172,180 @@ fn doctor_follows_mooncake_config_path_and_env_overrides() {
     let s = String::from_utf8_lossy(&out.stdout);
     assert!(!out.status.success());
     assert!(s.contains("FERRY_ROLE"), "{s}");
+}
+
+/// vllm-ascend's prefill/decode rank table for one 8-card node: cards 0-3 prefill, 4-7 decode.
+const NODE_RANK_TABLE: &str = r#"{"version": "1.2", "server_count": "1", "status": "completed",
+  "prefill_device_list": [
+    {"server_id": "10.0.0.5", "device_id": "0", "device_ip": "29.0.0.1", "cluster_id": "1"},
+    {"server_id": "10.0.0.5", "device_id": "1", "device_ip": "29.0.0.2", "cluster_id": "2"},
+    {"server_id": "10.0.0.5", "device_id": "2", "device_ip": "29.0.0.3", "cluster_id": "3"},
+    {"server_id": "10.0.0.5", "device_id": "3", "device_ip": "29.0.0.4", "cluster_id": "4"}],
+  "decode_device_list": [
+    {"server_id": "10.0.0.5", "device_id": "4", "device_ip": "29.0.0.5", "cluster_id": "5"},
+    {"server_id": "10.0.0.5", "device_id": "5", "device_ip": "29.0.0.6", "cluster_id": "6"},
+    {"server_id": "10.0.0.5", "device_id": "6", "device_ip": "29.0.0.7", "cluster_id": "7"},
+    {"server_id": "10.0.0.5", "device_id": "7", "device_ip": "29.0.0.8", "cluster_id": "8"}]}"#;
+
+#[test]
+fn doctor_explains_identity_in_a_container() {
+    // The seed's case: the container sees cards 4 and 5, so aclrtGetDevice says 0 on both; rank
+    // 1 is physical card 5, and the port comes from the one shared config.
+    let p = tmp("container.json", r#"{"local_hostname": "10.0.0.5", "base_port": 17000, "protocol": "local"}"#);
+    let hccn = tmp("container-hccn.conf", "address_4=29.0.0.5\naddress_5=29.0.0.6\n");
+    let out = ferry()
+        .args(["doctor", "--config"])
+        .arg(&p)
+        .env("ASCEND_RT_VISIBLE_DEVICES", "4,5")
+        .env("LOCAL_RANK", "1")
+        .env("FERRY_HCCN_CONF", &hccn)
+        .output()
+        .unwrap();
+    let s = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{s}");
+    assert!(
+        s.contains("segment name:     10.0.0.5:17001") && s.contains("port = base_port 17000 + local rank 1"),
+        "{s}"
+    );
+    assert!(s.contains("local rank:       1 [env LOCAL_RANK]"), "{s}");
+    assert!(
+        s.contains("physical_device  = 5                    (from env) ASCEND_RT_VISIBLE_DEVICES=\"4,5\" entry 1"),
+        "{s}"
+    );
+    assert!(s.contains("user_device      = 1                    (from env) user device 1 = local rank 1"), "{s}");
+    assert!(
+        s.contains("device_ip        = 29.0.0.6") && s.contains("(from hccn_conf)") && s.contains("line 2 address_5"),
+        "{s}"
+    );
+    assert!(s.contains("not in this build: acl"), "{s}");
+
+    // FERRY_LOCAL_RANK wins over LOCAL_RANK, and --local-rank over both.
+    let run = |extra: &[&str]| {
+        let mut c = ferry();
+        c.args(["doctor", "--config"]).arg(&p).args(extra);
+        c.env("ASCEND_RT_VISIBLE_DEVICES", "4,5").env("LOCAL_RANK", "1").env("FERRY_LOCAL_RANK", "0");
+        String::from_utf8_lossy(&c.output().unwrap().stdout).into_owned()
+    };
+    let s = run(&[]);
+    assert!(s.contains("physical_device  = 4") && s.contains("[env FERRY_LOCAL_RANK]"), "{s}");
+    let s = run(&["--local-rank", "1"]);
+    assert!(s.contains("physical_device  = 5") && s.contains("10.0.0.5:17001"), "{s}");
+    assert!(s.contains("local rank:       1 [--local-rank]"), "{s}");
+
+    // Variables Ferry cannot trust: an error naming the variable and its value, never device 0.
+    for (value, rank, needle) in [
+        ("4, 5", "1", "entry 1 (\" 5\") contains whitespace"),
+        ("5,4", "0", "entries must ascend"),
+        ("4,99", "0", "out of range"),
+        ("4,5", "2", "user device 2 = local rank 2 does not exist"),
+    ] {
+        let out = ferry()
+            .args(["doctor", "--config"])
+            .arg(&p)
+            .env("ASCEND_RT_VISIBLE_DEVICES", value)
+            .env("LOCAL_RANK", rank)
+            .output()
+            .unwrap();
+        let s = String::from_utf8_lossy(&out.stdout);
+        assert!(!out.status.success(), "{s}");
+        assert!(s.contains(&format!("ASCEND_RT_VISIBLE_DEVICES={value:?}")) && s.contains(needle), "{value}: {s}");
+        assert!(!s.contains("physical_device"), "{s}");
+    }
+}
+
+#[test]
+fn doctor_explains_identity_from_a_rank_table() {
+    let rt = tmp("node-ranktable.json", NODE_RANK_TABLE);
+    let cfg = format!(
+        r#"{{"prefill_url": "10.0.0.5", "decode_url": "10.0.0.5", "protocol": "local",
+            "base_port": {{"prefill": 17000, "decode": 17100}}, "rank_table_path": "{}"}}"#,
+        rt.display()
+    );
+    let p = tmp("node.json", &cfg);
+    let out = ferry()
+        .args(["doctor", "--config"])
+        .arg(&p)
+        .args(["--peer", "10.0.0.5:17001:npu_1"])
+        .env("FERRY_ROLE", "decode")
+        .env("LOCAL_RANK", "2")
+        .output()
+        .unwrap();
+    let s = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{s}");
+    assert!(s.contains("segment name:     10.0.0.5:17102") && s.contains("base_port 17100 + local rank 2"), "{s}");
+    assert!(s.contains("(vllm-ascend prefill/decode, 8 device(s))"), "{s}");
+    assert!(
+        s.contains("physical_device  = 6                    (from rank_table)") && s.contains("decode_device_list[2]"),
+        "{s}"
+    );
+    assert!(s.contains("device_ip        = 29.0.0.7             (from rank_table)"), "{s}");
+    assert!(s.contains("peer 10.0.0.5:17001:npu_1:") && s.contains("device_ip        = 29.0.0.2"), "{s}");
+
+    // The same table through vllm-ascend's variable, and a table that is not ready.
+    let out = ferry()
+        .args(["doctor", "--config"])
+        .arg(tmp("node2.json", r#"{"local_hostname": "10.0.0.5", "role": "prefill", "protocol": "local"}"#))
+        .env("DISAGGREGATED_PREFILL_RANK_TABLE_PATH", &rt)
+        .env("FERRY_LOCAL_RANK", "3")
+        .output()
+        .unwrap();
+    let s = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{s}");
+    assert!(s.contains("[environment variable DISAGGREGATED_PREFILL_RANK_TABLE_PATH]"), "{s}");
+    assert!(s.contains("physical_device  = 3") && s.contains("prefill_device_list[3]"), "{s}");
+
+    let pending = tmp("pending.json", &NODE_RANK_TABLE.replace("completed", "initializing"));
+    for (table, rank, needle) in [
+        (&pending, "0", "`status` is \"initializing\"; expected \"completed\""),
+        (&rt, "4", "local rank 4 has no entry"),
+    ] {
+        let out = ferry()
+            .args(["doctor", "--config"])
+            .arg(&p)
+            .env("FERRY_RANK_TABLE", table)
+            .env("FERRY_ROLE", "decode")
+            .env("LOCAL_RANK", rank)
+            .output()
+            .unwrap();
+        let s = String::from_utf8_lossy(&out.stdout);
+        assert!(!out.status.success(), "{s}");
+        assert!(
+            s.contains("resolver `rank_table`") && s.contains(&table.display().to_string()) && s.contains(needle),
+            "{s}"
+        );
+    }
+}
+
+#[test]
+fn doctor_rejects_bad_resolver_lists_and_device_suffixes() {
+    let p = tmp("resolvers.json", "{\n  \"protocol\": \"local\",\n  \"resolvers\": [\"hostname\", \"dns\"]\n}");
+    let out = ferry().args(["doctor", "--config"]).arg(&p).output().unwrap();
+    let s = String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success(), "{s}");
+    assert!(s.contains("field `resolvers` at line 3") && s.contains("unknown resolver \"dns\""), "{s}");
+    assert!(s.contains("known resolvers: config, hostname, rank_table, env, acl, hccn_conf, port_offset"), "{s}");
+
+    let out = ferry()
+        .args(["doctor", "--config"])
+        .arg(tmp("order.json", r#"{"local_hostname": "10.0.0.5:17000:npu_3", "protocol": "local"}"#))
+        .env("FERRY_RESOLVERS", "env,hostname")
+        .env("ASCEND_NPU_PHY_ID", "2")
+        .output()
+        .unwrap();
+    let s = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{s}");
+    assert!(s.contains("resolver chain: env -> hostname [env FERRY_RESOLVERS]"), "{s}");
+    assert!(s.contains("physical_device  = 2                    (from env)"), "{s}");
+    assert!(s.contains("note: `hostname` said physical_device = 3"), "{s}");
+
+    let out = ferry()
+        .args(["doctor", "--config"])
+        .arg(tmp("npu.json", r#"{"local_hostname": "10.0.0.5:17000:npu_x", "protocol": "local"}"#))
+        .output()
+        .unwrap();
+    let s = String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success(), "{s}");
+    assert!(s.contains("field `local_hostname`") && s.contains("device part \"npu_x\""), "{s}");
 }
 
 /// Starts `ferry bench --mode=target` on `port` and returns it with its segment name.

@@ -15,13 +15,15 @@ use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::{Map, Value};
 
 use crate::error::{Error, Result};
+use crate::resolver::HostnameResolver;
 
 /// Environment variable naming the config file (Mooncake's).
 pub const CONFIG_PATH_ENV: &str = "MOONCAKE_CONFIG_PATH";
 /// Environment variable giving the metadata cluster id (Mooncake's).
 pub const CLUSTER_ID_ENV: &str = "MC_METADATA_CLUSTER_ID";
 
-/// Environment overrides: variable name, config field it overrides.
+/// Environment overrides: variable name, config field it overrides. Applied in this order, so
+/// for a field named twice the later variable wins (`FERRY_LOCAL_RANK` over `LOCAL_RANK`).
 pub const ENV_OVERRIDES: &[(&str, &str)] = &[
     ("FERRY_LOCAL_HOSTNAME", "local_hostname"),
     ("FERRY_METADATA_SERVER", "metadata_server"),
@@ -33,7 +35,18 @@ pub const ENV_OVERRIDES: &[(&str, &str)] = &[
     ("FERRY_TCP_DATA_PORT", "tcp_data_port"),
     ("FERRY_RPC_PORT", "rpc_port"),
     (CLUSTER_ID_ENV, "cluster_id"),
+    ("FERRY_BASE_PORT", "base_port"),
+    ("FERRY_RANK_TABLE", "rank_table_path"),
+    ("FERRY_HCCN_CONF", "hccn_conf_path"),
+    ("FERRY_RESOLVERS", "resolvers"),
+    (LOCAL_RANK_ENV, "local_rank"),
+    (FERRY_LOCAL_RANK_ENV, "local_rank"),
 ];
+
+/// The launcher's local rank (torchrun, vLLM); `FERRY_LOCAL_RANK` wins over it.
+pub const LOCAL_RANK_ENV: &str = "LOCAL_RANK";
+/// Ferry's own local-rank variable.
+pub const FERRY_LOCAL_RANK_ENV: &str = "FERRY_LOCAL_RANK";
 
 /// Default protocol when neither the file nor the environment names one (Mooncake's default).
 pub const DEFAULT_PROTOCOL: &str = "tcp";
@@ -148,6 +161,51 @@ impl<'de> Deserialize<'de> for ByteSize {
         {
             Raw::N(n) => Ok(ByteSize(n)),
             Raw::S(s) => ByteSize::parse(&s).map_err(serde::de::Error::custom),
+        }
+    }
+}
+
+/// `base_port`: the port of local rank 0, for every role or per role. A process's port is
+/// `base_port + local_rank`, so one config serves every rank of a node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(untagged)]
+pub enum BasePort {
+    /// One base port whatever the role (`"base_port": 17000`).
+    All(u16),
+    /// A base port per role, for prefill and decode ranks on the same host
+    /// (`"base_port": {"prefill": 17000, "decode": 17100}`).
+    PerRole {
+        /// Base port of prefill ranks.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        prefill: Option<u16>,
+        /// Base port of decode ranks.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        decode: Option<u16>,
+    },
+}
+
+impl<'de> Deserialize<'de> for BasePort {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct PerRole {
+            prefill: Option<u16>,
+            decode: Option<u16>,
+        }
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            N(u16),
+            Roles(PerRole),
+        }
+        match Raw::deserialize(d).map_err(|_| {
+            serde::de::Error::custom("expected a port number (0-65535) or {\"prefill\": <port>, \"decode\": <port>}")
+        })? {
+            Raw::N(p) => Ok(BasePort::All(p)),
+            Raw::Roles(PerRole { prefill: None, decode: None }) => {
+                Err(serde::de::Error::custom("names no role: expected {\"prefill\": <port>, \"decode\": <port>}"))
+            }
+            Raw::Roles(r) => Ok(BasePort::PerRole { prefill: r.prefill, decode: r.decode }),
         }
     }
 }
@@ -300,6 +358,29 @@ pub struct Config {
     /// relative path is relative to the config file's directory.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub plugins: Option<Vec<String>>,
+    /// Port of local rank 0: each process listens on `base_port + local_rank`, so one config
+    /// serves every rank of a node (`local_hostname` or the role URL then names the host alone).
+    /// A number, or one per role: `{"prefill": 17000, "decode": 17100}`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base_port: Option<BasePort>,
+    /// This process's local rank on its node (normally from `LOCAL_RANK`/`FERRY_LOCAL_RANK`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub local_rank: Option<u32>,
+    /// Rank table (HCCL v1.0/v1.2 or vllm-ascend's prefill/decode form); default:
+    /// `DISAGGREGATED_PREFILL_RANK_TABLE_PATH`. A relative path is relative to the config file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rank_table_path: Option<String>,
+    /// `hccn.conf` giving device IPs (default `/etc/hccn.conf`). A relative path is relative to
+    /// the config file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hccn_conf_path: Option<String>,
+    /// Identity resolvers to ask, in order (default: `config`, `hostname`, `rank_table`, `env`,
+    /// `acl`, `hccn_conf`, `port_offset`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resolvers: Option<Vec<String>>,
+    /// Physical NPU ids by local rank (answered by the `config` resolver, ahead of every other).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub physical_devices: Option<Vec<u32>>,
     /// Fields Ferry does not know. Kept so nothing is lost; `ferry doctor` lists them.
     #[serde(flatten, skip_deserializing)]
     pub extra: Map<String, Value>,
@@ -307,6 +388,9 @@ pub struct Config {
     origin: Origin,
     #[serde(skip)]
     sources: BTreeMap<&'static str, FieldSource>,
+    /// `local_hostname` already holds the port-offset name (see [`Config::fix_segment_name`]).
+    #[serde(skip)]
+    segment_name_fixed: bool,
 }
 
 const KNOWN_FIELDS: &[&str] = &[
@@ -327,6 +411,12 @@ const KNOWN_FIELDS: &[&str] = &[
     "tcp_data_port",
     "rpc_port",
     "plugins",
+    "base_port",
+    "local_rank",
+    "rank_table_path",
+    "hccn_conf_path",
+    "resolvers",
+    "physical_devices",
 ];
 
 impl Config {
@@ -405,7 +495,21 @@ impl Config {
 
     /// Applies the [`ENV_OVERRIDES`]; an empty variable counts as unset.
     pub fn apply_env(&mut self, env: impl Fn(&str) -> Option<String>) -> Result<()> {
-        for &(var, field) in ENV_OVERRIDES {
+        self.apply_env_fields(env, |_| true)
+    }
+
+    /// Applies only the local-rank variables (`LOCAL_RANK`, then `FERRY_LOCAL_RANK`), unless the
+    /// rank was set through the API or already from the environment. Engines call this, so the
+    /// launcher's rank counts even for a config that was not [`discover`](Self::discover)ed.
+    pub fn apply_local_rank_env(&mut self, env: impl Fn(&str) -> Option<String>) -> Result<()> {
+        if matches!(self.sources.get("local_rank"), Some(FieldSource::Api | FieldSource::Env(_))) {
+            return Ok(());
+        }
+        self.apply_env_fields(env, |f| f == "local_rank")
+    }
+
+    fn apply_env_fields(&mut self, env: impl Fn(&str) -> Option<String>, only: impl Fn(&str) -> bool) -> Result<()> {
+        for &(var, field) in ENV_OVERRIDES.iter().filter(|(_, f)| only(f)) {
             let Some(value) = env(var).filter(|v| !v.is_empty()) else { continue };
             let bad = |msg: String| Error::config(format!("environment variable {var}={value:?}: {msg}"));
             match field {
@@ -424,6 +528,22 @@ impl Config {
                     self.tcp_data_port = Some(value.parse().map_err(|_| bad("not a port number".into()))?)
                 }
                 "rpc_port" => self.rpc_port = Some(value.parse().map_err(|_| bad("not a port number".into()))?),
+                "base_port" => {
+                    self.base_port =
+                        Some(BasePort::All(value.parse().map_err(|_| bad("not a port number (0-65535)".into()))?))
+                }
+                "rank_table_path" => self.rank_table_path = Some(value.clone()),
+                "hccn_conf_path" => self.hccn_conf_path = Some(value.clone()),
+                "resolvers" => {
+                    let names: Vec<String> = value.split(',').map(|n| n.trim().to_owned()).collect();
+                    if names.iter().any(String::is_empty) {
+                        return Err(bad("expected comma-separated resolver names, e.g. \"hostname,env\"".into()));
+                    }
+                    self.resolvers = Some(names)
+                }
+                "local_rank" => {
+                    self.local_rank = Some(value.parse().map_err(|_| bad("not a local rank (a whole number)".into()))?)
+                }
                 _ => unreachable!("ENV_OVERRIDES names only known fields"),
             }
             self.sources.insert(field, FieldSource::Env(var));
@@ -450,6 +570,12 @@ impl Config {
             "tcp_data_port" => self.tcp_data_port.is_some(),
             "rpc_port" => self.rpc_port.is_some(),
             "plugins" => self.plugins.is_some(),
+            "base_port" => self.base_port.is_some(),
+            "local_rank" => self.local_rank.is_some(),
+            "rank_table_path" => self.rank_table_path.is_some(),
+            "hccn_conf_path" => self.hccn_conf_path.is_some(),
+            "resolvers" => self.resolvers.is_some(),
+            "physical_devices" => self.physical_devices.is_some(),
             _ => false,
         }
     }
@@ -482,18 +608,89 @@ impl Config {
     /// The `plugins` entries as paths; relative ones are resolved against the directory of the
     /// config file they came from (the working directory for an inline config).
     pub fn plugin_paths(&self) -> Vec<PathBuf> {
-        let base = self.origin.path.as_deref().and_then(Path::parent);
-        self.plugins
-            .iter()
-            .flatten()
-            .map(|p| {
-                let p = Path::new(p);
-                match base {
-                    Some(dir) if p.is_relative() => dir.join(p),
-                    _ => p.to_owned(),
-                }
-            })
-            .collect()
+        self.plugins.iter().flatten().map(|p| self.relative_to_file(p, "plugins")).collect()
+    }
+
+    /// `path` as given in `field`: relative to the config file's directory when it came from
+    /// the file, else as written (relative to the working directory).
+    fn relative_to_file(&self, path: &str, field: &str) -> PathBuf {
+        let p = Path::new(path);
+        let from_file = !matches!(self.sources.get(field), Some(FieldSource::Env(_) | FieldSource::Api));
+        match self.origin.path.as_deref().and_then(Path::parent) {
+            Some(dir) if p.is_relative() && from_file => dir.join(p),
+            _ => p.to_owned(),
+        }
+    }
+
+    /// The rank table named by `rank_table_path` (or `FERRY_RANK_TABLE`), resolved against the
+    /// config file's directory.
+    pub fn rank_table_path(&self) -> Option<PathBuf> {
+        self.rank_table_path.as_deref().filter(|p| !p.is_empty()).map(|p| self.relative_to_file(p, "rank_table_path"))
+    }
+
+    /// The `hccn.conf` named by `hccn_conf_path` (or `FERRY_HCCN_CONF`), resolved against the
+    /// config file's directory.
+    pub fn hccn_conf_path(&self) -> Option<PathBuf> {
+        self.hccn_conf_path.as_deref().filter(|p| !p.is_empty()).map(|p| self.relative_to_file(p, "hccn_conf_path"))
+    }
+
+    /// Where a field was set, for messages: `config field `x``, `environment variable X`, ...
+    pub fn describe_source(&self, field: &str) -> String {
+        match self.sources.get(field) {
+            Some(FieldSource::Env(var)) => format!("environment variable {var}"),
+            Some(FieldSource::Api) => format!("`{field}` set through the API"),
+            Some(FieldSource::File(p)) => format!("config field `{field}` in {}", p.display()),
+            Some(FieldSource::Inline) | None => format!("config field `{field}`"),
+        }
+    }
+
+    /// This process's local rank: the API's, else `FERRY_LOCAL_RANK`, else `LOCAL_RANK` (once
+    /// applied), else the config's `local_rank`.
+    pub fn local_rank(&self) -> Option<u32> {
+        self.local_rank
+    }
+
+    /// Sets the local rank (as the API does; environment variables no longer override it).
+    pub fn set_local_rank(&mut self, rank: u32) {
+        self.local_rank = Some(rank);
+        self.sources.insert("local_rank", FieldSource::Api);
+    }
+
+    /// The base port for this process's role: `None` without `base_port`; an error when it is
+    /// given per role and the role is unknown or has no port.
+    pub fn base_port_for_role(&self) -> Result<Option<u16>> {
+        match self.base_port {
+            None => Ok(None),
+            Some(BasePort::All(p)) => Ok(Some(p)),
+            Some(BasePort::PerRole { prefill, decode }) => {
+                let role = self.role.ok_or_else(|| {
+                    self.field_error(
+                        "role",
+                        "base_port is given per role: set `role` (or FERRY_ROLE) to prefill or decode",
+                    )
+                })?;
+                let port = if role == Role::Prefill { prefill } else { decode };
+                let name = if role == Role::Prefill { "prefill" } else { "decode" };
+                port.map(Some).ok_or_else(|| self.field_error("base_port", &format!("has no port for role {name}")))
+            }
+        }
+    }
+
+    /// `base_port + rank` for this process's role; `None` without `base_port`. An unknown rank
+    /// or a port past 65535 is an error.
+    pub fn port_for_rank(&self, rank: Option<u32>) -> Result<Option<u16>> {
+        let Some(base) = self.base_port_for_role()? else { return Ok(None) };
+        let rank = rank.ok_or_else(|| {
+            self.field_error(
+                "base_port",
+                "is set but the local rank is unknown: set LOCAL_RANK or FERRY_LOCAL_RANK (or `local_rank`, or \
+                 EngineBuilder::local_rank)",
+            )
+        })?;
+        let port = u64::from(base) + u64::from(rank);
+        u16::try_from(port)
+            .map(Some)
+            .map_err(|_| self.field_error("base_port", &format!("{base} + local rank {rank} = {port} is past 65535")))
     }
 
     /// Effective protocol (default [`DEFAULT_PROTOCOL`]).
@@ -514,15 +711,87 @@ impl Config {
 
     /// This engine's segment name: `local_hostname`, else (connector style) the URL of this
     /// process's `role`. `Ok(None)` when nothing names it.
+    ///
+    /// With `base_port`, the configured name is the host alone and the port is
+    /// `base_port + local_rank` (`10.0.0.5` → `10.0.0.5:17001` for local rank 1). A name with a
+    /// malformed device part (`host:port:npu_x`) is an error.
     pub fn local_segment_name(&self) -> Result<Option<String>> {
+        let Some((name, field)) = self.configured_name()? else {
+            if self.base_port.is_some() {
+                return Err(self.field_error(
+                    "base_port",
+                    "needs this host's name or IP: set local_hostname (or role with prefill_url/decode_url)",
+                ));
+            }
+            return Ok(None);
+        };
+        // A bare IPv6 address is a host, not `host:port:device`.
+        let is_v6 = name.parse::<std::net::Ipv6Addr>().is_ok();
+        let parsed = match is_v6 {
+            true => None,
+            false => HostnameResolver::parse_strict(&name).map_err(|m| self.field_error(field, &m))?,
+        };
+        if self.base_port.is_none() || self.segment_name_fixed {
+            return Ok(Some(name));
+        }
+        for fixed in ["rpc_port", "tcp_data_port"] {
+            if self.is_set(fixed) {
+                return Err(self.field_error(
+                    fixed,
+                    "is one fixed port, but with base_port every rank of a node listens on base_port + local rank; \
+                     remove it",
+                ));
+            }
+        }
+        if parsed.is_some() {
+            return Err(self.field_error(
+                field,
+                &format!(
+                    "{name:?} has a port, but base_port is set: give the host alone (each rank listens on \
+                     base_port + local rank)"
+                ),
+            ));
+        }
+        let port = self.port_for_rank(self.local_rank)?.unwrap_or_default();
+        let bracketed = name.starts_with('[') && name.ends_with(']') && name.len() > 2;
+        if is_v6 {
+            Ok(Some(format!("[{name}]:{port}")))
+        } else if bracketed || !name.contains(|c: char| c == ':' || c == '/' || c.is_whitespace()) {
+            Ok(Some(format!("{name}:{port}")))
+        } else {
+            Err(self.field_error(field, &format!("{name:?} is not a host name or IP address")))
+        }
+    }
+
+    /// Makes the port-offset segment name (see [`local_segment_name`](Self::local_segment_name))
+    /// this config's `local_hostname`, so everything reading `local_hostname` (the P2P handshake's
+    /// RPC port) sees this rank's port. Engines call it once at start; returns the name.
+    pub fn fix_segment_name(&mut self) -> Result<Option<String>> {
+        let name = self.local_segment_name()?;
+        if let Some(n) = &name
+            && self.base_port.is_some()
+            && !self.segment_name_fixed
+        {
+            self.local_hostname = Some(n.clone());
+            self.segment_name_fixed = true;
+            if let Some(src) = self.sources.get("base_port").cloned() {
+                self.sources.entry("local_hostname").or_insert(src);
+            }
+        }
+        Ok(name)
+    }
+
+    /// The configured name before any port offset, and the field it came from.
+    fn configured_name(&self) -> Result<Option<(String, &'static str)>> {
         if let Some(h) = &self.local_hostname {
             if h.trim().is_empty() {
                 return Err(self.field_error("local_hostname", "is empty"));
             }
-            return Ok(Some(h.trim().to_owned()));
+            return Ok(Some((h.trim().to_owned(), "local_hostname")));
         }
         match (self.role, &self.prefill_url, &self.decode_url) {
-            (Some(Role::Prefill), Some(u), _) | (Some(Role::Decode), _, Some(u)) => Ok(Some(u.trim().to_owned())),
+            (Some(Role::Prefill), Some(u), _) => Ok(Some((u.trim().to_owned(), "prefill_url"))),
+            (Some(Role::Decode), _, Some(u)) => Ok(Some((u.trim().to_owned(), "decode_url"))),
             (Some(role), _, _) => Err(self.field_error(
                 if role == Role::Prefill { "prefill_url" } else { "decode_url" },
                 &format!("role is {role:?} but its URL is missing"),
@@ -548,10 +817,8 @@ impl Config {
     /// A config error about `field`, naming the file and the field's position when known.
     pub fn field_error(&self, field: &str, msg: &str) -> Error {
         let file = self.origin.path.as_ref().map(|p| p.display().to_string()).unwrap_or_else(|| "inline config".into());
-        let from_env = ENV_OVERRIDES
-            .iter()
-            .find(|(_, f)| *f == field)
-            .filter(|(v, _)| self.sources.get(field) == Some(&FieldSource::Env(v)));
+        let from_env =
+            ENV_OVERRIDES.iter().find(|(v, f)| *f == field && self.sources.get(field) == Some(&FieldSource::Env(v)));
         if let Some((var, _)) = from_env {
             return Error::config(format!("field `{field}` (from environment variable {var}): {msg}"));
         }
@@ -735,5 +1002,168 @@ mod tests {
         let e = Config::from_json_str(r#"{"plugins":"not-a-list"}"#, None).unwrap_err();
         assert!(e.message().contains("`plugins`"), "{e}");
         assert!(Config::embedded().plugin_paths().is_empty());
+    }
+
+    #[test]
+    fn one_config_per_node_fields_and_env() {
+        let text = r#"{
+  "prefill_url": "10.0.0.5",
+  "decode_url": "10.0.0.5",
+  "protocol": "ascend",
+  "base_port": {"prefill": 17000, "decode": 17100},
+  "rank_table_path": "ranktable.json",
+  "hccn_conf_path": "/etc/hccn.conf",
+  "resolvers": ["hostname", "rank_table", "env"],
+  "physical_devices": [4, 5]
+}"#;
+        let c = Config::from_json_str(text, Some(Path::new("/etc/ferry/mooncake.json"))).unwrap();
+        assert!(c.unknown_fields().is_empty(), "{:?}", c.unknown_fields());
+        assert_eq!(c.base_port, Some(BasePort::PerRole { prefill: Some(17000), decode: Some(17100) }));
+        assert_eq!(c.rank_table_path(), Some(PathBuf::from("/etc/ferry/ranktable.json")));
+        assert_eq!(c.hccn_conf_path(), Some(PathBuf::from("/etc/hccn.conf")));
+        assert_eq!(c.resolvers.as_deref().unwrap().len(), 3);
+        assert_eq!(c.physical_devices, Some(vec![4, 5]));
+
+        let mut d = c.clone();
+        let env = |k: &str| match k {
+            "FERRY_ROLE" => Some("decode".to_owned()),
+            "LOCAL_RANK" => Some("3".to_owned()),
+            "FERRY_LOCAL_RANK" => Some("2".to_owned()),
+            "FERRY_RANK_TABLE" => Some("rt.json".to_owned()),
+            _ => None,
+        };
+        d.apply_env(env).unwrap();
+        assert_eq!(d.local_rank(), Some(2), "FERRY_LOCAL_RANK wins over LOCAL_RANK");
+        assert_eq!(d.source_of("local_rank"), Some(&FieldSource::Env("FERRY_LOCAL_RANK")));
+        assert_eq!(d.rank_table_path(), Some(PathBuf::from("rt.json")), "env paths are not relative to the file");
+        assert_eq!(d.describe_source("rank_table_path"), "environment variable FERRY_RANK_TABLE");
+        assert_eq!(d.local_segment_name().unwrap().as_deref(), Some("10.0.0.5:17102"));
+        let mut p = c.clone();
+        p.apply_env(|k| match k {
+            "FERRY_ROLE" => Some("prefill".to_owned()),
+            "LOCAL_RANK" => Some("3".to_owned()),
+            _ => None,
+        })
+        .unwrap();
+        assert_eq!(p.local_segment_name().unwrap().as_deref(), Some("10.0.0.5:17003"));
+        assert_eq!(p.source_of("local_rank"), Some(&FieldSource::Env("LOCAL_RANK")));
+
+        let mut e = Config::default();
+        e.apply_env(|k| match k {
+            "FERRY_BASE_PORT" => Some("18000".to_owned()),
+            "FERRY_HCCN_CONF" => Some("/x/hccn.conf".to_owned()),
+            "FERRY_RESOLVERS" => Some("env, hostname".to_owned()),
+            _ => None,
+        })
+        .unwrap();
+        assert_eq!(e.base_port, Some(BasePort::All(18000)));
+        assert_eq!(e.hccn_conf_path(), Some(PathBuf::from("/x/hccn.conf")));
+        assert_eq!(e.resolvers, Some(vec!["env".to_owned(), "hostname".to_owned()]));
+        for (var, value, needle) in [
+            ("FERRY_BASE_PORT", "70000", "not a port number"),
+            ("LOCAL_RANK", "one", "not a local rank"),
+            ("FERRY_LOCAL_RANK", "-1", "not a local rank"),
+            ("FERRY_RESOLVERS", "env,,hostname", "comma-separated resolver names"),
+        ] {
+            let err = Config::default().apply_env(|k| (k == var).then(|| value.to_owned())).unwrap_err();
+            assert!(err.message().contains(&format!("{var}={value:?}")) && err.message().contains(needle), "{err}");
+        }
+    }
+
+    #[test]
+    fn base_port_values_are_checked() {
+        for (text, needle) in [
+            (r#"{"base_port": "17000"}"#, "expected a port number"),
+            (r#"{"base_port": 70000}"#, "expected a port number"),
+            (r#"{"base_port": {"prefil": 1}}"#, "expected a port number"),
+            (r#"{"base_port": {}}"#, "names no role"),
+        ] {
+            let e = Config::from_json_str(text, None).unwrap_err();
+            assert!(e.message().contains("`base_port`") && e.message().contains(needle), "{text}: {e}");
+        }
+        let back =
+            serde_json::to_value(Config::from_json_str(r#"{"base_port": {"decode": 9}}"#, None).unwrap()).unwrap();
+        assert_eq!(back["base_port"], serde_json::json!({"decode": 9}));
+    }
+
+    #[test]
+    fn port_offset_segment_names() {
+        let name = |text: &str, rank: Option<u32>| {
+            let mut c = Config::from_json_str(text, Some(Path::new("/m.json"))).unwrap();
+            if let Some(r) = rank {
+                c.set_local_rank(r);
+            }
+            c.local_segment_name()
+        };
+        let store = r#"{"local_hostname": "10.0.0.5", "base_port": 17000}"#;
+        assert_eq!(name(store, Some(1)).unwrap().as_deref(), Some("10.0.0.5:17001"));
+        assert_eq!(
+            name(r#"{"local_hostname": "fe80::1", "base_port": 17000}"#, Some(2)).unwrap().as_deref(),
+            Some("[fe80::1]:17002")
+        );
+        assert_eq!(
+            name(r#"{"local_hostname": "[::1]", "base_port": 17000}"#, Some(0)).unwrap().as_deref(),
+            Some("[::1]:17000")
+        );
+        let e = name(store, None).unwrap_err();
+        assert!(e.message().contains("`base_port`") && e.message().contains("local rank is unknown"), "{e}");
+        let e = name(r#"{"local_hostname": "10.0.0.5:16000", "base_port": 17000}"#, Some(1)).unwrap_err();
+        assert!(
+            e.message().contains("`local_hostname`") && e.message().contains("has a port, but base_port is set"),
+            "{e}"
+        );
+        let e = name(r#"{"local_hostname": "10.0.0.5", "base_port": 17000, "rpc_port": 15000}"#, Some(1)).unwrap_err();
+        assert!(e.message().contains("`rpc_port`") && e.message().contains("remove it"), "{e}");
+        let e = name(r#"{"base_port": 17000}"#, Some(1)).unwrap_err();
+        assert!(e.message().contains("needs this host's name"), "{e}");
+        let e = name(r#"{"local_hostname": "10.0.0.5", "base_port": 65535}"#, Some(1)).unwrap_err();
+        assert!(e.message().contains("past 65535"), "{e}");
+        let e = name(r#"{"local_hostname": "10.0.0.5:1:npu_x"}"#, None).unwrap_err();
+        assert!(
+            e.message().contains("/m.json")
+                && e.message().contains("`local_hostname`")
+                && e.message().contains("npu_x"),
+            "{e}"
+        );
+        assert_eq!(
+            name(r#"{"local_hostname": "10.0.0.5:1:npu_3"}"#, None).unwrap().as_deref(),
+            Some("10.0.0.5:1:npu_3")
+        );
+
+        // Fixing the name makes it the config's local_hostname, once.
+        let mut c = Config::from_json_str(store, None).unwrap();
+        c.set_local_rank(4);
+        assert_eq!(c.fix_segment_name().unwrap().as_deref(), Some("10.0.0.5:17004"));
+        assert_eq!(c.local_hostname.as_deref(), Some("10.0.0.5:17004"));
+        assert_eq!(c.fix_segment_name().unwrap().as_deref(), Some("10.0.0.5:17004"));
+        assert_eq!(c.local_segment_name().unwrap().as_deref(), Some("10.0.0.5:17004"));
+    }
+
+    #[test]
+    fn local_rank_env_applies_unless_set_through_the_api() {
+        let env = |k: &str| (k == "LOCAL_RANK").then(|| "5".to_owned());
+        let mut c = Config::from_json_str(r#"{"local_rank": 1}"#, None).unwrap();
+        c.apply_local_rank_env(env).unwrap();
+        assert_eq!(c.local_rank(), Some(5), "the environment overrides the file");
+        let mut c = Config::default();
+        c.set_local_rank(2);
+        c.apply_local_rank_env(env).unwrap();
+        assert_eq!(c.local_rank(), Some(2), "the API wins");
+        let mut c = Config::default();
+        c.apply_local_rank_env(|k| match k {
+            "LOCAL_RANK" => Some("5".to_owned()),
+            "FERRY_PROTOCOL" => Some("tcp".to_owned()),
+            _ => None,
+        })
+        .unwrap();
+        assert_eq!((c.local_rank(), c.protocol.as_deref()), (Some(5), None), "only the rank is applied");
+        let e = Config::default().apply_local_rank_env(|k| (k == "FERRY_LOCAL_RANK").then(|| "x".to_owned()));
+        assert!(e.unwrap_err().message().contains("FERRY_LOCAL_RANK=\"x\""));
+        let mut c = Config::from_json_str(r#"{"local_hostname": "h", "base_port": {"decode": 1}}"#, None).unwrap();
+        c.apply_env(|k| (k == "FERRY_LOCAL_RANK").then(|| "0".to_owned())).unwrap();
+        let e = c.local_segment_name().unwrap_err();
+        assert!(e.message().contains("`role`"), "{e}");
+        let e = c.field_error("local_rank", "bad");
+        assert!(e.message().contains("environment variable FERRY_LOCAL_RANK"), "{e}");
     }
 }

@@ -14,7 +14,7 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::kv::{BlockRun, BlockTransfer, KvLayout, plan_block_transfer};
 use crate::memory::{Location, MemoryRegistry, Region};
 use crate::metadata::{MetadataBackend, MetadataRegistry, WatchEvent};
-use crate::resolver::{HostnameResolver, Resolution, ResolveQuery, ResolveTarget, ResolverChain};
+use crate::resolver::{Environment, HostnameResolver, Resolution, ResolveQuery, ResolverChain, ResolverRegistry};
 use crate::segment::OpenSegment;
 use crate::transport::{Transport, TransportContext, TransportRegistry, no_transport_for};
 
@@ -25,7 +25,8 @@ pub struct EngineBuilder {
     transports: TransportRegistry,
     metadata_registry: MetadataRegistry,
     metadata: Option<Arc<dyn MetadataBackend>>,
-    resolvers: ResolverChain,
+    resolvers: Option<ResolverChain>,
+    resolver_registry: ResolverRegistry,
     local_rank: Option<u32>,
 }
 
@@ -53,7 +54,8 @@ impl EngineBuilder {
             transports: TransportRegistry::new(),
             metadata_registry: MetadataRegistry::new(),
             metadata: None,
-            resolvers: ResolverChain::with_defaults(),
+            resolvers: None,
+            resolver_registry: ResolverRegistry::with_builtin(),
             local_rank: None,
         }
     }
@@ -110,13 +112,30 @@ impl EngineBuilder {
         self
     }
 
-    /// Uses this resolver chain.
+    /// Uses this resolver chain instead of the one built from the config and the resolver
+    /// registry.
     pub fn resolvers(mut self, chain: ResolverChain) -> Self {
-        self.resolvers = chain;
+        self.resolvers = Some(chain);
         self
     }
 
-    /// This process's local rank on its node.
+    /// The resolvers the engine's chain is built from, by name (the config's `resolvers` list,
+    /// else [`DEFAULT_RESOLVER_ORDER`](crate::resolver::DEFAULT_RESOLVER_ORDER)); default
+    /// [`ResolverRegistry::with_builtin`].
+    pub fn resolver_registry(mut self, registry: ResolverRegistry) -> Self {
+        self.resolver_registry = registry;
+        self
+    }
+
+    /// Mutable access to the resolver registry (to install a link such as the HCCL transport's
+    /// `acl`).
+    pub fn resolver_registry_mut(&mut self) -> &mut ResolverRegistry {
+        &mut self.resolver_registry
+    }
+
+    /// This process's local rank on its node. Overrides `FERRY_LOCAL_RANK`, `LOCAL_RANK` and
+    /// the config's `local_rank`; selects the port (`base_port + local_rank`) and, through the
+    /// resolvers, the device.
     pub fn local_rank(mut self, rank: u32) -> Self {
         self.local_rank = Some(rank);
         self
@@ -150,11 +169,21 @@ impl EngineBuilder {
     }
 
     async fn build_on(self, runtime: tokio::runtime::Handle) -> Result<TransferEngine> {
-        let config = self.config;
+        let mut config = self.config;
+        // The local rank: the API's, else FERRY_LOCAL_RANK / LOCAL_RANK, else the config's.
+        match self.local_rank {
+            Some(rank) => config.set_local_rank(rank),
+            None => config.apply_local_rank_env(|k| std::env::var(k).ok())?,
+        }
         // Everything the config alone can refute is checked before any connection is made.
         let server = config.metadata()?;
         let primary_factory = self.transports.for_config(&config)?;
-        let configured_name = config.local_segment_name()?;
+        // With `base_port`, this rank's port is part of the name from here on.
+        let configured_name = config.fix_segment_name()?;
+        let resolvers = match self.resolvers {
+            Some(chain) => chain,
+            None => self.resolver_registry.build_chain(&config, &Environment::process())?,
+        };
         let metadata = match self.metadata {
             Some(m) => m,
             None => self.metadata_registry.connect(&config).await?,
@@ -175,6 +204,7 @@ impl EngineBuilder {
         let keys = MetadataKeys::new(config.cluster_id());
         let instance = new_instance_id();
         let memory = Arc::new(MemoryRegistry::new());
+        let local_rank = config.local_rank();
         let config = Arc::new(config);
         let ctx = TransportContext {
             segment_name: name.clone(),
@@ -182,7 +212,7 @@ impl EngineBuilder {
             config: config.clone(),
             memory: memory.clone(),
             runtime: runtime.clone(),
-            resolvers: self.resolvers.clone(),
+            resolvers: resolvers.clone(),
         };
         let mut transports: Vec<Arc<dyn Transport>> = Vec::new();
         for factory in self.transports.companions() {
@@ -206,8 +236,8 @@ impl EngineBuilder {
             transport_registry,
             ctx,
             transport_change: tokio::sync::Mutex::new(()),
-            resolvers: self.resolvers,
-            local_rank: self.local_rank,
+            local_rank,
+            resolvers,
             segments: RwLock::new(SegmentTable::default()),
             next_handle: AtomicU64::new(1),
             layouts: RwLock::new(HashMap::new()),
@@ -1111,23 +1141,25 @@ impl TransferEngine {
         self.inner.metadata.drain_notifications()
     }
 
+    /// This process's local rank, if known (see [`EngineBuilder::local_rank`]).
+    pub fn local_rank(&self) -> Option<u32> {
+        self.inner.local_rank
+    }
+
+    /// The engine's resolver chain.
+    pub fn resolver_chain(&self) -> &ResolverChain {
+        &self.inner.resolvers
+    }
+
     /// Resolves this process's identity through the resolver chain (with the explanation).
     pub async fn resolve_local(&self) -> Result<Resolution> {
-        let q = ResolveQuery {
-            target: ResolveTarget::Local,
-            local_segment: Some(self.inner.name.clone()),
-            local_rank: self.inner.local_rank,
-        };
+        let q = ResolveQuery::local(Some(self.inner.name.clone()), self.inner.local_rank);
         self.inner.resolvers.resolve(&q).await
     }
 
     /// Resolves a peer's identity through the resolver chain.
     pub async fn resolve_peer(&self, segment: &str) -> Result<Resolution> {
-        let q = ResolveQuery {
-            target: ResolveTarget::Peer(segment.to_owned()),
-            local_segment: Some(self.inner.name.clone()),
-            local_rank: self.inner.local_rank,
-        };
+        let q = ResolveQuery::peer(segment, Some(self.inner.name.clone()), self.inner.local_rank);
         self.inner.resolvers.resolve(&q).await
     }
 
@@ -1186,6 +1218,85 @@ fn request_error(i: usize, e: Error) -> Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::transport::{Capabilities, TransportFactory};
+    use crate::{Batch, IdentityField, InProcessMetadata};
+
+    /// A transport that moves nothing; its factory keeps the context it was given.
+    struct Still;
+    #[async_trait::async_trait]
+    impl Transport for Still {
+        fn protocol(&self) -> &str {
+            "still"
+        }
+        fn capabilities(&self) -> Capabilities {
+            Capabilities::default()
+        }
+        fn submit(&self, _: &Arc<OpenSegment>, _: &Arc<Batch>, _: &[u32]) -> Result<()> {
+            Err(Error::invalid("still moves nothing"))
+        }
+    }
+    #[derive(Default)]
+    struct StillFactory(Mutex<Option<TransportContext>>);
+    #[async_trait::async_trait]
+    impl TransportFactory for StillFactory {
+        fn protocol(&self) -> &'static str {
+            "still"
+        }
+        async fn create(&self, ctx: &TransportContext) -> Result<Arc<dyn Transport>> {
+            *self.0.lock().unwrap() = Some(ctx.clone());
+            Ok(Arc::new(Still))
+        }
+    }
+
+    fn builder(text: &str, factory: &Arc<StillFactory>) -> EngineBuilder {
+        let mut b = EngineBuilder::new()
+            .config(Config::from_json_str(text, None).unwrap())
+            .metadata(InProcessMetadata::new() as Arc<dyn MetadataBackend>);
+        b.transports_mut().install(factory.clone());
+        b
+    }
+
+    #[tokio::test]
+    async fn one_config_serves_every_rank_of_a_node() {
+        let text = r#"{"local_hostname": "10.0.0.5", "base_port": 17000, "protocol": "still",
+                       "physical_devices": [4, 5, 6, 7]}"#;
+        for rank in [0u32, 2] {
+            let factory = Arc::new(StillFactory::default());
+            let e = builder(text, &factory).local_rank(rank).build().await.unwrap();
+            let port = 17000 + rank as u16;
+            assert_eq!(e.segment_name(), format!("10.0.0.5:{port}"));
+            assert_eq!(e.local_rank(), Some(rank));
+            // What the transport sees: the rank and this rank's name in the config, the chain.
+            let ctx = factory.0.lock().unwrap().clone().unwrap();
+            assert_eq!(ctx.config.local_rank(), Some(rank));
+            assert_eq!(ctx.config.local_hostname.as_deref(), Some(format!("10.0.0.5:{port}").as_str()));
+            assert_eq!(ctx.resolvers.names(), e.resolver_chain().names());
+            let r = e.resolve_local().await.unwrap();
+            assert_eq!(r.identity.port, Some(port));
+            assert_eq!(r.identity.physical_device, Some(4 + rank));
+            assert_eq!(r.answer(IdentityField::PhysicalDevice).unwrap().resolver, "config");
+            assert!(r.disagreements.is_empty(), "port_offset agrees with the name: {r}");
+            let p = e.resolve_peer("10.0.0.6:17001:npu_1").await.unwrap();
+            assert_eq!((p.identity.port, p.identity.physical_device), (Some(17001), Some(1)));
+            e.shutdown().await.unwrap();
+        }
+    }
+
+    #[tokio::test]
+    async fn the_chain_comes_from_the_config_unless_given() {
+        let factory = Arc::new(StillFactory::default());
+        let text = r#"{"local_hostname": "10.0.0.5:1", "protocol": "still", "resolvers": ["hostname"]}"#;
+        let e = builder(text, &factory).build().await.unwrap();
+        assert_eq!(e.resolver_chain().names(), vec!["hostname"]);
+        e.shutdown().await.unwrap();
+        let e = builder(text, &factory).resolvers(ResolverChain::new()).build().await.unwrap();
+        assert!(e.resolver_chain().names().is_empty());
+        e.shutdown().await.unwrap();
+        let bad = r#"{"local_hostname": "10.0.0.5:1", "protocol": "still", "resolvers": ["dns"]}"#;
+        let err = builder(bad, &factory).build().await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Config);
+        assert!(err.message().contains("unknown resolver \"dns\""), "{err}");
+    }
 
     #[test]
     fn timestamps_look_like_mooncakes() {

@@ -31,7 +31,7 @@ pub mod segment;
 pub mod transport;
 
 pub use batch::{Batch, BatchStatus, Opcode, RequestStatus, SegmentHandle, TransferRequest, ValidatedRequest};
-pub use config::{ByteSize, Config, ConfigStyle, FieldSource, MetadataServer, Role};
+pub use config::{BasePort, ByteSize, Config, ConfigStyle, FieldSource, MetadataServer, Role};
 pub use descriptor::{BufferDesc, MetadataKeys, RankInfo, RpcMeta, SegmentDescriptor};
 pub use engine::{BlockBatch, EngineBuilder, KvLayoutId, TransferEngine};
 pub use error::{Error, ErrorKind, Result};
@@ -39,8 +39,9 @@ pub use kv::{BlockRun, BlockSlice, BlockTransfer, KvLayout, KvRegion, plan_block
 pub use memory::{Location, MemoryRegistry, Region, RegionLease};
 pub use metadata::{InProcessMetadata, MetadataBackend, MetadataFactory, MetadataRegistry, Notification, WatchEvent};
 pub use resolver::{
-    Answer, HostnameResolver, Identity, IdentityField, Resolution, ResolveQuery, ResolveTarget, ResolverChain,
-    SegmentResolver,
+    ACL_RESOLVER, Answer, DEFAULT_RESOLVER_ORDER, EnvResolver, Environment, ExplicitResolver, HccnConfResolver,
+    HostnameResolver, Identity, IdentityField, PortOffsetResolver, RankTable, RankTableResolver, Resolution,
+    ResolveQuery, ResolveTarget, ResolverChain, ResolverContext, ResolverFactory, ResolverRegistry, SegmentResolver,
 };
 pub use segment::OpenSegment;
 pub use transport::{Capabilities, Transport, TransportContext, TransportFactory, TransportRegistry, TransportSource};

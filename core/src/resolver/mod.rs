@@ -1,0 +1,592 @@
+//! Device and endpoint identity: the [`SegmentResolver`] trait, the resolvers built into the
+//! core, and the [`ResolverChain`] that composes them and explains which one answered each field.
+//!
+//! # The chain
+//!
+//! A chain asks its links in order. Each link sees what earlier links resolved (`known`) and
+//! answers what it can; for every field the first answer wins, later different answers are kept
+//! as [`Resolution::disagreements`]. A link's error stops the chain and names the link.
+//!
+//! The default order ([`DEFAULT_RESOLVER_ORDER`]) is
+//!
+//! | name | answers | from |
+//! |---|---|---|
+//! | `config` | physical device | the config's `physical_devices[local_rank]` |
+//! | `hostname` | host, port, physical device | the segment name: `ip:port`, `ip:port:npu_N`, `ip:port:N` |
+//! | `rank_table` | physical device, device IP, device port, rank | an HCCL v1.0/v1.2 or vllm-ascend prefill/decode rank table |
+//! | `env` | physical device, user device | `ASCEND_NPU_PHY_ID`, `PHYSICAL_DEVICES`, `ASCEND_RT_VISIBLE_DEVICES` |
+//! | `acl` | physical device, user device | the ACL runtime (installed by the HCCL transport when built in) |
+//! | `hccn_conf` | device IP | `/etc/hccn.conf` (`address_<phy>=<ip>`) |
+//! | `port_offset` | port | `base_port + local_rank` |
+//!
+//! A config's `resolvers` list (or `FERRY_RESOLVERS`) replaces the order. Links are created by
+//! name from a [`ResolverRegistry`]; a crate outside the core (the HCCL transport) adds its own
+//! link by installing a [`ResolverFactory`] under its name (`acl`), which then takes its place
+//! in the order.
+//!
+//! No resolver guesses: a source that is present but wrong (a malformed rank table, an
+//! unparsable variable, a rank with no entry) is an error naming the source (file and field,
+//! variable and value) and what was expected, and no link ever falls back to device 0.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+
+use crate::error::{Error, Result};
+
+mod env;
+mod explicit;
+mod hccn;
+mod hostname;
+mod port;
+mod rank_table;
+mod registry;
+
+pub use env::{
+    DEVICE_ID_LIMIT, EnvResolver, NPU_PHY_ID_ENV, PHYSICAL_DEVICES_ENV, VISIBLE_DEVICES_ENV, VisibleDevices,
+    VisibleDevicesProblem, VisibleEntryProblem, parse_device_list, parse_visible_devices,
+};
+pub use explicit::ExplicitResolver;
+pub use hccn::{DEFAULT_HCCN_CONF, HccnAddress, HccnConfResolver, parse_hccn_conf};
+pub use hostname::HostnameResolver;
+pub use port::PortOffsetResolver;
+pub use rank_table::{
+    DisaggregatedDevice, DisaggregatedRankTable, HcclDevice, HcclRankTable, HcclServer, RANK_TABLE_ENV, RankEntry,
+    RankTable, RankTableResolver,
+};
+pub use registry::{ACL_RESOLVER, DEFAULT_RESOLVER_ORDER, ResolverContext, ResolverFactory, ResolverRegistry};
+
+/// How resolvers read environment variables: the process environment, or an injected map
+/// (tests, embedding), so nothing has to mutate the process environment.
+#[derive(Clone)]
+pub struct Environment {
+    get: Arc<EnvFn>,
+}
+
+type EnvFn = dyn Fn(&str) -> Option<String> + Send + Sync;
+
+impl fmt::Debug for Environment {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Environment")
+    }
+}
+
+impl Default for Environment {
+    fn default() -> Self {
+        Self::process()
+    }
+}
+
+impl Environment {
+    /// The process environment. A value that is not UTF-8 is read lossily (so it is reported
+    /// as malformed rather than treated as unset).
+    pub fn process() -> Self {
+        Self::from_fn(|k| std::env::var_os(k).map(|v| v.to_string_lossy().into_owned()))
+    }
+
+    /// An environment answering through `get`.
+    pub fn from_fn(get: impl Fn(&str) -> Option<String> + Send + Sync + 'static) -> Self {
+        Self { get: Arc::new(get) }
+    }
+
+    /// An environment holding exactly `pairs`.
+    pub fn from_pairs<K: Into<String>, V: Into<String>>(pairs: impl IntoIterator<Item = (K, V)>) -> Self {
+        let map: HashMap<String, String> = pairs.into_iter().map(|(k, v)| (k.into(), v.into())).collect();
+        Self::from_fn(move |k| map.get(k).cloned())
+    }
+
+    /// An environment with no variables.
+    pub fn empty() -> Self {
+        Self::from_fn(|_| None)
+    }
+
+    /// The value of `key`, if set.
+    pub fn get(&self, key: &str) -> Option<String> {
+        (self.get)(key)
+    }
+
+    /// The value of `key`, if set and not empty.
+    pub fn get_nonempty(&self, key: &str) -> Option<String> {
+        self.get(key).filter(|v| !v.is_empty())
+    }
+}
+
+/// Whose identity is asked for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ResolveTarget {
+    /// This process.
+    Local,
+    /// The owner of the named segment.
+    Peer(String),
+}
+
+/// A question put to resolvers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResolveQuery {
+    /// Whose identity.
+    pub target: ResolveTarget,
+    /// This process's segment name, if known.
+    pub local_segment: Option<String>,
+    /// This process's local rank on its node (`FERRY_LOCAL_RANK`, `LOCAL_RANK`, the config's
+    /// `local_rank` or `EngineBuilder::local_rank`), if known.
+    pub local_rank: Option<u32>,
+}
+
+impl ResolveQuery {
+    /// A query about this process.
+    pub fn local(local_segment: Option<String>, local_rank: Option<u32>) -> Self {
+        Self { target: ResolveTarget::Local, local_segment, local_rank }
+    }
+
+    /// A query about the owner of segment `peer`.
+    pub fn peer(peer: impl Into<String>, local_segment: Option<String>, local_rank: Option<u32>) -> Self {
+        Self { target: ResolveTarget::Peer(peer.into()), local_segment, local_rank }
+    }
+
+    /// The segment name the query is about (the peer's, or ours for `Local`).
+    pub fn segment_name(&self) -> Option<&str> {
+        match &self.target {
+            ResolveTarget::Peer(name) => Some(name),
+            ResolveTarget::Local => self.local_segment.as_deref(),
+        }
+    }
+
+    /// Whether the query is about this process.
+    pub fn is_local(&self) -> bool {
+        self.target == ResolveTarget::Local
+    }
+}
+
+/// What is known about a process. Every field is optional: a resolver fills in what it knows.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Identity {
+    /// Host name or IP of the control/data endpoint.
+    pub host: Option<String>,
+    /// Port of the control/data endpoint.
+    pub port: Option<u16>,
+    /// Physical NPU id (`/dev/davinciN`, rank tables, `hccn.conf`).
+    pub physical_device: Option<u32>,
+    /// User device id (what `aclrtSetDevice` takes: the index after `ASCEND_RT_VISIBLE_DEVICES`).
+    pub user_device: Option<u32>,
+    /// Device (NIC) IP.
+    pub device_ip: Option<String>,
+    /// Device (NIC) port, as a rank table's `device_port`.
+    pub device_port: Option<u16>,
+    /// Rank in the communication group (a rank table's `rank_id`).
+    pub rank: Option<u32>,
+    /// How a resolver derived each field it answered (shown in explanations), e.g.
+    /// `ASCEND_RT_VISIBLE_DEVICES="4,5" entry 1`.
+    pub details: BTreeMap<IdentityField, String>,
+}
+
+/// Names of [`Identity`] fields, for explanations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum IdentityField {
+    /// [`Identity::host`]
+    Host,
+    /// [`Identity::port`]
+    Port,
+    /// [`Identity::physical_device`]
+    PhysicalDevice,
+    /// [`Identity::user_device`]
+    UserDevice,
+    /// [`Identity::device_ip`]
+    DeviceIp,
+    /// [`Identity::device_port`]
+    DevicePort,
+    /// [`Identity::rank`]
+    Rank,
+}
+
+impl fmt::Display for IdentityField {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            IdentityField::Host => "host",
+            IdentityField::Port => "port",
+            IdentityField::PhysicalDevice => "physical_device",
+            IdentityField::UserDevice => "user_device",
+            IdentityField::DeviceIp => "device_ip",
+            IdentityField::DevicePort => "device_port",
+            IdentityField::Rank => "rank",
+        })
+    }
+}
+
+impl Identity {
+    /// Each set field as (name, printable value).
+    pub fn fields(&self) -> Vec<(IdentityField, String)> {
+        let mut out = Vec::new();
+        if let Some(v) = &self.host {
+            out.push((IdentityField::Host, v.clone()));
+        }
+        if let Some(v) = self.port {
+            out.push((IdentityField::Port, v.to_string()));
+        }
+        if let Some(v) = self.physical_device {
+            out.push((IdentityField::PhysicalDevice, v.to_string()));
+        }
+        if let Some(v) = self.user_device {
+            out.push((IdentityField::UserDevice, v.to_string()));
+        }
+        if let Some(v) = &self.device_ip {
+            out.push((IdentityField::DeviceIp, v.clone()));
+        }
+        if let Some(v) = self.device_port {
+            out.push((IdentityField::DevicePort, v.to_string()));
+        }
+        if let Some(v) = self.rank {
+            out.push((IdentityField::Rank, v.to_string()));
+        }
+        out
+    }
+
+    /// Whether no field is set.
+    pub fn is_empty(&self) -> bool {
+        self.fields().is_empty()
+    }
+
+    /// Records how `field` was derived (builder style).
+    pub fn with_detail(mut self, field: IdentityField, detail: impl Into<String>) -> Self {
+        self.details.insert(field, detail.into());
+        self
+    }
+
+    /// Records `detail` for every field set so far that has none yet.
+    pub fn with_detail_for_all(mut self, detail: &str) -> Self {
+        for (field, _) in self.fields() {
+            self.details.entry(field).or_insert_with(|| detail.to_owned());
+        }
+        self
+    }
+
+    /// Fills fields unset in `self` from `other`; returns the fields taken and the fields
+    /// `other` answered differently from what `self` already held.
+    fn fill_from(&mut self, other: Identity) -> (Vec<IdentityField>, Vec<IdentityField>) {
+        let mut taken = Vec::new();
+        let mut differ = Vec::new();
+        macro_rules! take {
+            ($f:ident, $name:expr) => {
+                match (&self.$f, &other.$f) {
+                    (None, Some(_)) => {
+                        self.$f = other.$f.clone();
+                        taken.push($name);
+                    }
+                    (Some(mine), Some(theirs)) if mine != theirs => differ.push($name),
+                    _ => {}
+                }
+            };
+        }
+        take!(host, IdentityField::Host);
+        take!(port, IdentityField::Port);
+        take!(physical_device, IdentityField::PhysicalDevice);
+        take!(user_device, IdentityField::UserDevice);
+        take!(device_ip, IdentityField::DeviceIp);
+        take!(device_port, IdentityField::DevicePort);
+        take!(rank, IdentityField::Rank);
+        for f in &taken {
+            if let Some(d) = other.details.get(f) {
+                self.details.insert(*f, d.clone());
+            }
+        }
+        (taken, differ)
+    }
+}
+
+/// Turns names and the environment into identities.
+///
+/// # Contract
+/// `resolve` returns the fields this resolver knows for the query and leaves the rest `None`;
+/// an empty [`Identity`] means "not mine to answer". `known` holds what earlier links of the
+/// chain resolved (a rank table is looked up by the physical device an earlier link found,
+/// `hccn.conf` answers the device IP of the known physical device). A resolver returns an
+/// error only when its own input is present but wrong (a malformed rank table, an unparsable
+/// variable, a rank with no entry), naming that input and what was expected. It never answers
+/// a guess (such as device 0 for want of anything better).
+///
+/// Fields a resolver answers should carry a short [`Identity::details`] entry saying how they
+/// were derived; explanations show it.
+///
+/// # Threading
+/// `Send + Sync`; may be called concurrently. Resolvers read files and the environment; the
+/// ones in `ferry-core` open no sockets and touch no devices.
+#[async_trait]
+pub trait SegmentResolver: Send + Sync + 'static {
+    /// Short name shown in explanations and used in the config's `resolvers` list (`hostname`,
+    /// `rank_table`, `env`, ...).
+    fn name(&self) -> &str;
+
+    /// Answers what it can of `query`, given what earlier links resolved (`known`).
+    async fn resolve(&self, query: &ResolveQuery, known: &Identity) -> Result<Identity>;
+}
+
+/// One line of an explanation: which resolver supplied which field.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Answer {
+    /// The field.
+    pub field: IdentityField,
+    /// Its value.
+    pub value: String,
+    /// The resolver that supplied it.
+    pub resolver: String,
+    /// How the resolver derived it (empty when it did not say).
+    pub detail: String,
+}
+
+/// The merged answer of a chain, with its explanation.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Resolution {
+    /// The merged identity.
+    pub identity: Identity,
+    /// Which resolver answered each field, in chain order.
+    pub answers: Vec<Answer>,
+    /// Answers ignored because an earlier link had already answered the field with another
+    /// value (worth a look: two sources disagree).
+    pub disagreements: Vec<Answer>,
+    /// Resolvers consulted, in order.
+    pub consulted: Vec<String>,
+}
+
+impl Resolution {
+    /// The answer for `field`, if any.
+    pub fn answer(&self, field: IdentityField) -> Option<&Answer> {
+        self.answers.iter().find(|a| a.field == field)
+    }
+}
+
+impl fmt::Display for Resolution {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.answers.is_empty() {
+            writeln!(f, "nothing resolved (consulted: {})", self.consulted.join(", "))?;
+        }
+        for a in &self.answers {
+            write!(f, "{:<16} = {:<20} (from {})", a.field.to_string(), a.value, a.resolver)?;
+            if !a.detail.is_empty() {
+                write!(f, " {}", a.detail)?;
+            }
+            writeln!(f)?;
+        }
+        for d in &self.disagreements {
+            let kept = self.answer(d.field);
+            write!(f, "note: `{}` said {} = {}", d.resolver, d.field, d.value)?;
+            if !d.detail.is_empty() {
+                write!(f, " ({})", d.detail)?;
+            }
+            match kept {
+                Some(k) => writeln!(f, "; kept {} from `{}`, which comes first", k.value, k.resolver)?,
+                None => writeln!(f)?,
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Resolvers in priority order: for each field, the first resolver that knows it wins.
+#[derive(Clone, Default)]
+pub struct ResolverChain {
+    links: Vec<Arc<dyn SegmentResolver>>,
+    skipped: Vec<String>,
+}
+
+impl fmt::Debug for ResolverChain {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list().entries(self.links.iter().map(|l| l.name().to_owned())).finish()
+    }
+}
+
+impl ResolverChain {
+    /// An empty chain.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The hostname-encoded resolver alone: what needs neither a config nor the environment.
+    /// Engines build their chain from the config instead ([`ResolverChain::from_config`]).
+    pub fn with_defaults() -> Self {
+        Self::new().with(Arc::new(HostnameResolver))
+    }
+
+    /// The chain a config asks for (its `resolvers` list, else [`DEFAULT_RESOLVER_ORDER`]) from
+    /// the resolvers built into the core ([`ResolverRegistry::with_builtin`]), reading `env`.
+    pub fn from_config(config: &crate::Config, env: &Environment) -> Result<Self> {
+        ResolverRegistry::with_builtin().build_chain(config, env)
+    }
+
+    /// Appends a resolver (lowest priority so far).
+    pub fn with(mut self, link: Arc<dyn SegmentResolver>) -> Self {
+        self.links.push(link);
+        self
+    }
+
+    /// Inserts `link` just before the first link named `anchor`; returns false (and inserts
+    /// nothing) when there is no such link.
+    pub fn insert_before(&mut self, anchor: &str, link: Arc<dyn SegmentResolver>) -> bool {
+        match self.links.iter().position(|l| l.name() == anchor) {
+            Some(i) => {
+                self.links.insert(i, link);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Names of the links, in order.
+    pub fn names(&self) -> Vec<&str> {
+        self.links.iter().map(|l| l.name()).collect()
+    }
+
+    /// Names of the default order that this chain lacks because nothing provides them in this
+    /// build (for example `acl` without the HCCL transport).
+    pub fn skipped(&self) -> &[String] {
+        &self.skipped
+    }
+
+    pub(crate) fn note_skipped(&mut self, name: &str) {
+        self.skipped.push(name.to_owned());
+    }
+
+    /// Asks every link, each seeing what the earlier ones resolved, and merges the answers. A
+    /// link's error stops the chain and names it.
+    pub async fn resolve(&self, query: &ResolveQuery) -> Result<Resolution> {
+        let mut res = Resolution::default();
+        for link in &self.links {
+            res.consulted.push(link.name().to_owned());
+            let got = link.resolve(query, &res.identity).await.map_err(|e| {
+                Error::new(e.kind(), format!("resolver `{}`: {}", link.name(), e.message())).with_source(e)
+            })?;
+            let values = got.fields();
+            let details = got.details.clone();
+            let answer = |field: IdentityField| Answer {
+                field,
+                value: values.iter().find(|(f, _)| *f == field).map(|(_, v)| v.clone()).unwrap_or_default(),
+                resolver: link.name().to_owned(),
+                detail: details.get(&field).cloned().unwrap_or_default(),
+            };
+            let (taken, differ) = res.identity.fill_from(got);
+            for field in taken {
+                res.answers.push(answer(field));
+            }
+            for field in differ {
+                tracing::debug!(resolver = link.name(), %field, "answer ignored: an earlier resolver answered differently");
+                res.disagreements.push(answer(field));
+            }
+        }
+        Ok(res)
+    }
+}
+
+/// Host part of a configured name: `h` of `h:port[:dev]`, or the name itself when it is a bare
+/// host.
+pub(crate) fn host_of(name: &str) -> Option<String> {
+    match HostnameResolver::parse(name) {
+        Some(id) => id.host,
+        None if !name.is_empty() && !name.contains(|c: char| c == ':' || c.is_whitespace() || c == '/') => {
+            Some(name.to_owned())
+        }
+        None => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Fixed(&'static str, Identity);
+    #[async_trait]
+    impl SegmentResolver for Fixed {
+        fn name(&self) -> &str {
+            self.0
+        }
+        async fn resolve(&self, _: &ResolveQuery, _: &Identity) -> Result<Identity> {
+            Ok(self.1.clone())
+        }
+    }
+
+    /// Answers the physical device it is told and records what it was shown.
+    struct Sees(std::sync::Mutex<Option<Identity>>);
+    #[async_trait]
+    impl SegmentResolver for Sees {
+        fn name(&self) -> &str {
+            "sees"
+        }
+        async fn resolve(&self, _: &ResolveQuery, known: &Identity) -> Result<Identity> {
+            *self.0.lock().unwrap() = Some(known.clone());
+            Ok(Identity { device_ip: known.physical_device.map(|p| format!("10.9.9.{p}")), ..Identity::default() })
+        }
+    }
+
+    #[tokio::test]
+    async fn chain_merges_explains_and_passes_what_is_known() {
+        let env = Identity { physical_device: Some(6), rank: Some(2), ..Identity::default() }
+            .with_detail(IdentityField::Rank, "RANK=2");
+        let sees = Arc::new(Sees(std::sync::Mutex::new(None)));
+        let chain = ResolverChain::with_defaults().with(Arc::new(Fixed("env", env))).with(sees.clone());
+        let q = ResolveQuery::local(Some("10.1.1.1:9000:npu_3".into()), None);
+        let r = chain.resolve(&q).await.unwrap();
+        assert_eq!(r.identity.physical_device, Some(3), "the earlier link wins");
+        assert_eq!(r.identity.rank, Some(2));
+        assert_eq!(r.answer(IdentityField::PhysicalDevice).unwrap().resolver, "hostname");
+        assert_eq!(r.answer(IdentityField::Rank).unwrap().resolver, "env");
+        assert_eq!(r.answer(IdentityField::Rank).unwrap().detail, "RANK=2");
+        assert_eq!(r.consulted, vec!["hostname", "env", "sees"]);
+        // The later link saw what the earlier ones resolved, and built on it.
+        let seen = sees.0.lock().unwrap().clone().unwrap();
+        assert_eq!((seen.physical_device, seen.port, seen.rank), (Some(3), Some(9000), Some(2)));
+        assert_eq!(r.identity.device_ip.as_deref(), Some("10.9.9.3"));
+        // env's physical device 6 disagreed with hostname's 3: kept as a note.
+        assert_eq!(r.disagreements.len(), 1);
+        assert_eq!((r.disagreements[0].resolver.as_str(), r.disagreements[0].value.as_str()), ("env", "6"));
+        let text = r.to_string();
+        assert!(text.contains("rank") && text.contains("(from env) RANK=2"), "{text}");
+        assert!(text.contains("note: `env` said physical_device = 6; kept 3 from `hostname`"), "{text}");
+    }
+
+    #[tokio::test]
+    async fn errors_name_the_link_and_empty_chains_say_so() {
+        struct Broken;
+        #[async_trait]
+        impl SegmentResolver for Broken {
+            fn name(&self) -> &str {
+                "broken"
+            }
+            async fn resolve(&self, _: &ResolveQuery, _: &Identity) -> Result<Identity> {
+                Err(Error::config("/x.json: `status` is \"initializing\""))
+            }
+        }
+        let chain = ResolverChain::new().with(Arc::new(Broken));
+        let e = chain.resolve(&ResolveQuery::local(None, None)).await.unwrap_err();
+        assert!(e.message().starts_with("resolver `broken`: /x.json"), "{e}");
+        let r = ResolverChain::with_defaults().resolve(&ResolveQuery::local(Some("demo".into()), None)).await.unwrap();
+        assert!(r.identity.is_empty());
+        assert_eq!(r.to_string().trim(), "nothing resolved (consulted: hostname)");
+    }
+
+    #[test]
+    fn insert_before_places_a_link_by_name() {
+        let mut chain = ResolverChain::new()
+            .with(Arc::new(Fixed("env", Identity::default())))
+            .with(Arc::new(Fixed("hccn_conf", Identity::default())));
+        assert!(chain.insert_before("hccn_conf", Arc::new(Fixed("acl", Identity::default()))));
+        assert!(!chain.insert_before("nope", Arc::new(Fixed("x", Identity::default()))));
+        assert_eq!(chain.names(), vec!["env", "acl", "hccn_conf"]);
+    }
+
+    #[test]
+    fn environment_from_pairs_and_empty() {
+        let env = Environment::from_pairs([("A", "1"), ("B", "")]);
+        assert_eq!(env.get("A").as_deref(), Some("1"));
+        assert_eq!(env.get("B").as_deref(), Some(""));
+        assert_eq!(env.get_nonempty("B"), None);
+        assert_eq!(Environment::empty().get("A"), None);
+    }
+
+    #[test]
+    fn host_of_configured_names() {
+        assert_eq!(host_of("10.0.0.5").as_deref(), Some("10.0.0.5"));
+        assert_eq!(host_of("10.0.0.5:17000").as_deref(), Some("10.0.0.5"));
+        assert_eq!(host_of("[::1]:80").as_deref(), Some("::1"));
+        assert_eq!(host_of("a b"), None);
+        assert_eq!(host_of(""), None);
+    }
+}
