@@ -1,1 +1,154 @@
-//! placeholder
+//! # ferry-cann-emu: an emulated CANN runtime (a test double)
+//!
+//! This crate builds `libferry_cann_emu.so`, a shared library that exports the ACL runtime
+//! (`libascendcl.so`) and HCCL (`libhccl.so`) C symbols Ferry binds at run time, with exactly
+//! the prototypes of `shared/reference/ascend-cann.md`. It emulates N Ascend devices in host
+//! memory and runs HCCL between processes over loopback TCP, so Ferry's HCCL transport can be
+//! tested on machines without an NPU. It is a **test double**: it behaves like CANN as
+//! documented (per-thread device state, user/logical/physical device ids, ordered streams,
+//! asynchronous errors reported at synchronize, collective initialisation), never like
+//! something Ferry-specific, and nothing in it has been compared with real hardware.
+//!
+//! Tests put the file in a directory under both names (glibc loads one object for both, so ACL
+//! and HCCL share state):
+//!
+//! ```sh
+//! cargo build -p ferry-cann-emu                     # target/debug/libferry_cann_emu.so
+//! ln -s $PWD/target/debug/libferry_cann_emu.so emu/libascendcl.so
+//! ln -s $PWD/target/debug/libferry_cann_emu.so emu/libhccl.so
+//! # an "older CANN" without the one-sided HCCL symbols (HcclBatchGet, ...):
+//! cargo build -p ferry-cann-emu --no-default-features --target-dir target/cann-emu-legacy
+//! ```
+//!
+//! The cargo feature `onesided` (default on) gates the one-sided exports.
+//!
+//! ## Environment
+//!
+//! Read once per process, at the first call that needs it.
+//!
+//! | variable | meaning |
+//! | --- | --- |
+//! | `FERRY_CANN_EMU_DEVICES` | number of emulated physical devices, ids `0..N-1` (default 8) |
+//! | `ASCEND_RT_VISIBLE_DEVICES` | CANN's visible-device list; see [`parse_visible_devices`] for the rules |
+//! | `FERRY_CANN_EMU_FAIL` | `<symbol>:<n>[:<code>][,...]`: the n-th call (1-based, per process) of `symbol` fails; `n` may be `a-b` (inclusive) or `*` (every call); the code defaults to a plausible one for the symbol (see `faults`) |
+//! | `FERRY_CANN_EMU_DELAY_US` | `<symbol>:<us>[,...]`: each call of `symbol` takes `us` microseconds longer; for the stream-ordered calls (`aclrtMemcpyAsync`, `HcclSend`, `HcclRecv`, `HcclBatchGet`, `HcclBatchPut`) the delay is added to the queued operation, not to the call |
+//! | `FERRY_CANN_EMU_NO_ONESIDED` | `1`: the one-sided HCCL calls answer `HCCL_E_NOT_SUPPORT` (5) though their symbols exist |
+//! | `FERRY_CANN_EMU_LOG` | `1`: log every call, its arguments and its result to stderr |
+//! | `HCCL_IF_IP` | address the root-info listeners bind (default `127.0.0.1`) |
+//! | `HCCL_CONNECT_TIMEOUT` | seconds to wait for peers during communicator set-up (default 120) |
+//! | `HCCL_EXEC_TIMEOUT` | seconds an HCCL operation may wait for its peer (default 1800) |
+//!
+//! ## Error codes the emulator chose
+//!
+//! Where CANN documents a code it is used ([`codes`]). Choices where it does not:
+//! `aclrtSynchronizeStreamWithTimeout` past its timeout returns
+//! [`ACL_ERROR_RT_STREAM_SYNC_TIMEOUT`] (507046). A one-sided request for remote memory the peer
+//! has not bound is refused by `HcclBatchGet`/`HcclBatchPut` with [`HCCL_E_PARA`]; if the peer
+//! refuses at execution time (it unbound the memory meanwhile) the stream reports
+//! [`ACL_ERROR_RT_SUSPECT_REMOTE_ERROR`] (507057) at synchronize. A broken link is
+//! [`ACL_ERROR_RT_LINK_ERROR`] (507056), an operation that waited longer than `HCCL_EXEC_TIMEOUT`
+//! is [`ACL_ERROR_RT_TASK_TIMEOUT`] (107020). A panic inside the emulator becomes
+//! [`ACL_ERROR_RT_INTERNAL_ERROR`] or [`HCCL_E_INTERNAL`]; it never crosses the C boundary.
+//!
+//! ## Layout
+//!
+//! `acl` (ACL exports), `device` (devices, contexts, per-thread state), `memory` (emulated device
+//! and host allocations), `stream` (ordered streams with a worker thread each), `hccl` (common
+//! communicator state and exports), `hccl_two_sided` (root info, send/recv), `hccl_one_sided`
+//! (global memory, batch get/put), `endpoint` (per-device listeners), `rank_table`, `wire`
+//! (framing on the sockets; nothing read from a socket is trusted), `faults`, `config`.
+
+mod acl;
+mod boundary;
+pub mod codes;
+mod config;
+mod device;
+mod endpoint;
+mod faults;
+mod handles;
+mod hccl;
+#[cfg(feature = "onesided")]
+mod hccl_one_sided;
+mod hccl_two_sided;
+mod memory;
+mod rank_table;
+mod stream;
+pub mod types;
+mod wire;
+
+pub use acl::*;
+pub use codes::*;
+pub use config::parse_visible_devices;
+pub use hccl::*;
+#[cfg(feature = "onesided")]
+pub use hccl_one_sided::*;
+pub use hccl_two_sided::*;
+pub use types::*;
+
+/// Every C symbol this build exports, in the order of the reference (ACL, two-sided HCCL, then
+/// the one-sided HCCL service when the `onesided` feature is on).
+pub const EXPORTED_SYMBOLS: &[&str] = &[
+    "aclInit",
+    "aclFinalize",
+    "aclrtSetDevice",
+    "aclrtResetDevice",
+    "aclrtGetDevice",
+    "aclrtGetDeviceCount",
+    "aclrtMalloc",
+    "aclrtFree",
+    "aclrtMallocHost",
+    "aclrtFreeHost",
+    "aclrtMemcpy",
+    "aclrtMemcpyAsync",
+    "aclrtCreateStream",
+    "aclrtDestroyStream",
+    "aclrtSynchronizeStream",
+    "aclrtSynchronizeStreamWithTimeout",
+    "aclrtCreateContext",
+    "aclrtDestroyContext",
+    "aclrtSetCurrentContext",
+    "aclrtGetCurrentContext",
+    "aclrtGetVersion",
+    "aclrtGetPhyDevIdByUserDevId",
+    "aclrtGetPhyDevIdByLogicDevId",
+    "aclrtPointerGetAttributes",
+    "aclrtGetSocName",
+    "aclGetRecentErrMsg",
+    "HcclGetRootInfo",
+    "HcclCommInitRootInfo",
+    "HcclCommInitClusterInfo",
+    "HcclCommDestroy",
+    "HcclSend",
+    "HcclRecv",
+    "HcclGetRankId",
+    "HcclGetRankSize",
+    "HcclGetErrorString",
+    #[cfg(feature = "onesided")]
+    "HcclRegisterGlobalMem",
+    #[cfg(feature = "onesided")]
+    "HcclDeregisterGlobalMem",
+    #[cfg(feature = "onesided")]
+    "HcclCommInitClusterInfoMemConfig",
+    #[cfg(feature = "onesided")]
+    "HcclCommBindMem",
+    #[cfg(feature = "onesided")]
+    "HcclCommUnbindMem",
+    #[cfg(feature = "onesided")]
+    "HcclCommPrepare",
+    #[cfg(feature = "onesided")]
+    "HcclBatchPut",
+    #[cfg(feature = "onesided")]
+    "HcclBatchGet",
+];
+
+/// The one-sided HCCL symbols (exported only with the `onesided` feature).
+pub const ONE_SIDED_SYMBOLS: &[&str] = &[
+    "HcclRegisterGlobalMem",
+    "HcclDeregisterGlobalMem",
+    "HcclCommInitClusterInfoMemConfig",
+    "HcclCommBindMem",
+    "HcclCommUnbindMem",
+    "HcclCommPrepare",
+    "HcclBatchPut",
+    "HcclBatchGet",
+];

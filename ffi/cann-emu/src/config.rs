@@ -1,0 +1,172 @@
+//! Process configuration read from the environment (once, at first use).
+//!
+//! ## `ASCEND_RT_VISIBLE_DEVICES`, as CANN documents it
+//!
+//! CANN's environment-variable reference says: the value lists *logical* device ids separated
+//! by commas; the process sees only those devices, and its *user* ids (what `aclrtSetDevice`
+//! and `aclrtGetDevice` take and return) are the indexes in that list, so `=1,2,3` gives three
+//! devices whose user id 0 is logical id 1. "The value cannot contain other characters or
+//! invalid device ids; if it does, only the ids before them are read": `=1, 2,3` reads only
+//! `1` (the space stops parsing), `=1,3,8` on an 8-device machine reads `1,3` (8 is out of
+//! range). "Only ascending order is supported": the emulator treats an id that is not greater
+//! than the previous one (unsorted or repeated) as an invalid entry, so `=5,4` reads `5`.
+//! An empty value (or one whose first entry is bad) leaves no device visible. Unset: every
+//! device is visible and user id == logical id.
+//!
+//! Outside a container logical id == physical id, and the emulator has no container, so the
+//! logical ids are the physical ids (`/dev/davinciN`, rank tables, `hccn.conf`).
+
+use std::net::IpAddr;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+/// Default number of emulated physical devices.
+pub(crate) const DEFAULT_DEVICES: u32 = 8;
+/// Upper bound for `FERRY_CANN_EMU_DEVICES` (a sanity cap).
+const MAX_DEVICES: u32 = 1024;
+/// HCCL's default `HCCL_CONNECT_TIMEOUT` (seconds).
+const DEFAULT_CONNECT_TIMEOUT_S: u64 = 120;
+/// HCCL's default `HCCL_EXEC_TIMEOUT` (seconds).
+const DEFAULT_EXEC_TIMEOUT_S: u64 = 1800;
+
+/// The emulator's configuration.
+#[derive(Debug, Clone)]
+pub(crate) struct Config {
+    /// Number of emulated physical devices (ids `0..physical_devices`).
+    pub(crate) physical_devices: u32,
+    /// Physical id of each user id (index = user id).
+    pub(crate) visible: Vec<u32>,
+    /// `HCCL_CONNECT_TIMEOUT`.
+    pub(crate) connect_timeout: Duration,
+    /// `HCCL_EXEC_TIMEOUT`.
+    pub(crate) exec_timeout: Duration,
+    /// `HCCL_IF_IP`, if set and valid.
+    pub(crate) if_ip: Option<IpAddr>,
+}
+
+/// Parses `ASCEND_RT_VISIBLE_DEVICES` the way CANN documents it: returns the logical ids the
+/// process sees, in user-id order (user id = index), given `physical` devices on the machine.
+///
+/// CANN's environment-variable reference: ids are separated by commas; "the value cannot
+/// contain other characters or invalid device ids; if it does, only the ids before them are
+/// read" (`1, 2,3` reads `[1]` because of the space; `1,3,8` on 8 devices reads `[1, 3]`), and
+/// "only ascending order is supported" — the emulator stops at an id that is not greater than
+/// the previous one (`5,4` reads `[5]`, `4,4` reads `[4]`). An empty value, or a bad first
+/// entry, leaves no device. (When the variable is unset every device is visible; the emulator
+/// has no container, so logical ids are physical ids.)
+///
+/// ```
+/// use ferry_cann_emu::parse_visible_devices as parse;
+/// assert_eq!(parse("4,5", 8), vec![4, 5]);
+/// assert_eq!(parse("1, 2,3", 8), vec![1]);
+/// assert_eq!(parse("1,3,8", 8), vec![1, 3]);
+/// assert_eq!(parse("5,4", 8), vec![5]);
+/// assert_eq!(parse("", 8), Vec::<u32>::new());
+/// ```
+pub fn parse_visible_devices(value: &str, physical: u32) -> Vec<u32> {
+    let mut out: Vec<u32> = Vec::new();
+    for entry in value.split(',') {
+        if entry.is_empty() || !entry.bytes().all(|b| b.is_ascii_digit()) {
+            break;
+        }
+        let Ok(id) = entry.parse::<u32>() else { break };
+        if id >= physical || out.last().is_some_and(|&last| id <= last) {
+            break;
+        }
+        out.push(id);
+    }
+    out
+}
+
+fn warn(message: &str) {
+    eprintln!("[ferry-cann-emu] warning: {message}");
+}
+
+fn seconds_var(name: &str, default_s: u64) -> Duration {
+    match std::env::var(name) {
+        Ok(v) => match v.trim().parse::<u64>() {
+            Ok(s) if s > 0 => Duration::from_secs(s),
+            _ => {
+                warn(&format!("{name}={v:?} is not a positive number of seconds; using {default_s}"));
+                Duration::from_secs(default_s)
+            }
+        },
+        Err(_) => Duration::from_secs(default_s),
+    }
+}
+
+fn load() -> Config {
+    let physical_devices = match std::env::var("FERRY_CANN_EMU_DEVICES") {
+        Ok(v) => match v.trim().parse::<u32>() {
+            Ok(n) if n <= MAX_DEVICES => n,
+            _ => {
+                warn(&format!(
+                    "FERRY_CANN_EMU_DEVICES={v:?} is not a device count (0..={MAX_DEVICES}); using {DEFAULT_DEVICES}"
+                ));
+                DEFAULT_DEVICES
+            }
+        },
+        Err(_) => DEFAULT_DEVICES,
+    };
+    let visible = match std::env::var("ASCEND_RT_VISIBLE_DEVICES") {
+        Ok(v) => parse_visible_devices(&v, physical_devices),
+        Err(_) => (0..physical_devices).collect(),
+    };
+    let if_ip = match std::env::var("HCCL_IF_IP") {
+        Ok(v) => match v.trim().parse::<IpAddr>() {
+            Ok(ip) => Some(ip),
+            Err(_) => {
+                warn(&format!("HCCL_IF_IP={v:?} is not an IP address; using 127.0.0.1"));
+                None
+            }
+        },
+        Err(_) => None,
+    };
+    Config {
+        physical_devices,
+        visible,
+        connect_timeout: seconds_var("HCCL_CONNECT_TIMEOUT", DEFAULT_CONNECT_TIMEOUT_S),
+        exec_timeout: seconds_var("HCCL_EXEC_TIMEOUT", DEFAULT_EXEC_TIMEOUT_S),
+        if_ip,
+    }
+}
+
+/// The process configuration (read from the environment at first use).
+pub(crate) fn config() -> &'static Config {
+    static CONFIG: OnceLock<Config> = OnceLock::new();
+    CONFIG.get_or_init(load)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_visible_devices as parse;
+
+    #[test]
+    fn ids_are_read_in_order() {
+        assert_eq!(parse("4,5", 8), vec![4, 5]);
+        assert_eq!(parse("1,2,3", 8), vec![1, 2, 3]);
+        assert_eq!(parse("7", 8), vec![7]);
+        assert_eq!(parse("012", 16), vec![12]);
+    }
+
+    #[test]
+    fn parsing_stops_at_the_first_bad_entry() {
+        assert_eq!(parse("1, 2,3", 8), vec![1], "a space is another character");
+        assert_eq!(parse("1,3,8", 8), vec![1, 3], "8 is out of range on 8 devices");
+        assert_eq!(parse("5,4", 8), vec![5], "descending");
+        assert_eq!(parse("4,4,5", 8), vec![4], "repeated");
+        assert_eq!(parse("2,x,3", 8), vec![2]);
+        assert_eq!(parse("2,3,", 8), vec![2, 3], "trailing comma");
+        assert_eq!(parse("-1", 8), Vec::<u32>::new());
+        assert_eq!(parse("+1", 8), Vec::<u32>::new());
+        assert_eq!(parse(" 1", 8), Vec::<u32>::new());
+        assert_eq!(parse("99999999999999999999", 8), Vec::<u32>::new());
+    }
+
+    #[test]
+    fn empty_means_no_device() {
+        assert_eq!(parse("", 8), Vec::<u32>::new());
+        assert_eq!(parse(",1", 8), Vec::<u32>::new());
+        assert_eq!(parse("0", 0), Vec::<u32>::new());
+    }
+}

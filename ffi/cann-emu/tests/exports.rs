@@ -1,0 +1,76 @@
+//! The shared library exports the C symbols (checked with `nm -D`), and the build without the
+//! `onesided` feature (an "older CANN") lacks the one-sided ones.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use ferry_cann_emu::{EXPORTED_SYMBOLS, ONE_SIDED_SYMBOLS};
+
+/// `target/<profile>`: the test binary lives in `target/<profile>/deps`.
+fn profile_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("test binary path");
+    exe.parent().and_then(Path::parent).expect("target/<profile>/deps/<test>").to_path_buf()
+}
+
+fn defined_symbols(so: &Path) -> BTreeSet<String> {
+    assert!(so.exists(), "{} is missing: build it with `cargo build -p ferry-cann-emu`", so.display());
+    let out = Command::new("nm")
+        .args(["-D", "--defined-only"])
+        .arg(so)
+        .output()
+        .expect("run `nm` (binutils) to list the library's dynamic symbols");
+    assert!(out.status.success(), "nm failed: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| {
+            let mut f = l.split_whitespace();
+            match (f.next(), f.next(), f.next()) {
+                (Some(_), Some("T"), Some(name)) => Some(name.to_string()),
+                _ => None,
+            }
+        })
+        .collect()
+}
+
+fn c_api(symbols: &BTreeSet<String>) -> BTreeSet<String> {
+    symbols.iter().filter(|s| s.starts_with("acl") || s.starts_with("Hccl")).cloned().collect()
+}
+
+#[test]
+fn the_library_exports_exactly_the_c_surface() {
+    let so = profile_dir().join("libferry_cann_emu.so");
+    let exported = c_api(&defined_symbols(&so));
+    let expected: BTreeSet<String> = EXPORTED_SYMBOLS.iter().map(|s| s.to_string()).collect();
+    assert_eq!(exported, expected, "C symbols of {}", so.display());
+    assert_eq!(ONE_SIDED_SYMBOLS.iter().all(|s| exported.contains(*s)), cfg!(feature = "onesided"));
+}
+
+#[test]
+fn the_legacy_build_lacks_the_one_sided_symbols() {
+    let profile = profile_dir();
+    let root = profile.parent().expect("target dir");
+    // When this test itself runs in the legacy build, build into that same directory.
+    let target_dir = if root.ends_with("cann-emu-legacy") { root.to_path_buf() } else { root.join("cann-emu-legacy") };
+    let mut cmd = Command::new(env!("CARGO"));
+    cmd.current_dir(env!("CARGO_MANIFEST_DIR"))
+        .args(["build", "-p", "ferry-cann-emu", "--no-default-features", "--target-dir"])
+        .arg(&target_dir);
+    let profile_name = profile.file_name().and_then(|n| n.to_str()).unwrap_or("debug");
+    if profile_name == "release" {
+        cmd.arg("--release");
+    }
+    let out = cmd.output().expect("run cargo");
+    assert!(out.status.success(), "legacy build failed:\n{}", String::from_utf8_lossy(&out.stderr));
+    let so = target_dir.join(profile_name).join("libferry_cann_emu.so");
+    let exported = c_api(&defined_symbols(&so));
+    for s in ONE_SIDED_SYMBOLS {
+        assert!(!exported.contains(*s), "{s} must be absent from {}", so.display());
+    }
+    for s in ["HcclGetRootInfo", "HcclCommInitRootInfo", "HcclSend", "HcclRecv", "aclrtSetDevice", "aclrtMemcpyAsync"] {
+        assert!(exported.contains(s), "{s} must be present in {}", so.display());
+    }
+    let two_sided: BTreeSet<String> =
+        EXPORTED_SYMBOLS.iter().filter(|s| !ONE_SIDED_SYMBOLS.contains(s)).map(|s| s.to_string()).collect();
+    assert_eq!(exported, two_sided);
+}
