@@ -1,1 +1,516 @@
-//! placeholder
+//! # ferry-transport-hccl
+//!
+//! Ferry's Ascend transport (`protocol: "ascend"`, alias `"hccl"`), over HCCL loaded at run
+//! time by [`ferry_ascend_sys`].
+//!
+//! - **Identity.** At start the transport resolves this process through the engine's resolver
+//!   chain plus the [`AclQueryResolver`] (`acl`: user device → physical NPU through the ACL
+//!   runtime). It refuses to start, naming what is missing and what was resolved, when the
+//!   physical NPU, the user device or the device IP is unknown: it never assumes device 0.
+//!   It publishes Mooncake's `rank_info` (host IP and control port, physical and logical device,
+//!   device IP and port, pid) and `device_id` on device buffers.
+//! - **Control channel.** A small TCP listener (length-prefixed JSON, bounded frames, timeouts)
+//!   where peers ask to build a communicator and, on the two-sided path, to send or receive;
+//!   every address is checked against the live memory registry before the device touches it.
+//! - **One-sided path** (when the CANN release has it): each registered region is registered
+//!   with `HcclRegisterGlobalMem`; per peer a two-rank v1.0 rank table is built from both
+//!   identities (same order on both sides), the communicator is initialised from it, memory is
+//!   bound, the communicator prepared; transfers are `HcclBatchGet`/`HcclBatchPut` calls of at
+//!   most 256 descriptors followed by a stream sync with timeout. One communicator per peer,
+//!   cached; after a failure it is torn down and rebuilt (both sides agree on a new epoch), and
+//!   the batch retried up to `retries` times (default 2) before its requests fail with the HCCL
+//!   error. An `HCCL_E_NOT_SUPPORT` answer, or a release without the symbols, selects:
+//! - **Two-sided path**: root info exchanged over the control channel, then `HcclSend`/`HcclRecv`
+//!   pairs driven over it.
+//!
+//! All ACL/HCCL calls run on device threads ([`ferry_ascend_sys::DeviceThread`]) bound to this
+//! process's device, never on async workers; `submit` only queues.
+//!
+//! Validated on Ferry's emulated CANN only (`ffi/cann-emu`), never on an NPU.
+
+mod identity;
+mod peer;
+mod pending;
+mod server;
+pub mod wire;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use ferry_ascend_sys::{AscendError, DeviceThread, GlobalMem, Library, MemKind, SearchPath};
+use ferry_core::{
+    Batch, Capabilities, Error, ErrorKind, Location, MemoryRegistry, OpenSegment, Region, ResolveQuery, Result,
+    SegmentDescriptor, Transport, TransportContext, TransportFactory,
+};
+use tokio::sync::watch;
+
+pub use ferry_ascend_sys as sys;
+pub use identity::{
+    ACL_RESOLVER_NAME, AclQueryResolver, AclResolverFactory, DEFAULT_DEVICE_PORT, LocalIdentity, PairTable,
+    PeerIdentity, RankMember,
+};
+
+use crate::peer::Peer;
+use crate::pending::Pending;
+
+/// Protocol name.
+pub const PROTOCOL: &str = "ascend";
+/// Accepted alias.
+pub const ALIAS: &str = "hccl";
+/// Default number of retries after a failed transfer (Mooncake's default).
+pub const DEFAULT_RETRIES: u32 = 2;
+/// Mooncake's variable for the retry count, honoured here too.
+pub const RETRIES_ENV: &str = "ASCEND_TRANSPORT_TRANSFER_MAX_RETRY_COUNT";
+/// Ferry's variable for the control channel port (default: any free port).
+pub const CONTROL_PORT_ENV: &str = "FERRY_HCCL_CONTROL_PORT";
+
+/// Counters of this process's ascend transports (all engines together), for tests, benchmarks
+/// and diagnostics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Batches moved by `HcclBatchGet`/`HcclBatchPut` (one per submitted group of requests).
+    pub one_sided_batches: u64,
+    /// Chunks (up to 256 requests) moved by `HcclSend`/`HcclRecv`.
+    pub two_sided_chunks: u64,
+    /// Attempts that failed (each followed by a rebuild and a retry while retries remain).
+    pub failed_attempts: u64,
+    /// Communicators built (both paths, this side).
+    pub communicators_built: u64,
+    /// Nanoseconds spent in transfer jobs on device threads (the HCCL calls and the stream
+    /// wait): end-to-end time minus this is the transport's own overhead.
+    pub device_ns: u64,
+}
+
+pub(crate) mod counters {
+    use std::sync::atomic::AtomicU64;
+    pub(crate) static ONE_SIDED_BATCHES: AtomicU64 = AtomicU64::new(0);
+    pub(crate) static TWO_SIDED_CHUNKS: AtomicU64 = AtomicU64::new(0);
+    pub(crate) static FAILED_ATTEMPTS: AtomicU64 = AtomicU64::new(0);
+    pub(crate) static COMMUNICATORS_BUILT: AtomicU64 = AtomicU64::new(0);
+    pub(crate) static DEVICE_NS: AtomicU64 = AtomicU64::new(0);
+
+    /// Adds the time since `start` to the device-time counter.
+    pub(crate) fn device_time(start: std::time::Instant) {
+        let ns = u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        DEVICE_NS.fetch_add(ns, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    pub(crate) fn bump(c: &AtomicU64) {
+        c.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// The counters so far.
+pub fn stats() -> Stats {
+    use counters::*;
+    let get = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
+    Stats {
+        one_sided_batches: get(&ONE_SIDED_BATCHES),
+        two_sided_chunks: get(&TWO_SIDED_CHUNKS),
+        failed_attempts: get(&FAILED_ATTEMPTS),
+        communicators_built: get(&COMMUNICATORS_BUILT),
+        device_ns: get(&DEVICE_NS),
+    }
+}
+
+/// Where the factory gets the CANN libraries.
+#[derive(Clone)]
+enum LibrarySource {
+    Env,
+    Search(SearchPath),
+    Loaded(Arc<Library>),
+}
+
+/// Factory of the `ascend` transport.
+#[derive(Clone)]
+pub struct HcclTransportFactory {
+    source: LibrarySource,
+}
+
+impl std::fmt::Debug for HcclTransportFactory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HcclTransportFactory").finish_non_exhaustive()
+    }
+}
+
+impl Default for HcclTransportFactory {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl HcclTransportFactory {
+    /// Loads CANN from the process's search path (`FERRY_ASCEND_LIB_DIR`, `ASCEND_HOME_PATH`,
+    /// the install roots, the loader path) when an engine creates the transport.
+    pub fn new() -> Self {
+        Self { source: LibrarySource::Env }
+    }
+
+    /// Loads CANN from `search` instead.
+    pub fn with_search_path(search: SearchPath) -> Self {
+        Self { source: LibrarySource::Search(search) }
+    }
+
+    /// Uses an already loaded library.
+    pub fn with_library(lib: Arc<Library>) -> Self {
+        Self { source: LibrarySource::Loaded(lib) }
+    }
+
+    fn library(&self) -> Result<Arc<Library>> {
+        let loaded = match &self.source {
+            LibrarySource::Env => Library::load(),
+            LibrarySource::Search(s) => Library::load_from(s),
+            LibrarySource::Loaded(l) => Ok(l.clone()),
+        };
+        loaded.map_err(|e| Error::config(format!("ascend transport: {e}")).with_source(e))
+    }
+}
+
+#[async_trait]
+impl TransportFactory for HcclTransportFactory {
+    fn protocol(&self) -> &'static str {
+        PROTOCOL
+    }
+
+    fn aliases(&self) -> &'static [&'static str] {
+        &[ALIAS]
+    }
+
+    async fn create(&self, ctx: &TransportContext) -> Result<Arc<dyn Transport>> {
+        let lib = self.library()?;
+        Ok(Arc::new(HcclTransport::start(ctx, lib).await?))
+    }
+}
+
+/// Tunables, from the config's unknown fields and the environment.
+#[derive(Debug, Clone)]
+pub(crate) struct Settings {
+    /// Per-request deadline.
+    pub(crate) timeout: Duration,
+    /// Retries after a failure.
+    pub(crate) retries: u32,
+}
+
+/// State shared by the transport, its peers' drivers and the control server.
+pub(crate) struct Shared {
+    pub(crate) lib: Arc<Library>,
+    pub(crate) me: LocalIdentity,
+    pub(crate) control_port: u16,
+    pub(crate) settings: Settings,
+    pub(crate) memory: Arc<MemoryRegistry>,
+    pub(crate) runtime: tokio::runtime::Handle,
+    /// Registers global memory.
+    pub(crate) main: DeviceThread<()>,
+    /// The one-sided service may be used (the release has it and it did not answer NOT_SUPPORT).
+    pub(crate) one_sided: AtomicBool,
+    /// Global memory handles by region address.
+    pub(crate) globals: Arc<Mutex<BTreeMap<u64, Arc<GlobalMem>>>>,
+    pub(crate) peers: Mutex<HashMap<String, Arc<Peer>>>,
+    pub(crate) stop: watch::Sender<bool>,
+    pub(crate) stopped: AtomicBool,
+}
+
+impl Shared {
+    pub(crate) fn one_sided_ok(&self) -> bool {
+        self.one_sided.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn is_stopped(&self) -> bool {
+        self.stopped.load(Ordering::Acquire)
+    }
+
+    /// The peer named `name`, created (with its driver) on first use.
+    pub(crate) fn peer(self: &Arc<Self>, name: &str) -> Result<Arc<Peer>> {
+        if self.is_stopped() {
+            return Err(Error::new(ErrorKind::Shutdown, "ascend transport stopped"));
+        }
+        let mut peers = self.peers.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(p) = peers.get(name) {
+            return Ok(p.clone());
+        }
+        let p = Peer::start(self, name);
+        peers.insert(name.to_owned(), p.clone());
+        Ok(p)
+    }
+}
+
+/// The `ascend` transport of one engine.
+pub struct HcclTransport {
+    shared: Arc<Shared>,
+    server: Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+impl std::fmt::Debug for HcclTransport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HcclTransport").field("identity", &self.shared.me).finish_non_exhaustive()
+    }
+}
+
+fn setting<T: std::str::FromStr>(ctx: &TransportContext, field: &str, vars: &[&str]) -> Result<Option<T>> {
+    for var in vars {
+        if let Some(v) = std::env::var(var).ok().filter(|v| !v.trim().is_empty()) {
+            return v
+                .trim()
+                .parse()
+                .map(Some)
+                .map_err(|_| Error::config(format!("environment variable {var}={v:?} is not a valid number")));
+        }
+    }
+    match ctx.config.extra.get(field) {
+        None => Ok(None),
+        Some(v) => v
+            .as_u64()
+            .map(|n| n.to_string())
+            .and_then(|s| s.parse().ok())
+            .map(Some)
+            .ok_or_else(|| Error::config(format!("config field `{field}` = {v} is not a valid number"))),
+    }
+}
+
+impl HcclTransport {
+    /// Resolves this process's identity, starts the device thread and the control listener.
+    ///
+    /// # Errors
+    /// [`ErrorKind::Config`] when the physical NPU, the user device or the device IP cannot be
+    /// resolved (the message shows what was resolved and from where), and the ACL error when
+    /// the device cannot be bound.
+    pub async fn start(ctx: &TransportContext, lib: Arc<Library>) -> Result<Self> {
+        let retries: u32 =
+            setting(ctx, "hccl_retries", &[RETRIES_ENV, "FERRY_HCCL_RETRIES"])?.unwrap_or(DEFAULT_RETRIES);
+        let control_port: u16 = setting(ctx, "hccl_control_port", &[CONTROL_PORT_ENV])?.unwrap_or(0);
+
+        let mut chain = ctx.resolvers.clone();
+        if !chain.names().contains(&ACL_RESOLVER_NAME) {
+            let acl = Arc::new(AclQueryResolver::new(lib.clone()));
+            if !chain.insert_before("hccn_conf", acl.clone()) {
+                chain = chain.with(acl);
+            }
+        }
+        let query = ResolveQuery::local(Some(ctx.segment_name.clone()), ctx.config.local_rank);
+        let resolution =
+            chain.resolve(&query).await.map_err(|e| e.context(format!("ascend transport: {}", e.message())))?;
+        let me = LocalIdentity::from_resolution(&ctx.segment_name, "127.0.0.1", &resolution)?;
+
+        let main = {
+            let (lib, user) = (lib.clone(), me.user_device);
+            tokio::task::spawn_blocking(move || {
+                DeviceThread::spawn(&lib, user, "ferry-hccl-main", move |dev| {
+                    tracing::debug!(user_device = user, acl_current = ?dev.current(), "hccl main device thread bound");
+                    Ok(())
+                })
+            })
+            .await
+            .map_err(|e| Error::new(ErrorKind::Internal, format!("ascend transport: {e}")))?
+            .map_err(|e| {
+                Error::config(format!(
+                    "ascend transport: cannot bind user device {} (physical NPU {}): {e}",
+                    me.user_device, me.physical_device
+                ))
+                .with_source(e)
+            })?
+        };
+
+        let listener = tokio::net::TcpListener::bind(("0.0.0.0", control_port)).await.map_err(|e| {
+            Error::config(format!("ascend transport: cannot listen on 0.0.0.0:{control_port}")).with_source(e)
+        })?;
+        let control_port = listener
+            .local_addr()
+            .map_err(|e| Error::transport("ascend transport: no local address").with_source(e))?
+            .port();
+        let (stop, stop_rx) = watch::channel(false);
+        let caps = lib.capabilities();
+        if !caps.sync_with_timeout {
+            tracing::warn!("aclrtSynchronizeStreamWithTimeout is absent: stream waits are unbounded");
+        }
+        let shared = Arc::new(Shared {
+            lib,
+            me,
+            control_port,
+            settings: Settings { timeout: ctx.config.transfer_timeout(), retries },
+            memory: ctx.memory.clone(),
+            runtime: ctx.runtime.clone(),
+            main,
+            one_sided: AtomicBool::new(caps.one_sided),
+            globals: Arc::new(Mutex::new(BTreeMap::new())),
+            peers: Mutex::new(HashMap::new()),
+            stop,
+            stopped: AtomicBool::new(false),
+        });
+        let server = ctx.runtime.spawn(server::serve(listener, shared.clone(), stop_rx));
+        tracing::info!(
+            segment = %shared.me.segment,
+            physical_device = shared.me.physical_device,
+            user_device = shared.me.user_device,
+            device_ip = %shared.me.device_ip,
+            control_port,
+            one_sided = caps.one_sided,
+            "ascend transport started\n{resolution}"
+        );
+        Ok(Self { shared, server: Mutex::new(Some(server)) })
+    }
+
+    /// This transport's identity.
+    pub fn identity(&self) -> &LocalIdentity {
+        &self.shared.me
+    }
+
+    /// The control channel port.
+    pub fn control_port(&self) -> u16 {
+        self.shared.control_port
+    }
+
+    /// Whether transfers use the one-sided service (else two-sided send/recv).
+    pub fn one_sided(&self) -> bool {
+        self.shared.one_sided_ok()
+    }
+
+    fn mem_kind(&self, region: &Region) -> Result<MemKind> {
+        let me = &self.shared.me;
+        match region.location() {
+            Location::Npu(n) if *n == me.user_device || *n == me.physical_device => Ok(MemKind::Device),
+            Location::Npu(n) => Err(Error::invalid(format!(
+                "region {:#x}+{} is on npu:{n}, but this engine's ascend transport drives user device {} (physical \
+                 NPU {}); register each device's memory with the engine of that device",
+                region.addr(),
+                region.len(),
+                me.user_device,
+                me.physical_device
+            ))),
+            Location::Cuda(_) => Err(Error::new(
+                ErrorKind::Unsupported,
+                format!("region {:#x} is CUDA memory, which the ascend transport cannot move", region.addr()),
+            )),
+            _ => Ok(MemKind::Host),
+        }
+    }
+}
+
+/// Runs `f` on `worker` and awaits its result without blocking the async runtime.
+pub(crate) async fn run_on<S: 'static, R: Send + 'static>(
+    worker: &DeviceThread<S>,
+    f: impl FnOnce(&ferry_ascend_sys::Device, &mut S) -> R + Send + 'static,
+) -> std::result::Result<R, AscendError> {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    worker.submit(move |d, s| {
+        let _ = tx.send(f(d, s));
+    })?;
+    rx.await
+        .map_err(|_| AscendError::Thread { name: worker.name().to_owned(), reason: "the job did not finish".into() })
+}
+
+/// An HCCL/ACL failure as a Ferry transport error (the HCCL text is the source).
+pub(crate) fn hccl_error(context: String, e: AscendError) -> Error {
+    Error::transport(format!("{context}: {e}")).with_source(e)
+}
+
+impl Drop for HcclTransport {
+    fn drop(&mut self) {
+        self.shared.stopped.store(true, Ordering::Release);
+        let _ = self.shared.stop.send(true);
+        if let Some(h) = self.server.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            h.abort();
+        }
+    }
+}
+
+#[async_trait]
+impl Transport for HcclTransport {
+    fn protocol(&self) -> &str {
+        PROTOCOL
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            read: true,
+            write: true,
+            notifications: false,
+            host_memory: true,
+            device_memory: true,
+            cross_process: true,
+        }
+    }
+
+    fn publish(&self, descriptor: &mut SegmentDescriptor) {
+        descriptor.rank_info = Some(self.shared.me.rank_info(self.shared.control_port));
+        let me = &self.shared.me;
+        for b in &mut descriptor.buffers {
+            if let Ok(Location::Npu(n)) = b.name.parse::<Location>()
+                && (n == me.user_device || n == me.physical_device)
+            {
+                b.device_id = Some(i64::from(me.physical_device));
+            }
+        }
+    }
+
+    async fn register_memory(&self, region: &Region) -> Result<()> {
+        let kind = self.mem_kind(region)?;
+        if !self.shared.one_sided_ok() {
+            return Ok(());
+        }
+        let (addr, len) = (region.addr(), region.len());
+        let registered = run_on(&self.shared.main, move |dev, _| {
+            // SAFETY: the engine registered this region, whose contract keeps it valid until it
+            // is unregistered; unregister_memory deregisters it (after unbinding it) first.
+            unsafe { GlobalMem::register(dev, kind, addr, len) }
+        })
+        .await
+        .map_err(|e| hccl_error("ascend transport: device thread".into(), e))?;
+        match registered {
+            Ok(g) => {
+                let g = Arc::new(g);
+                self.shared.globals.lock().unwrap_or_else(|p| p.into_inner()).insert(addr, g.clone());
+                let peers: Vec<Arc<Peer>> =
+                    self.shared.peers.lock().unwrap_or_else(|p| p.into_inner()).values().cloned().collect();
+                for p in peers {
+                    p.bind_new(g.clone());
+                }
+                Ok(())
+            }
+            Err(e) if e.is_not_supported() => {
+                tracing::warn!(error = %e, "the one-sided HCCL service is not supported here; using two-sided send/recv");
+                self.shared.one_sided.store(false, Ordering::Release);
+                Ok(())
+            }
+            Err(e) => Err(hccl_error(format!("ascend transport: registering {addr:#x}+{len} with HCCL"), e)),
+        }
+    }
+
+    async fn unregister_memory(&self, region: &Region) -> Result<()> {
+        let g = self.shared.globals.lock().unwrap_or_else(|p| p.into_inner()).remove(&region.addr());
+        let Some(g) = g else { return Ok(()) };
+        let peers: Vec<Arc<Peer>> =
+            self.shared.peers.lock().unwrap_or_else(|p| p.into_inner()).values().cloned().collect();
+        for p in peers {
+            p.unbind(&g).await;
+        }
+        // Deregistered on the device thread, once no communicator holds it.
+        let _ = run_on(&self.shared.main, move |_, _| drop(g)).await;
+        Ok(())
+    }
+
+    fn submit(&self, target: &Arc<OpenSegment>, batch: &Arc<Batch>, indices: &[u32]) -> Result<()> {
+        let peer = self.shared.peer(target.name())?;
+        peer.enqueue(target.clone(), Pending::new(batch.clone(), indices.to_vec()), self.shared.settings.timeout);
+        Ok(())
+    }
+
+    async fn shutdown(&self) {
+        self.shared.stopped.store(true, Ordering::Release);
+        let _ = self.shared.stop.send(true);
+        let server = self.server.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(h) = server {
+            let _ = h.await;
+        }
+        let peers: Vec<Arc<Peer>> =
+            self.shared.peers.lock().unwrap_or_else(|p| p.into_inner()).drain().map(|(_, p)| p).collect();
+        for p in peers {
+            p.shutdown().await;
+        }
+        let globals: Vec<Arc<GlobalMem>> =
+            std::mem::take(&mut *self.shared.globals.lock().unwrap_or_else(|p| p.into_inner())).into_values().collect();
+        let _ = run_on(&self.shared.main, move |_, _| drop(globals)).await;
+    }
+}

@@ -1,0 +1,294 @@
+//! A prefill or decode process on the `ascend` transport, used by the HCCL integration tests
+//! (`tests/hccl_transfer.rs`) and handy for trying a deployment by hand.
+//!
+//! ```text
+//! ascend_peer prefill [--host-memory] [--regions N] [--blocks N] [--block-len N]
+//!     registers a KV cache filled with a pattern, prints `READY <json>` (segment, layout,
+//!     rank_info), then serves; on stdin: `verify <dst>:<src>,... <seed>` checks blocks written
+//!     by a peer (prints `VERIFIED ok` or `VERIFIED bad ...`), `quit` shuts down.
+//! ascend_peer decode --peer SEGMENT --peer-layout JSON [--read R:L,...] [--write L:R,...]
+//!     [--host-memory] [--expect-failure] [--repeat N]
+//!     reads remote blocks R into local blocks L (checking the pattern), writes local blocks
+//!     (filled with seed 2) into remote ones, prints `DONE <json>` (or `FAILED <json>` with
+//!     --expect-failure when the read fails).
+//! ```
+//!
+//! Everything else comes from the environment, as in a real deployment: `FERRY_ASCEND_LIB_DIR`
+//! (or a CANN install), `LOCAL_RANK`, `ASCEND_RT_VISIBLE_DEVICES`, `FERRY_HCCN_CONF`,
+//! `FERRY_TRANSFER_TIMEOUT_MS`. Metadata is the P2P handshake; the segment is `127.0.0.1:<port>`.
+
+use std::io::BufRead;
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{Context, bail};
+use ferry::{BlockTransfer, Config, KvLayout, Location, Opcode};
+use ferry_transport_hccl::HcclTransportFactory;
+use ferry_transport_hccl::sys::{Device, DeviceBuffer, Library};
+
+/// Byte `offset` of block `block` of region `region` in the pattern of `seed`.
+fn pattern(seed: u64, region: u64, block: u64, offset: u64) -> u8 {
+    (seed.wrapping_mul(131) ^ region.wrapping_mul(31) ^ block.wrapping_mul(7) ^ offset.wrapping_mul(13)) as u8
+}
+
+/// A KV region in device or host memory.
+enum Mem {
+    Device(DeviceBuffer),
+    Host(Vec<u8>),
+}
+
+impl Mem {
+    fn addr(&self) -> u64 {
+        match self {
+            Mem::Device(d) => d.addr(),
+            Mem::Host(v) => v.as_ptr() as u64,
+        }
+    }
+    fn write(&mut self, off: usize, data: &[u8]) -> anyhow::Result<()> {
+        match self {
+            Mem::Device(d) => Ok(d.write(off, data)?),
+            Mem::Host(v) => {
+                v[off..off + data.len()].copy_from_slice(data);
+                Ok(())
+            }
+        }
+    }
+    fn read(&self, off: usize, out: &mut [u8]) -> anyhow::Result<()> {
+        match self {
+            Mem::Device(d) => Ok(d.read(off, out)?),
+            Mem::Host(v) => {
+                // The engine writes through raw pointers: keep the compiler from assuming
+                // nothing changed.
+                let v = std::hint::black_box(v);
+                out.copy_from_slice(&v[off..off + out.len()]);
+                Ok(())
+            }
+        }
+    }
+}
+
+struct Args {
+    role: String,
+    peer: Option<String>,
+    peer_layout: Option<String>,
+    host_memory: bool,
+    regions: u64,
+    blocks: u32,
+    block_len: u64,
+    read: Vec<(u32, u32)>,
+    write: Vec<(u32, u32)>,
+    expect_failure: bool,
+    repeat: u32,
+}
+
+fn pairs(s: &str) -> anyhow::Result<Vec<(u32, u32)>> {
+    s.split(',')
+        .filter(|p| !p.is_empty())
+        .map(|p| {
+            let (a, b) = p.split_once(':').context("block pairs are A:B")?;
+            Ok((a.parse()?, b.parse()?))
+        })
+        .collect()
+}
+
+fn parse_args() -> anyhow::Result<Args> {
+    let mut it = std::env::args().skip(1);
+    let role = it.next().context("usage: ascend_peer prefill|decode [options]")?;
+    let mut a = Args {
+        role,
+        peer: None,
+        peer_layout: None,
+        host_memory: false,
+        regions: 4,
+        blocks: 64,
+        block_len: 4096,
+        read: pairs("3:0,4:1,5:2,9:3,40:4")?,
+        write: pairs("6:20,7:21")?,
+        expect_failure: false,
+        repeat: 1,
+    };
+    while let Some(flag) = it.next() {
+        let mut val = || it.next().with_context(|| format!("{flag} needs a value"));
+        match flag.as_str() {
+            "--peer" => a.peer = Some(val()?),
+            "--peer-layout" => a.peer_layout = Some(val()?),
+            "--host-memory" => a.host_memory = true,
+            "--regions" => a.regions = val()?.parse()?,
+            "--blocks" => a.blocks = val()?.parse()?,
+            "--block-len" => a.block_len = val()?.parse()?,
+            "--read" => a.read = pairs(&val()?)?,
+            "--write" => a.write = pairs(&val()?)?,
+            "--expect-failure" => a.expect_failure = true,
+            "--repeat" => a.repeat = val()?.parse()?,
+            other => bail!("unknown option {other}"),
+        }
+    }
+    Ok(a)
+}
+
+fn main() {
+    if let Err(e) = run() {
+        eprintln!("ascend_peer: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn run() -> anyhow::Result<()> {
+    let args = parse_args()?;
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let mut cfg = Config::from_json_str(
+        r#"{"local_hostname": "127.0.0.1", "metadata_server": "P2PHANDSHAKE", "protocol": "ascend"}"#,
+        None,
+    )?;
+    cfg.apply_env(|k| std::env::var(k).ok())?;
+    let transports = ferry::TransportRegistry::new().with(Arc::new(HcclTransportFactory::new()));
+    let engine = rt.block_on(ferry::builder().config(cfg).transports(transports).build())?;
+
+    // This thread holds the device memory, bound to the same device as the engine.
+    let user: u32 = std::env::var("LOCAL_RANK").ok().map(|v| v.parse()).transpose()?.unwrap_or(0);
+    let lib = Library::load()?;
+    let device = Device::bind(&lib, user)?;
+    let acl_device = device.current()?;
+    let region_len = u64::from(args.blocks) * args.block_len;
+    let mut mems: Vec<Mem> = Vec::new();
+    for _ in 0..args.regions {
+        mems.push(if args.host_memory {
+            Mem::Host(vec![0u8; region_len as usize])
+        } else {
+            let d = device.alloc(region_len as usize)?;
+            d.write(0, &vec![0u8; region_len as usize])?;
+            Mem::Device(d)
+        });
+    }
+    let location = if args.host_memory { Location::Cpu(0) } else { Location::Npu(user) };
+    let seed = if args.role == "prefill" { 1 } else { 2 };
+    for (r, m) in mems.iter_mut().enumerate() {
+        for b in 0..u64::from(args.blocks) {
+            let data: Vec<u8> = (0..args.block_len).map(|o| pattern(seed, r as u64, b, o)).collect();
+            m.write((b * args.block_len) as usize, &data)?;
+        }
+    }
+    let regions: Vec<(u64, u64, Location)> = mems.iter().map(|m| (m.addr(), region_len, location.clone())).collect();
+    // SAFETY: the buffers live until the end of this function, after the engine shut down,
+    // and are only read through the ACL (or after transfers completed) meanwhile.
+    rt.block_on(unsafe { engine.register_memory_batch(&regions) })?;
+    let bases: Vec<u64> = mems.iter().map(Mem::addr).collect();
+    let layout = KvLayout::uniform(&bases, args.blocks, args.block_len);
+    let local_layout = engine.register_kv_layout(layout.clone())?;
+    let me = engine.local_descriptor();
+
+    let verify = |mems: &[Mem], pairs: &[(u32, u32)], seed: u64| -> anyhow::Result<()> {
+        let mut got = vec![0u8; args.block_len as usize];
+        for (r, m) in mems.iter().enumerate() {
+            for &(dst, src) in pairs {
+                m.read((u64::from(dst) * args.block_len) as usize, &mut got)?;
+                for (o, &byte) in got.iter().enumerate() {
+                    let want = pattern(seed, r as u64, u64::from(src), o as u64);
+                    if byte != want {
+                        bail!(
+                            "region {r} block {dst} byte {o} is {byte}, expected {want} (block {src} of seed {seed})"
+                        );
+                    }
+                }
+            }
+        }
+        Ok(())
+    };
+
+    if args.role == "prefill" {
+        let ready = serde_json::json!({
+            "segment": engine.segment_name(),
+            "layout": layout,
+            "rank_info": me.rank_info,
+            "buffers": me.buffers,
+            "acl_device": acl_device,
+        });
+        println!("READY {ready}");
+        for line in std::io::stdin().lock().lines() {
+            let line = line?;
+            let words: Vec<&str> = line.split_whitespace().collect();
+            match words.as_slice() {
+                ["verify", list, seed] => match verify(&mems, &pairs(list)?, seed.parse()?) {
+                    Ok(()) => println!("VERIFIED ok"),
+                    Err(e) => println!("VERIFIED bad {e:#}"),
+                },
+                ["stats"] => println!("STATS {:?}", ferry_transport_hccl::stats()),
+                ["quit"] => break,
+                [] => {}
+                _ => println!("ERROR unknown command {line:?}"),
+            }
+        }
+    } else {
+        let peer_name = args.peer.clone().context("decode needs --peer")?;
+        let peer_layout: KvLayout =
+            serde_json::from_str(args.peer_layout.as_deref().context("decode needs --peer-layout")?)?;
+        let peer = rt.block_on(engine.open_segment(&peer_name))?;
+        let peer_desc = engine.segment(peer)?.descriptor().clone();
+        let (remote, local): (Vec<u32>, Vec<u32>) = args.read.iter().copied().unzip();
+        let spec = BlockTransfer {
+            opcode: Opcode::Read,
+            local_blocks: &local,
+            remote_blocks: &remote,
+            local_slice: None,
+            remote_slice: None,
+        };
+        let started = Instant::now();
+        let mut read_ok = true;
+        for _ in 0..args.repeat {
+            let batch = rt.block_on(engine.submit_blocks(local_layout, peer, &peer_layout, &spec))?;
+            if let Err(e) = batch.wait_blocking(engine.transfer_timeout()) {
+                if !args.expect_failure {
+                    return Err(e).context(format!("reading blocks {:?}", batch.failed_blocks()));
+                }
+                let failed = serde_json::json!({
+                    "error": e.to_string(),
+                    "kind": e.kind().as_str(),
+                    "source": std::error::Error::source(&e).map(|s| s.to_string()),
+                    "failed_blocks": batch.failed_blocks(),
+                    "stats": format!("{:?}", ferry_transport_hccl::stats()),
+                });
+                println!("FAILED {failed}");
+                read_ok = false;
+                break;
+            }
+        }
+        let read_time = started.elapsed();
+        let after_reads = ferry_transport_hccl::stats();
+        if read_ok {
+            let checks: Vec<(u32, u32)> = args.read.iter().map(|&(r, l)| (l, r)).collect();
+            verify(&mems, &checks, 1).context("the blocks read from the prefill process")?;
+            if args.expect_failure {
+                bail!("the read succeeded but a failure was expected");
+            }
+            let (wl, wr): (Vec<u32>, Vec<u32>) = args.write.iter().copied().unzip();
+            let spec = BlockTransfer {
+                opcode: Opcode::Write,
+                local_blocks: &wl,
+                remote_blocks: &wr,
+                local_slice: None,
+                remote_slice: None,
+            };
+            let batch = rt.block_on(engine.submit_blocks(local_layout, peer, &peer_layout, &spec))?;
+            batch.wait_blocking(engine.transfer_timeout()).context("writing blocks to the prefill process")?;
+            let done = serde_json::json!({
+                "segment": engine.segment_name(),
+                "rank_info": me.rank_info,
+                "buffers": me.buffers,
+                "peer_rank_info": peer_desc.rank_info,
+                "acl_device": acl_device,
+                "read_us_per_batch": read_time.as_secs_f64() * 1e6 / f64::from(args.repeat.max(1)),
+                "device_us_per_read_batch": after_reads.device_ns as f64 / 1e3 / f64::from(args.repeat.max(1)),
+                "stats": {
+                    "one_sided_batches": ferry_transport_hccl::stats().one_sided_batches,
+                    "two_sided_chunks": ferry_transport_hccl::stats().two_sided_chunks,
+                    "failed_attempts": ferry_transport_hccl::stats().failed_attempts,
+                    "communicators_built": ferry_transport_hccl::stats().communicators_built,
+                },
+            });
+            println!("DONE {done}");
+        }
+    }
+    rt.block_on(engine.shutdown())?;
+    drop(mems);
+    Ok(())
+}

@@ -1,0 +1,259 @@
+//! Thread-bound device state: [`Device`] (a thread on which `aclrtSetDevice` succeeded),
+//! [`Stream`] and [`DeviceBuffer`]. None of them is `Send`: ACL keeps device and context
+//! state per thread, so each lives and dies on the thread that made it.
+
+use std::ffi::c_void;
+use std::marker::PhantomData;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::error::{AscendError, Result};
+use crate::library::Library;
+use crate::raw;
+
+/// Makes a type `!Send` and `!Sync`.
+type ThreadBound = PhantomData<*const ()>;
+
+/// This thread, bound to one device with `aclrtSetDevice`. Not `Send`: it stays on the thread
+/// it was made on, and so does everything created through it.
+pub struct Device {
+    lib: Arc<Library>,
+    user_id: u32,
+    _bound: ThreadBound,
+}
+
+impl std::fmt::Debug for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Device").field("user_id", &self.user_id).finish()
+    }
+}
+
+impl Device {
+    /// Initialises ACL if needed and binds the calling thread to user device `user_id` (the
+    /// index after `ASCEND_RT_VISIBLE_DEVICES` filtering).
+    pub fn bind(lib: &Arc<Library>, user_id: u32) -> Result<Device> {
+        lib.ensure_initialized()?;
+        let id = i32::try_from(user_id).map_err(|_| AscendError::InvalidArgument(format!("device id {user_id}")))?;
+        // SAFETY: plain integer argument.
+        let code = unsafe { (lib.acl.set_device)(id) };
+        lib.acl_check("aclrtSetDevice", code)?;
+        Ok(Device { lib: lib.clone(), user_id, _bound: PhantomData })
+    }
+
+    /// The user device id this thread is bound to.
+    pub fn user_id(&self) -> u32 {
+        self.user_id
+    }
+
+    /// The library.
+    pub fn library(&self) -> &Arc<Library> {
+        &self.lib
+    }
+
+    /// `aclrtGetDevice` on this thread (a user id: 0 for the first visible device, whatever
+    /// its physical id).
+    pub fn current(&self) -> Result<i32> {
+        let mut id = -1;
+        // SAFETY: `id` is a valid out-pointer.
+        let code = unsafe { (self.lib.acl.get_device)(&mut id) };
+        self.lib.acl_check("aclrtGetDevice", code)?;
+        Ok(id)
+    }
+
+    /// Creates a stream on this device.
+    pub fn create_stream(&self) -> Result<Stream> {
+        let mut s: raw::AclrtStream = std::ptr::null_mut();
+        // SAFETY: `s` is a valid out-pointer.
+        let code = unsafe { (self.lib.acl.create_stream)(&mut s) };
+        self.lib.acl_check("aclrtCreateStream", code)?;
+        Ok(Stream { lib: self.lib.clone(), raw: s, _bound: PhantomData })
+    }
+
+    /// Allocates `len` bytes of device memory (`aclrtMalloc`, huge pages first).
+    pub fn alloc(&self, len: usize) -> Result<DeviceBuffer> {
+        if len == 0 {
+            return Err(AscendError::InvalidArgument("zero-length device allocation".into()));
+        }
+        let mut p: *mut c_void = std::ptr::null_mut();
+        // SAFETY: `p` is a valid out-pointer; policy 0 = ACL_MEM_MALLOC_HUGE_FIRST.
+        let code = unsafe { (self.lib.acl.malloc)(&mut p, len, 0) };
+        self.lib.acl_check("aclrtMalloc", code)?;
+        Ok(DeviceBuffer { lib: self.lib.clone(), ptr: p, len, _bound: PhantomData })
+    }
+
+    /// `aclrtMemcpy` of `len` bytes from `src` to `dst` with copy kind `kind`
+    /// ([`raw::memcpy_kind`]): staging host memory through device memory, for example.
+    ///
+    /// # Safety
+    /// Both ranges must be valid memory of the kinds `kind` names, `dst` writable and not
+    /// accessed by anyone else during the copy.
+    pub unsafe fn copy(&self, dst: u64, src: u64, len: u64, kind: i32) -> Result<()> {
+        let n = usize::try_from(len).map_err(|_| AscendError::InvalidArgument(format!("copy of {len} bytes")))?;
+        // SAFETY: the caller vouches for both ranges.
+        let code = unsafe { (self.lib.acl.memcpy)(dst as *mut c_void, n, src as *const c_void, n, kind) };
+        self.lib.acl_check("aclrtMemcpy", code)
+    }
+
+    /// The device of the memory at `addr` per `aclrtPointerGetAttributes` (id, memory type), or
+    /// `None` when this CANN release cannot tell.
+    pub fn pointer_attributes(&self, addr: u64) -> Result<Option<(u32, i32)>> {
+        let Some(f) = self.lib.opt.pointer_attributes else { return Ok(None) };
+        let mut attr = raw::AclrtPtrAttributes::default();
+        // SAFETY: the runtime only inspects the address value; `attr` is a valid out-pointer.
+        let code = unsafe { f(addr as *const c_void, &mut attr) };
+        self.lib.acl_check("aclrtPointerGetAttributes", code)?;
+        Ok(Some((attr.id, attr.mem_type)))
+    }
+}
+
+/// An ACL stream; destroyed when dropped (on its thread).
+pub struct Stream {
+    lib: Arc<Library>,
+    raw: raw::AclrtStream,
+    _bound: ThreadBound,
+}
+
+impl std::fmt::Debug for Stream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Stream").field("raw", &self.raw).finish()
+    }
+}
+
+impl Stream {
+    pub(crate) fn raw(&self) -> raw::AclrtStream {
+        self.raw
+    }
+
+    /// Waits until everything queued on the stream ran and returns its first error. With a
+    /// `timeout`, uses `aclrtSynchronizeStreamWithTimeout` when the release has it (else the
+    /// wait is unbounded, `aclrtSynchronizeStream`).
+    pub fn synchronize(&self, timeout: Option<Duration>) -> Result<()> {
+        match (timeout, self.lib.opt.sync_with_timeout) {
+            (Some(t), Some(f)) => {
+                let ms = i32::try_from(t.as_millis()).unwrap_or(i32::MAX).max(1);
+                // SAFETY: `raw` is a live stream of this thread.
+                let code = unsafe { f(self.raw, ms) };
+                self.lib.acl_check("aclrtSynchronizeStreamWithTimeout", code)
+            }
+            _ => {
+                // SAFETY: `raw` is a live stream of this thread.
+                let code = unsafe { (self.lib.acl.synchronize_stream)(self.raw) };
+                self.lib.acl_check("aclrtSynchronizeStream", code)
+            }
+        }
+    }
+
+    /// Aborts the work queued on the stream (`aclrtStreamAbort`), then drains the abort's own
+    /// error. Returns false when the release has no abort (the caller should drop the stream).
+    pub fn abort(&self) -> bool {
+        let Some(f) = self.lib.opt.stream_abort else { return false };
+        // SAFETY: `raw` is a live stream of this thread.
+        let code = unsafe { f(self.raw) };
+        if code != 0 {
+            tracing::debug!(code, "aclrtStreamAbort failed");
+        }
+        // SAFETY: as above; drops the ACL_ERROR_RT_STREAM_ABORT the abort leaves behind.
+        let _ = unsafe { (self.lib.acl.synchronize_stream)(self.raw) };
+        true
+    }
+}
+
+impl Drop for Stream {
+    fn drop(&mut self) {
+        // SAFETY: `raw` is a live stream created on this thread (the type is not Send) and is
+        // not used after this.
+        let code = unsafe { (self.lib.acl.destroy_stream)(self.raw) };
+        if code != 0 {
+            tracing::debug!(code, "aclrtDestroyStream failed");
+        }
+    }
+}
+
+/// Device memory from `aclrtMalloc`; freed when dropped (on its thread).
+pub struct DeviceBuffer {
+    lib: Arc<Library>,
+    ptr: *mut c_void,
+    len: usize,
+    _bound: ThreadBound,
+}
+
+impl std::fmt::Debug for DeviceBuffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeviceBuffer").field("addr", &self.ptr).field("len", &self.len).finish()
+    }
+}
+
+impl DeviceBuffer {
+    /// Device address of the first byte.
+    pub fn addr(&self) -> u64 {
+        self.ptr as u64
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Always false (zero-length allocations are refused).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Copies `data` to byte `offset` of the buffer (host to device).
+    pub fn write(&self, offset: usize, data: &[u8]) -> Result<()> {
+        let end = offset.checked_add(data.len()).filter(|&e| e <= self.len);
+        if end.is_none() {
+            return Err(AscendError::InvalidArgument(format!(
+                "write of {} bytes at {offset} runs past a {}-byte device buffer",
+                data.len(),
+                self.len
+            )));
+        }
+        // SAFETY: the destination range lies inside this live allocation (checked above) and
+        // the source is a valid slice.
+        let code = unsafe {
+            (self.lib.acl.memcpy)(
+                self.ptr.cast::<u8>().add(offset).cast(),
+                self.len - offset,
+                data.as_ptr().cast(),
+                data.len(),
+                raw::memcpy_kind::HOST_TO_DEVICE,
+            )
+        };
+        self.lib.acl_check("aclrtMemcpy", code)
+    }
+
+    /// Copies bytes from `offset` of the buffer into `out` (device to host).
+    pub fn read(&self, offset: usize, out: &mut [u8]) -> Result<()> {
+        let end = offset.checked_add(out.len()).filter(|&e| e <= self.len);
+        if end.is_none() {
+            return Err(AscendError::InvalidArgument(format!(
+                "read of {} bytes at {offset} runs past a {}-byte device buffer",
+                out.len(),
+                self.len
+            )));
+        }
+        // SAFETY: the source range lies inside this live allocation (checked above) and the
+        // destination is a valid mutable slice of `out.len()` bytes.
+        let code = unsafe {
+            (self.lib.acl.memcpy)(
+                out.as_mut_ptr().cast(),
+                out.len(),
+                self.ptr.cast::<u8>().add(offset).cast(),
+                out.len(),
+                raw::memcpy_kind::DEVICE_TO_HOST,
+            )
+        };
+        self.lib.acl_check("aclrtMemcpy", code)
+    }
+}
+
+impl Drop for DeviceBuffer {
+    fn drop(&mut self) {
+        // SAFETY: `ptr` came from aclrtMalloc on this thread's device and is freed once.
+        let code = unsafe { (self.lib.acl.free)(self.ptr) };
+        if code != 0 {
+            tracing::debug!(code, "aclrtFree failed");
+        }
+    }
+}

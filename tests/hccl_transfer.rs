@@ -1,0 +1,324 @@
+//! The `ascend` transport across processes, on the emulated CANN (`ffi/cann-emu`): a prefill
+//! process and a decode process (`examples/ascend_peer.rs`) on different emulated cards move
+//! selected KV blocks both ways, with the data checked on both sides.
+//!
+//! Every environment variable is set on the child processes only. The emulator must be built
+//! (`cargo build -p ferry-cann-emu`, and for the older-CANN case
+//! `cargo build -p ferry-cann-emu --no-default-features --target-dir target/cann-emu-legacy`),
+//! as must the peer (`cargo build --example ascend_peer`); a test names the command when one
+//! is missing.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::PathBuf;
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use ferry_transport_hccl::sys::test_support::{Emulator, TempDir, emulator_lib_dir, target_dir};
+use serde_json::Value;
+
+const WAIT: Duration = Duration::from_secs(90);
+
+fn peer_binary() -> PathBuf {
+    let (target, profile) = target_dir().expect("the cargo target directory");
+    let bin = target.join(profile).join("examples").join("ascend_peer");
+    assert!(bin.is_file(), "{} is missing: build it with `cargo build --example ascend_peer`", bin.display());
+    bin
+}
+
+/// A test's emulated node: the CANN library directory and an hccn.conf giving every device its
+/// own loopback address in `127.<net>.0.0/24`, so tests running at once never share an endpoint.
+struct Node {
+    lib: TempDir,
+    conf: TempDir,
+}
+
+impl Node {
+    fn new(variant: Emulator, net: u8) -> Self {
+        let lib = emulator_lib_dir(variant).unwrap_or_else(|e| panic!("{e}"));
+        let conf = TempDir::new("ferry-hccn").unwrap();
+        let text: String =
+            (0..8).map(|d| format!("address_{d}=127.{net}.0.{}\nnetdetect_{d}=127.{net}.0.254\n", d + 1)).collect();
+        std::fs::write(conf.path().join("hccn.conf"), text).unwrap();
+        Self { lib, conf }
+    }
+
+    fn env(&self) -> Vec<(String, String)> {
+        vec![
+            ("FERRY_ASCEND_LIB_DIR".into(), self.lib.path().display().to_string()),
+            ("FERRY_HCCN_CONF".into(), self.conf.path().join("hccn.conf").display().to_string()),
+            ("FERRY_TRANSFER_TIMEOUT_MS".into(), "20000".into()),
+            ("HCCL_CONNECT_TIMEOUT".into(), "20".into()),
+        ]
+    }
+}
+
+/// A running peer process.
+struct Peer {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    lines: mpsc::Receiver<String>,
+    stderr: Arc<Mutex<String>>,
+}
+
+impl Peer {
+    fn spawn(args: &[&str], env: &[(String, String)]) -> Self {
+        let mut cmd = Command::new(peer_binary());
+        cmd.args(args).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        for var in [
+            "LOCAL_RANK",
+            "FERRY_LOCAL_RANK",
+            "ASCEND_RT_VISIBLE_DEVICES",
+            "ASCEND_NPU_PHY_ID",
+            "PHYSICAL_DEVICES",
+            "FERRY_CANN_EMU_FAIL",
+            "FERRY_CANN_EMU_NO_ONESIDED",
+            "ASCEND_HOME_PATH",
+            "ASCEND_TOOLKIT_HOME",
+            "MOONCAKE_CONFIG_PATH",
+        ] {
+            cmd.env_remove(var);
+        }
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().expect("spawning ascend_peer");
+        let stdout = child.stdout.take().unwrap();
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        let stderr = Arc::new(Mutex::new(String::new()));
+        let (err_pipe, sink) = (child.stderr.take().unwrap(), stderr.clone());
+        std::thread::spawn(move || {
+            for line in BufReader::new(err_pipe).lines().map_while(Result::ok) {
+                let mut s = sink.lock().unwrap();
+                s.push_str(&line);
+                s.push('\n');
+            }
+        });
+        let stdin = child.stdin.take();
+        Self { child, stdin, lines, stderr }
+    }
+
+    fn stderr(&self) -> String {
+        self.stderr.lock().unwrap().clone()
+    }
+
+    /// The JSON after the first stdout line starting with `prefix`.
+    fn expect(&mut self, prefix: &str) -> Value {
+        let deadline = std::time::Instant::now() + WAIT;
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) => {
+                    if let Some(rest) = line.strip_prefix(prefix) {
+                        return serde_json::from_str(rest.trim()).unwrap_or(Value::String(rest.trim().to_owned()));
+                    }
+                }
+                Err(_) => {
+                    let status = self.child.try_wait().ok().flatten();
+                    panic!("no `{prefix}` line (exit status {status:?}); stderr:\n{}", self.stderr());
+                }
+            }
+        }
+    }
+
+    /// The next stdout line starting with `prefix`, as text.
+    fn expect_text(&mut self, prefix: &str) -> String {
+        match self.expect(prefix) {
+            Value::String(s) => s,
+            other => other.to_string(),
+        }
+    }
+
+    fn send(&mut self, line: &str) {
+        let stdin = self.stdin.as_mut().unwrap();
+        writeln!(stdin, "{line}").unwrap();
+        stdin.flush().unwrap();
+    }
+
+    /// Waits for the process to exit; returns its code.
+    fn wait(mut self) -> (i32, String) {
+        drop(self.stdin.take());
+        let deadline = std::time::Instant::now() + WAIT;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                // Give the stderr reader a moment to drain.
+                std::thread::sleep(Duration::from_millis(50));
+                return (status.code().unwrap_or(-1), self.stderr());
+            }
+            assert!(std::time::Instant::now() < deadline, "process did not exit; stderr:\n{}", self.stderr());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+fn with(mut env: Vec<(String, String)>, extra: &[(&str, &str)]) -> Vec<(String, String)> {
+    env.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+    env
+}
+
+/// Runs a prefill process and a decode process; the decode side reads blocks 3,4,5,9,40 into its
+/// 0..5 and writes its 6,7 into prefill's 20,21, both checked. Returns (prefill READY, decode DONE).
+fn exchange(
+    node: &Node,
+    prefill_env: &[(&str, &str)],
+    decode_env: &[(&str, &str)],
+    extra_args: &[&str],
+) -> (Value, Value) {
+    let mut prefill_args = vec!["prefill"];
+    prefill_args.extend_from_slice(extra_args);
+    let mut prefill = Peer::spawn(&prefill_args, &with(node.env(), prefill_env));
+    let ready = prefill.expect("READY");
+    let segment = ready["segment"].as_str().unwrap().to_owned();
+    let layout = ready["layout"].to_string();
+    let mut decode_args = vec!["decode", "--peer", &segment, "--peer-layout", &layout];
+    decode_args.extend_from_slice(extra_args);
+    let mut decode = Peer::spawn(&decode_args, &with(node.env(), decode_env));
+    let done = decode.expect("DONE");
+    let (code, err) = decode.wait();
+    assert_eq!(code, 0, "decode failed:\n{err}");
+    prefill.send("verify 20:6,21:7 2");
+    let verified = prefill.expect_text("VERIFIED");
+    assert_eq!(verified, "ok", "blocks written by decode: {verified}; prefill stderr:\n{}", prefill.stderr());
+    prefill.send("quit");
+    let (code, err) = prefill.wait();
+    assert_eq!(code, 0, "prefill failed:\n{err}");
+    (ready, done)
+}
+
+#[test]
+fn prefill_and_decode_on_different_cards_move_selected_blocks_both_ways_one_sided() {
+    let node = Node::new(Emulator::Current, 21);
+    let (ready, done) = exchange(&node, &[("LOCAL_RANK", "0")], &[("LOCAL_RANK", "1")], &[]);
+    assert_eq!(ready["rank_info"]["devicePhyId"], 0);
+    assert_eq!(done["rank_info"]["devicePhyId"], 1);
+    assert_eq!(done["rank_info"]["deviceIp"], "127.21.0.2", "device IP from hccn.conf address_1");
+    assert_eq!(done["peer_rank_info"]["deviceIp"], "127.21.0.1");
+    assert_ne!(done["peer_rank_info"]["hostPort"], 0, "the control port is published");
+    assert_eq!(done["buffers"][0]["device_id"], 1, "device buffers carry the physical device id");
+    assert_eq!(done["buffers"][0]["name"], "npu:1");
+    let stats = &done["stats"];
+    assert!(stats["one_sided_batches"].as_u64().unwrap() >= 2, "{stats}");
+    assert_eq!(stats["two_sided_chunks"], 0, "{stats}");
+    assert_eq!(stats["failed_attempts"], 0, "{stats}");
+}
+
+#[test]
+fn in_a_container_the_published_ids_are_physical() {
+    let node = Node::new(Emulator::Current, 22);
+    let visible = ("ASCEND_RT_VISIBLE_DEVICES", "4,5");
+    let (ready, done) = exchange(&node, &[visible, ("LOCAL_RANK", "0")], &[visible, ("LOCAL_RANK", "1")], &[]);
+    // ACL numbers the visible cards 0 and 1 ...
+    assert_eq!(ready["acl_device"], 0);
+    assert_eq!(done["acl_device"], 1);
+    assert_eq!(ready["rank_info"]["deviceLogicId"], 0);
+    assert_eq!(done["rank_info"]["deviceLogicId"], 1);
+    // ... but the identities published (and the rank tables built from them) are physical.
+    assert_eq!(ready["rank_info"]["devicePhyId"], 4);
+    assert_eq!(done["rank_info"]["devicePhyId"], 5);
+    assert_eq!(ready["rank_info"]["deviceIp"], "127.22.0.5", "hccn.conf address_4");
+    assert_eq!(done["rank_info"]["deviceIp"], "127.22.0.6", "hccn.conf address_5");
+    assert_eq!(done["buffers"][0]["device_id"], 5);
+}
+
+#[test]
+fn an_older_cann_without_the_one_sided_service_uses_send_and_receive() {
+    let node = Node::new(Emulator::Legacy, 23);
+    let (_, done) = exchange(&node, &[("LOCAL_RANK", "2")], &[("LOCAL_RANK", "3")], &[]);
+    let stats = &done["stats"];
+    assert_eq!(stats["one_sided_batches"], 0, "{stats}");
+    assert!(stats["two_sided_chunks"].as_u64().unwrap() >= 2, "{stats}");
+}
+
+#[test]
+fn one_sided_not_supported_at_run_time_falls_back_to_two_sided_with_host_memory() {
+    let node = Node::new(Emulator::Current, 24);
+    let off = ("FERRY_CANN_EMU_NO_ONESIDED", "1");
+    let (_, done) = exchange(&node, &[off, ("LOCAL_RANK", "0")], &[off, ("LOCAL_RANK", "1")], &["--host-memory"]);
+    let stats = &done["stats"];
+    assert_eq!(stats["one_sided_batches"], 0, "{stats}");
+    assert!(stats["two_sided_chunks"].as_u64().unwrap() >= 2, "{stats}");
+    assert_eq!(done["buffers"][0]["name"], "cpu:0");
+    assert!(done["buffers"][0].get("device_id").is_none(), "host buffers carry no device id");
+}
+
+#[test]
+fn an_injected_failure_is_recovered_by_rebuilding_the_communicator() {
+    let node = Node::new(Emulator::Current, 25);
+    let (_, done) =
+        exchange(&node, &[("LOCAL_RANK", "0")], &[("LOCAL_RANK", "1"), ("FERRY_CANN_EMU_FAIL", "HcclBatchGet:1")], &[]);
+    let stats = &done["stats"];
+    assert_eq!(stats["failed_attempts"], 1, "{stats}");
+    assert!(stats["communicators_built"].as_u64().unwrap() >= 2, "rebuilt after the failure: {stats}");
+    assert!(stats["one_sided_batches"].as_u64().unwrap() >= 2, "{stats}");
+}
+
+#[test]
+fn a_failure_on_every_attempt_fails_the_blocks_with_the_hccl_error() {
+    let node = Node::new(Emulator::Current, 26);
+    let mut prefill = Peer::spawn(&["prefill"], &with(node.env(), &[("LOCAL_RANK", "0")]));
+    let ready = prefill.expect("READY");
+    let (segment, layout) = (ready["segment"].as_str().unwrap().to_owned(), ready["layout"].to_string());
+    let mut decode = Peer::spawn(
+        &["decode", "--peer", &segment, "--peer-layout", &layout, "--expect-failure"],
+        &with(node.env(), &[("LOCAL_RANK", "1"), ("FERRY_CANN_EMU_FAIL", "HcclBatchGet:*")]),
+    );
+    let failed = decode.expect("FAILED");
+    let (code, err) = decode.wait();
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(failed["kind"], "transport", "{failed}");
+    let text = failed["error"].as_str().unwrap();
+    assert!(text.contains("HcclBatchGet") && text.contains("after 3 attempts"), "{failed}");
+    assert!(failed["source"].as_str().unwrap().contains("HCCL error"), "the HCCL text is the source: {failed}");
+    assert_eq!(failed["failed_blocks"], serde_json::json!([0, 1, 2, 3, 4]));
+    prefill.send("quit");
+    assert_eq!(prefill.wait().0, 0);
+}
+
+#[test]
+fn without_cann_the_engine_does_not_start_and_names_every_path_tried() {
+    let empty = TempDir::new("ferry-no-cann").unwrap();
+    let env = vec![
+        ("FERRY_ASCEND_LIB_DIR".to_owned(), empty.path().display().to_string()),
+        ("LOCAL_RANK".into(), "0".into()),
+    ];
+    let (code, err) = Peer::spawn(&["prefill"], &env).wait();
+    assert_eq!(code, 1, "{err}");
+    for path in [
+        format!("{}/libascendcl.so (FERRY_ASCEND_LIB_DIR): no such file", empty.path().display()),
+        "/usr/local/Ascend/ascend-toolkit/latest/lib64/libascendcl.so".to_owned(),
+        "/usr/local/Ascend/cann/lib64/libascendcl.so".to_owned(),
+        "libascendcl.so (dynamic loader search path): cannot be loaded".to_owned(),
+    ] {
+        assert!(err.contains(&path), "`{path}` missing from:\n{err}");
+    }
+}
+
+#[test]
+fn a_process_whose_card_cannot_be_told_refuses_to_start() {
+    let node = Node::new(Emulator::Current, 27);
+    // Eight cards visible, no local rank, nothing naming the card: no guess, an error.
+    let (code, err) = Peer::spawn(&["prefill"], &node.env()).wait();
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("cannot tell which physical NPU"), "{err}");
+    assert!(err.contains("LOCAL_RANK"), "{err}");
+    // A card hccn.conf has no address for: named.
+    let (code, err) =
+        Peer::spawn(&["prefill"], &with(node.env(), &[("FERRY_HCCN_CONF", "/dev/null"), ("LOCAL_RANK", "3")])).wait();
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("address_3"), "{err}");
+}

@@ -1,0 +1,457 @@
+//! Who this transport is: the `acl` resolver link, the local identity the transport refuses to
+//! start without, peers' identities from their `rank_info`, and the two-rank rank tables built
+//! from both.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use ferry_ascend_sys::{AscendError, Library};
+use ferry_core::{
+    Error, ErrorKind, Identity, IdentityField, RankInfo, Resolution, ResolveQuery, Result, SegmentDescriptor,
+    SegmentResolver,
+};
+use serde_json::json;
+
+/// Name of the ACL resolver link in a resolver chain.
+pub const ACL_RESOLVER_NAME: &str = "acl";
+/// Device port published when no rank table names one (Mooncake's default).
+pub const DEFAULT_DEVICE_PORT: u16 = 16666;
+
+/// Asks the ACL runtime which physical NPU this process's user device is.
+///
+/// - User device: what earlier links found; else the user device whose physical id is the one
+///   earlier links found (scanning the visible devices); else the local rank; else device 0
+///   when exactly one device is visible. Otherwise it does not answer (it never guesses).
+/// - Physical device: `aclrtGetPhyDevIdByUserDevId`, then `aclrtGetPhyDevIdByLogicDevId`.
+///   When the release has neither, it does not answer (the `env` link, which parses
+///   `ASCEND_RT_VISIBLE_DEVICES`, and explicit configuration come before it in the default
+///   order). A user device the runtime rejects is an error naming the device and the code.
+///
+/// Answers only for this process. Its ACL calls run on a blocking thread, never on an async
+/// worker.
+#[derive(Clone)]
+pub struct AclQueryResolver {
+    lib: std::result::Result<Arc<Library>, String>,
+}
+
+impl std::fmt::Debug for AclQueryResolver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.lib {
+            Ok(lib) => f.debug_struct("AclQueryResolver").field("acl", &lib.paths().acl).finish(),
+            Err(why) => f.debug_struct("AclQueryResolver").field("unavailable", why).finish(),
+        }
+    }
+}
+
+impl AclQueryResolver {
+    /// A resolver asking `lib`.
+    pub fn new(lib: Arc<Library>) -> Self {
+        Self { lib: Ok(lib) }
+    }
+
+    /// A resolver for a process without CANN: it answers nothing (the transport that needs the
+    /// answer reports the loader's error itself).
+    pub fn unavailable(why: impl Into<String>) -> Self {
+        Self { lib: Err(why.into()) }
+    }
+
+    fn resolve_blocking(lib: &Library, query: &ResolveQuery, known: &Identity) -> Result<Identity> {
+        let acl_err = |e: AscendError| Error::new(ErrorKind::Config, format!("the ACL runtime: {e}")).with_source(e);
+        let count = lib.device_count().map_err(acl_err)?;
+        let mut out = Identity::default();
+        let (user, why) = match (known.user_device, known.physical_device, query.local_rank) {
+            (Some(u), _, _) => (u, None),
+            (None, Some(phy), _) => {
+                let mut found = None;
+                for u in 0..count {
+                    match lib.physical_device(u) {
+                        Ok((p, _)) if p == phy => {
+                            found = Some(u);
+                            break;
+                        }
+                        Ok(_) => {}
+                        Err(e) if e.is_not_supported() => return Ok(out),
+                        Err(e) => return Err(acl_err(e)),
+                    }
+                }
+                let Some(u) = found else {
+                    return Err(Error::config(format!(
+                        "physical NPU {phy} (resolved earlier) is not among the {count} device(s) visible to this \
+                         process; check ASCEND_RT_VISIBLE_DEVICES and the device the configuration names"
+                    )));
+                };
+                (u, Some(format!("the visible device whose physical id is {phy}")))
+            }
+            (None, None, Some(r)) => (r, Some(format!("user device {r} = local rank {r}"))),
+            (None, None, None) if count == 1 => (0, Some("user device 0, the only one visible".to_owned())),
+            (None, None, None) => return Ok(out),
+        };
+        if user >= count {
+            return Err(Error::config(format!(
+                "user device {user} does not exist: the ACL runtime sees {count} device(s) (after \
+                 ASCEND_RT_VISIBLE_DEVICES); expected a local rank below {count}"
+            )));
+        }
+        if let Some(why) = why {
+            out.user_device = Some(user);
+            out.details.insert(IdentityField::UserDevice, why);
+        }
+        match lib.physical_device(user) {
+            Ok((phy, call)) => {
+                out.physical_device = Some(phy);
+                out.details.insert(IdentityField::PhysicalDevice, format!("{call}({user}) = {phy}"));
+            }
+            Err(e) if e.is_not_supported() => {}
+            Err(e) => {
+                return Err(Error::config(format!("the ACL runtime rejects user device {user}: {e}")).with_source(e));
+            }
+        }
+        Ok(out)
+    }
+}
+
+#[async_trait]
+impl SegmentResolver for AclQueryResolver {
+    fn name(&self) -> &str {
+        ACL_RESOLVER_NAME
+    }
+
+    async fn resolve(&self, query: &ResolveQuery, known: &Identity) -> Result<Identity> {
+        if !query.is_local() {
+            return Ok(Identity::default());
+        }
+        let lib = match &self.lib {
+            Ok(lib) => lib.clone(),
+            Err(why) => {
+                tracing::debug!(why = %why, "acl resolver: CANN is not loadable; not answering");
+                return Ok(Identity::default());
+            }
+        };
+        let (query, known) = (query.clone(), known.clone());
+        tokio::task::spawn_blocking(move || Self::resolve_blocking(&lib, &query, &known))
+            .await
+            .map_err(|e| Error::new(ErrorKind::Internal, format!("the ACL resolver panicked: {e}")))?
+    }
+}
+
+/// Installs the `acl` link in a [`ferry_core::ResolverRegistry`] (it then takes its place in the
+/// chain's order). CANN is looked up through the resolver environment's search path
+/// (`FERRY_ASCEND_LIB_DIR`, ...); without CANN the link answers nothing.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct AclResolverFactory;
+
+impl ferry_core::ResolverFactory for AclResolverFactory {
+    fn name(&self) -> &str {
+        ACL_RESOLVER_NAME
+    }
+
+    fn create(&self, ctx: &ferry_core::ResolverContext<'_>) -> Result<Arc<dyn SegmentResolver>> {
+        let search = ferry_ascend_sys::SearchPath::from_env_with(|k| ctx.env.get(k));
+        Ok(Arc::new(match Library::load_from(&search) {
+            Ok(lib) => AclQueryResolver::new(lib),
+            Err(e) => AclQueryResolver::unavailable(e.to_string()),
+        }))
+    }
+}
+
+/// This transport's resolved identity.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LocalIdentity {
+    /// Segment name.
+    pub segment: String,
+    /// Host IP published in `rank_info.hostIp`.
+    pub host_ip: String,
+    /// User device id the device threads bind to.
+    pub user_device: u32,
+    /// Physical NPU id.
+    pub physical_device: u32,
+    /// Device (NIC) IP.
+    pub device_ip: String,
+    /// Device port.
+    pub device_port: u16,
+    /// Rank id published (the resolved rank, else the physical id as Mooncake does).
+    pub rank: u32,
+}
+
+impl LocalIdentity {
+    /// Builds the identity from a resolution; an error names what is missing, shows what was
+    /// resolved and from where, and says how to supply it. Never assumes device 0.
+    pub fn from_resolution(segment: &str, host_fallback: &str, r: &Resolution) -> Result<Self> {
+        let id = &r.identity;
+        let explain = || {
+            let text = r.to_string();
+            let text = text.trim_end();
+            format!("\nresolved so far (consulted {}):\n{text}", r.consulted.join(", "))
+        };
+        let physical = id.physical_device.ok_or_else(|| {
+            Error::config(format!(
+                "ascend transport: cannot tell which physical NPU this process drives; set LOCAL_RANK (or \
+                 FERRY_LOCAL_RANK) with ASCEND_RT_VISIBLE_DEVICES, or ASCEND_NPU_PHY_ID, or name it in the segment \
+                 name (ip:port:npu_N), a rank table or the config's physical_devices{}",
+                explain()
+            ))
+        })?;
+        let user = id.user_device.ok_or_else(|| {
+            Error::config(format!(
+                "ascend transport: physical NPU {physical} is known but not which device id ACL uses for it (the \
+                 user id after ASCEND_RT_VISIBLE_DEVICES); set LOCAL_RANK or keep the `acl` resolver in the chain{}",
+                explain()
+            ))
+        })?;
+        let device_ip = id.device_ip.clone().ok_or_else(|| {
+            Error::config(format!(
+                "ascend transport: no device IP for physical NPU {physical}; add `address_{physical}=<ip>` to \
+                 /etc/hccn.conf (or the file named by hccn_conf_path / FERRY_HCCN_CONF), or use a rank table \
+                 that lists it{}",
+                explain()
+            ))
+        })?;
+        Ok(Self {
+            segment: segment.to_owned(),
+            host_ip: id.host.clone().unwrap_or_else(|| host_fallback.to_owned()),
+            user_device: user,
+            physical_device: physical,
+            device_ip,
+            device_port: id.device_port.unwrap_or(DEFAULT_DEVICE_PORT),
+            rank: id.rank.unwrap_or(physical),
+        })
+    }
+
+    /// The `rank_info` published in the descriptor.
+    pub fn rank_info(&self, host_port: u16) -> RankInfo {
+        RankInfo {
+            rank_id: u64::from(self.rank),
+            host_ip: self.host_ip.clone(),
+            host_port: u64::from(host_port),
+            device_logic_id: u64::from(self.user_device),
+            device_phy_id: u64::from(self.physical_device),
+            device_type: 0,
+            device_ip: self.device_ip.clone(),
+            device_port: u64::from(self.device_port),
+            pid: u64::from(std::process::id()),
+            extra: Default::default(),
+        }
+    }
+
+    /// This side as a rank-table member.
+    pub fn member(&self) -> RankMember {
+        RankMember {
+            segment: self.segment.clone(),
+            server: self.host_ip.clone(),
+            device_id: self.physical_device,
+            device_ip: self.device_ip.clone(),
+            device_port: self.device_port,
+        }
+    }
+}
+
+/// What this transport needs of a peer, read from its descriptor's `rank_info`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerIdentity {
+    /// Segment name.
+    pub segment: String,
+    /// Control channel host.
+    pub host_ip: String,
+    /// Control channel port.
+    pub host_port: u16,
+    /// Rank-table member.
+    pub member: RankMember,
+}
+
+impl PeerIdentity {
+    /// Reads a peer's `rank_info`; an error names the segment and the missing field.
+    pub fn from_descriptor(d: &SegmentDescriptor) -> Result<Self> {
+        let bad = |what: &str| Error::invalid(format!("segment `{}` publishes no usable rank_info: {what}", d.name));
+        let r = d.rank_info.as_ref().ok_or_else(|| bad("the field is absent"))?;
+        if r.host_ip.is_empty() {
+            return Err(bad("hostIp is empty"));
+        }
+        if r.device_ip.is_empty() {
+            return Err(bad("deviceIp is empty"));
+        }
+        let host_port =
+            u16::try_from(r.host_port).ok().filter(|p| *p != 0).ok_or_else(|| bad("hostPort is not a port"))?;
+        let device_port = u16::try_from(r.device_port).map_err(|_| bad("devicePort is not a port"))?;
+        let device_id = u32::try_from(r.device_phy_id).map_err(|_| bad("devicePhyId is out of range"))?;
+        Ok(Self {
+            segment: d.name.clone(),
+            host_ip: r.host_ip.clone(),
+            host_port,
+            member: RankMember {
+                segment: d.name.clone(),
+                server: r.host_ip.clone(),
+                device_id,
+                device_ip: r.device_ip.clone(),
+                device_port,
+            },
+        })
+    }
+}
+
+/// One rank of a two-rank table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RankMember {
+    /// Segment name (tie-breaker of the order).
+    pub segment: String,
+    /// Server id (the host IP).
+    pub server: String,
+    /// Physical device id.
+    pub device_id: u32,
+    /// Device IP.
+    pub device_ip: String,
+    /// Device port.
+    pub device_port: u16,
+}
+
+/// A two-rank HCCL v1.0 rank table (the JSON string HCCL takes), and each member's rank.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PairTable {
+    /// The table.
+    pub json: String,
+    /// Rank of the first argument of [`PairTable::build`].
+    pub rank_a: u32,
+    /// Rank of the second.
+    pub rank_b: u32,
+}
+
+impl PairTable {
+    /// Builds the table for `a` and `b`. The order is deterministic — by (server, device id,
+    /// segment name) — so both sides build the same table whichever one starts. Members on the
+    /// same server share one `server_list` entry.
+    pub fn build(a: &RankMember, b: &RankMember) -> Self {
+        let key = |m: &RankMember| (m.server.clone(), m.device_id, m.segment.clone());
+        let a_first = key(a) <= key(b);
+        let ordered = if a_first { [a, b] } else { [b, a] };
+        let mut servers: Vec<(String, Vec<serde_json::Value>)> = Vec::new();
+        for (rank, m) in ordered.iter().enumerate() {
+            let dev = json!({
+                "device_id": m.device_id.to_string(),
+                "device_ip": m.device_ip,
+                "device_port": m.device_port.to_string(),
+                "rank_id": rank.to_string(),
+            });
+            match servers.iter_mut().find(|(s, _)| *s == m.server) {
+                Some((_, devs)) => devs.push(dev),
+                None => servers.push((m.server.clone(), vec![dev])),
+            }
+        }
+        let server_list: Vec<serde_json::Value> =
+            servers.into_iter().map(|(s, devs)| json!({"server_id": s, "host_ip": s, "device": devs})).collect();
+        let table = json!({
+            "status": "completed",
+            "version": "1.0",
+            "server_count": server_list.len().to_string(),
+            "server_list": server_list,
+        });
+        let (rank_a, rank_b) = if a_first { (0, 1) } else { (1, 0) };
+        Self { json: table.to_string(), rank_a, rank_b }
+    }
+
+    /// A communicator name both sides derive the same way: a hash of the table and the epoch
+    /// (fits HCCL's 128-byte name).
+    pub fn comm_name(&self, epoch: u64) -> String {
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for b in self.json.bytes() {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+        format!("ferry-{h:016x}-e{epoch}")
+    }
+
+    /// Checks that rank `rank` of `json` is `me` (a target checks the table an initiator sent).
+    pub fn check_member(json: &str, rank: u32, me: &RankMember) -> std::result::Result<(), String> {
+        let v: serde_json::Value = serde_json::from_str(json).map_err(|e| format!("rank table is not JSON: {e}"))?;
+        let servers = v["server_list"].as_array().ok_or("rank table has no server_list")?;
+        let want = rank.to_string();
+        for s in servers {
+            for d in s["device"].as_array().into_iter().flatten() {
+                if d["rank_id"].as_str() == Some(want.as_str()) {
+                    let id = d["device_id"].as_str().unwrap_or("");
+                    let ip = d["device_ip"].as_str().unwrap_or("");
+                    return if id == me.device_id.to_string() && ip == me.device_ip {
+                        Ok(())
+                    } else {
+                        Err(format!(
+                            "rank {rank} of the rank table is device {id} at {ip}, but this engine is physical NPU {} at {}",
+                            me.device_id, me.device_ip
+                        ))
+                    };
+                }
+            }
+        }
+        Err(format!("rank table has no rank {rank}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn member(seg: &str, server: &str, dev: u32) -> RankMember {
+        RankMember {
+            segment: seg.into(),
+            server: server.into(),
+            device_id: dev,
+            device_ip: format!("192.168.1.{dev}"),
+            device_port: 16666,
+        }
+    }
+
+    #[test]
+    fn both_sides_build_the_same_table() {
+        let p = member("10.0.0.1:17000", "10.0.0.1", 4);
+        let d = member("10.0.0.2:17100", "10.0.0.2", 0);
+        let from_p = PairTable::build(&p, &d);
+        let from_d = PairTable::build(&d, &p);
+        assert_eq!(from_p.json, from_d.json);
+        assert_eq!((from_p.rank_a, from_p.rank_b), (0, 1));
+        assert_eq!((from_d.rank_a, from_d.rank_b), (1, 0));
+        assert_eq!(from_p.comm_name(3), from_d.comm_name(3));
+        assert_ne!(from_p.comm_name(3), from_p.comm_name(4));
+        let v: serde_json::Value = serde_json::from_str(&from_p.json).unwrap();
+        assert_eq!(v["server_count"], "2");
+        assert_eq!(v["server_list"][0]["device"][0]["device_id"], "4");
+        assert_eq!(v["server_list"][1]["device"][0]["rank_id"], "1");
+        assert!(PairTable::check_member(&from_p.json, 1, &d).is_ok());
+        let e = PairTable::check_member(&from_p.json, 0, &d).unwrap_err();
+        assert!(e.contains("physical NPU 0"), "{e}");
+    }
+
+    #[test]
+    fn one_server_holds_both_devices_of_a_host() {
+        let a = member("h:1", "10.0.0.1", 5);
+        let b = member("h:2", "10.0.0.1", 4);
+        let t = PairTable::build(&a, &b);
+        let v: serde_json::Value = serde_json::from_str(&t.json).unwrap();
+        assert_eq!(v["server_count"], "1");
+        assert_eq!(v["server_list"][0]["device"].as_array().unwrap().len(), 2);
+        assert_eq!(v["server_list"][0]["device"][0]["device_id"], "4", "ordered by device id");
+        assert_eq!((t.rank_a, t.rank_b), (1, 0));
+    }
+
+    #[test]
+    fn a_missing_identity_is_refused_with_what_was_resolved() {
+        let r = Resolution {
+            identity: Identity { host: Some("10.0.0.1".into()), port: Some(17000), ..Identity::default() },
+            consulted: vec!["hostname".into(), "env".into(), "acl".into()],
+            ..Resolution::default()
+        };
+        let e = LocalIdentity::from_resolution("10.0.0.1:17000", "127.0.0.1", &r).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Config);
+        assert!(e.message().contains("cannot tell which physical NPU"), "{e}");
+        assert!(e.message().contains("consulted hostname, env, acl"), "{e}");
+        let r = Resolution {
+            identity: Identity { physical_device: Some(4), user_device: Some(0), ..Identity::default() },
+            ..Resolution::default()
+        };
+        let e = LocalIdentity::from_resolution("x", "127.0.0.1", &r).unwrap_err();
+        assert!(e.message().contains("address_4="), "{e}");
+    }
+
+    #[test]
+    fn peers_without_rank_info_are_named() {
+        let d = SegmentDescriptor::new("10.0.0.9:1", "ascend");
+        let e = PeerIdentity::from_descriptor(&d).unwrap_err();
+        assert!(e.message().contains("10.0.0.9:1") && e.message().contains("absent"), "{e}");
+    }
+}

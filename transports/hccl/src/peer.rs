@@ -1,0 +1,1029 @@
+//! One peer: its device thread (and communicators), the driver task that runs its transfers in
+//! order, and the epoch agreement that lets either side (re)build their one-sided communicator.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use ferry_ascend_sys::{AscendError, Communicator, Device, DeviceThread, GlobalMem, OneSidedOp, RootInfo, Stream};
+use ferry_core::{Error, ErrorKind, Opcode, OpenSegment, Result};
+use tokio::net::TcpStream;
+use tokio::sync::{Notify, OnceCell, mpsc, oneshot, watch};
+
+use crate::counters::{self, bump};
+use crate::identity::{PairTable, PeerIdentity};
+use crate::pending::Pending;
+use crate::wire::{self, MAX_OPS_PER_REQUEST, Reply, Request, WireOp};
+use crate::{Shared, hccl_error, run_on};
+
+/// A one-sided communicator of this pair.
+pub(crate) struct OneSided {
+    epoch: u64,
+    comm: Communicator,
+    peer_rank: u32,
+    /// Memory bound to it, by address.
+    bound: BTreeMap<u64, Arc<GlobalMem>>,
+}
+
+/// State on a peer's device thread (initiator side, and the one-sided communicator).
+pub(crate) struct PeerState {
+    stream: Stream,
+    one_sided: Option<OneSided>,
+    /// Two-sided communicator this side initiates on (this side is rank 0).
+    two_sided: Option<(u64, Communicator)>,
+}
+
+impl PeerState {
+    fn drop_one_sided(&mut self) {
+        if let Some(c) = self.one_sided.take() {
+            for g in c.bound.values() {
+                if let Err(e) = c.comm.unbind(g) {
+                    tracing::debug!(error = %e, "unbinding memory from a communicator being torn down");
+                }
+            }
+            if let Err(e) = c.comm.destroy() {
+                tracing::debug!(error = %e, "destroying a one-sided communicator");
+            }
+        }
+    }
+
+    /// Replaces the stream after a failure (its queue may hold failed work).
+    fn renew_stream(&mut self, dev: &Device) {
+        self.stream.abort();
+        match dev.create_stream() {
+            Ok(s) => self.stream = s,
+            Err(e) => tracing::warn!(error = %e, "cannot create a new stream; keeping the old one"),
+        }
+    }
+}
+
+/// One side of a two-sided operation: send (`send`) or receive `len` bytes at `addr`; host
+/// memory (`host`) is staged through device memory, as `HcclSend`/`HcclRecv` move device
+/// memory.
+pub(crate) struct SideOp {
+    pub(crate) send: bool,
+    pub(crate) addr: u64,
+    pub(crate) len: u64,
+    pub(crate) host: bool,
+}
+
+/// Whether a region's memory is host memory (anything but `npu:N`).
+pub(crate) fn is_host(location: &ferry_core::Location) -> bool {
+    !matches!(location, ferry_core::Location::Npu(_))
+}
+
+/// Queues `ops` towards rank `peer` on `stream`, waits up to `wait`, then copies staged
+/// receives back to host memory.
+///
+/// # Safety
+/// Every `[addr, addr + len)` must be registered memory of this process of the kind `host`
+/// says, valid and not touched by anyone else until this returns.
+pub(crate) unsafe fn run_side(
+    dev: &Device,
+    comm: &Communicator,
+    stream: &Stream,
+    peer: u32,
+    ops: &[SideOp],
+    wait: Duration,
+) -> std::result::Result<(), AscendError> {
+    use ferry_ascend_sys::raw::memcpy_kind::{DEVICE_TO_HOST, HOST_TO_DEVICE};
+    let mut staging = Vec::new();
+    let mut copy_back = Vec::new();
+    for op in ops {
+        let addr = if op.host {
+            let len = usize::try_from(op.len).map_err(|_| AscendError::InvalidArgument(format!("{} bytes", op.len)))?;
+            let buf = dev.alloc(len)?;
+            if op.send {
+                // SAFETY: `buf` is a live device allocation of `len` bytes; the host range is
+                // the caller's (registered, leased) memory.
+                unsafe { dev.copy(buf.addr(), op.addr, op.len, HOST_TO_DEVICE)? };
+            } else {
+                copy_back.push((staging.len(), op.addr, op.len));
+            }
+            let a = buf.addr();
+            staging.push(buf);
+            a
+        } else {
+            op.addr
+        };
+        // SAFETY: `addr` is either the caller's device memory or a staging buffer kept alive in
+        // `staging` until after the stream ran.
+        unsafe {
+            if op.send {
+                comm.send(addr, op.len, peer, stream)?;
+            } else {
+                comm.recv(addr, op.len, peer, stream)?;
+            }
+        }
+    }
+    stream.synchronize(Some(wait))?;
+    for (k, host, len) in copy_back {
+        let buf: &ferry_ascend_sys::DeviceBuffer = &staging[k];
+        // SAFETY: the staging buffer holds `len` received bytes; the host range is the caller's.
+        unsafe { dev.copy(host, buf.addr(), len, DEVICE_TO_HOST)? };
+    }
+    Ok(())
+}
+
+impl Drop for PeerState {
+    fn drop(&mut self) {
+        self.drop_one_sided();
+    }
+}
+
+/// State on the device thread serving a peer's two-sided transfers (this side is rank 1).
+pub(crate) struct ServerState {
+    pub(crate) stream: Stream,
+    pub(crate) comm: Option<(u64, Communicator)>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Status {
+    Absent,
+    Pending,
+    Ready,
+    Broken,
+    Unsupported,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Slot {
+    epoch: u64,
+    status: Status,
+    why: String,
+}
+
+/// Requests for one peer, queued by `submit`.
+pub(crate) struct Work {
+    target: Arc<OpenSegment>,
+    pending: Pending,
+    deadline: Instant,
+}
+
+/// A peer of this transport (either direction).
+pub(crate) struct Peer {
+    name: String,
+    shared: Weak<Shared>,
+    tx: Mutex<Option<mpsc::UnboundedSender<Work>>>,
+    worker: OnceCell<Arc<DeviceThread<PeerState>>>,
+    server_worker: OnceCell<Arc<DeviceThread<ServerState>>>,
+    slot: Mutex<Slot>,
+    slot_changed: Notify,
+    /// Epoch of the two-sided communicator this side serves for the peer.
+    pub(crate) server_epoch: AtomicU64,
+    /// The peer (or this side) cannot do one-sided: use two-sided.
+    two_sided_only: AtomicBool,
+    driver: Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+static NEXT_THREAD: AtomicU64 = AtomicU64::new(0);
+
+fn shutdown_error() -> Error {
+    Error::new(ErrorKind::Shutdown, "ascend transport stopped")
+}
+
+async fn stopped(rx: &mut watch::Receiver<bool>) {
+    while !*rx.borrow_and_update() {
+        if rx.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+impl Peer {
+    pub(crate) fn start(shared: &Arc<Shared>, name: &str) -> Arc<Peer> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let peer = Arc::new(Peer {
+            name: name.to_owned(),
+            shared: Arc::downgrade(shared),
+            tx: Mutex::new(Some(tx)),
+            worker: OnceCell::new(),
+            server_worker: OnceCell::new(),
+            slot: Mutex::new(Slot { epoch: 0, status: Status::Absent, why: String::new() }),
+            slot_changed: Notify::new(),
+            server_epoch: AtomicU64::new(0),
+            two_sided_only: AtomicBool::new(false),
+            driver: Mutex::new(None),
+        });
+        let driver = Driver {
+            shared: shared.clone(),
+            peer: peer.clone(),
+            conn: None,
+            two: None,
+            two_epoch: 0,
+            stop: shared.stop.subscribe(),
+        };
+        let handle = shared.runtime.spawn(driver.run(rx));
+        *peer.driver.lock().unwrap_or_else(|p| p.into_inner()) = Some(handle);
+        peer
+    }
+
+    /// Queues requests for this peer (never blocks).
+    pub(crate) fn enqueue(&self, target: Arc<OpenSegment>, pending: Pending, timeout: Duration) {
+        let work = Work { target, pending, deadline: Instant::now() + timeout };
+        let tx = self.tx.lock().unwrap_or_else(|p| p.into_inner());
+        let rejected = match tx.as_ref() {
+            Some(tx) => tx.send(work).err().map(|e| e.0),
+            None => Some(work),
+        };
+        drop(tx);
+        if let Some(w) = rejected {
+            w.pending.complete_all(&Err(shutdown_error()));
+        }
+    }
+
+    /// The peer's device thread (initiator side, one-sided communicator), started on first use.
+    pub(crate) async fn worker(&self) -> Result<&Arc<DeviceThread<PeerState>>> {
+        let shared = self.shared.upgrade().ok_or_else(shutdown_error)?;
+        self.worker
+            .get_or_try_init(|| async {
+                let (lib, user) = (shared.lib.clone(), shared.me.user_device);
+                let name = format!("hccl-peer-{}", NEXT_THREAD.fetch_add(1, Ordering::Relaxed));
+                let t = tokio::task::spawn_blocking(move || {
+                    DeviceThread::spawn(&lib, user, name, |dev| {
+                        Ok(PeerState { stream: dev.create_stream()?, one_sided: None, two_sided: None })
+                    })
+                })
+                .await
+                .map_err(|e| Error::new(ErrorKind::Internal, format!("starting a device thread: {e}")))?
+                .map_err(|e| hccl_error("ascend transport: starting a device thread".into(), e))?;
+                Ok(Arc::new(t))
+            })
+            .await
+    }
+
+    /// The device thread serving the peer's two-sided transfers, started on first use.
+    pub(crate) async fn server_worker(&self) -> Result<&Arc<DeviceThread<ServerState>>> {
+        let shared = self.shared.upgrade().ok_or_else(shutdown_error)?;
+        self.server_worker
+            .get_or_try_init(|| async {
+                let (lib, user) = (shared.lib.clone(), shared.me.user_device);
+                let name = format!("hccl-serve-{}", NEXT_THREAD.fetch_add(1, Ordering::Relaxed));
+                let t = tokio::task::spawn_blocking(move || {
+                    DeviceThread::spawn(&lib, user, name, |dev| {
+                        Ok(ServerState { stream: dev.create_stream()?, comm: None })
+                    })
+                })
+                .await
+                .map_err(|e| Error::new(ErrorKind::Internal, format!("starting a device thread: {e}")))?
+                .map_err(|e| hccl_error("ascend transport: starting a device thread".into(), e))?;
+                Ok(Arc::new(t))
+            })
+            .await
+    }
+
+    fn slot(&self) -> Slot {
+        self.slot.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    fn set_slot(&self, epoch: u64, status: Status, why: String) {
+        {
+            let mut s = self.slot.lock().unwrap_or_else(|p| p.into_inner());
+            if s.epoch != epoch {
+                return;
+            }
+            s.status = status;
+            s.why = why;
+        }
+        self.slot_changed.notify_waiters();
+    }
+
+    pub(crate) fn two_sided_only(&self) -> bool {
+        self.two_sided_only.load(Ordering::Acquire)
+    }
+
+    fn use_two_sided(&self, why: &str) {
+        if !self.two_sided_only.swap(true, Ordering::AcqRel) {
+            tracing::info!(peer = %self.name, why, "one-sided HCCL unavailable with this peer; using two-sided send/recv");
+        }
+    }
+
+    /// Waits until the slot differs from `seen`, the deadline passes, or the transport stops.
+    async fn wait_slot(&self, seen: &Slot, deadline: Instant, stop: &mut watch::Receiver<bool>) -> Result<()> {
+        loop {
+            let notified = self.slot_changed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.slot() != *seen {
+                return Ok(());
+            }
+            tokio::select! {
+                _ = &mut notified => {}
+                _ = tokio::time::sleep_until(deadline.into()) => {
+                    return Err(Error::timeout(format!(
+                        "the one-sided communicator with `{}` was not ready within the transfer timeout",
+                        self.name
+                    )));
+                }
+                _ = stopped(stop) => return Err(shutdown_error()),
+            }
+        }
+    }
+
+    /// Starts building the one-sided communicator of `epoch` on this side (a no-op when this
+    /// side is already at that epoch or later).
+    pub(crate) async fn start_one_sided(
+        self: &Arc<Self>,
+        epoch: u64,
+        table: String,
+        my_rank: u32,
+        peer_rank: u32,
+    ) -> Result<()> {
+        let shared = self.shared.upgrade().ok_or_else(shutdown_error)?;
+        let worker = self.worker().await?;
+        {
+            let mut s = self.slot.lock().unwrap_or_else(|p| p.into_inner());
+            if s.epoch >= epoch {
+                return Ok(());
+            }
+            *s = Slot { epoch, status: Status::Pending, why: String::new() };
+        }
+        self.slot_changed.notify_waiters();
+        let name = PairTable { json: table.clone(), rank_a: my_rank, rank_b: peer_rank }.comm_name(epoch);
+        let globals = shared.globals.clone();
+        let prepare_timeout = shared.settings.timeout;
+        let me = self.clone();
+        let submitted = worker.submit(move |dev, st| {
+            st.drop_one_sided();
+            let built = (|| -> std::result::Result<OneSided, AscendError> {
+                let comm = Communicator::init_from_rank_table(dev, &table, my_rank, &name)?;
+                let mut bound = BTreeMap::new();
+                let snapshot: Vec<(u64, Arc<GlobalMem>)> =
+                    globals.lock().unwrap_or_else(|p| p.into_inner()).iter().map(|(a, g)| (*a, g.clone())).collect();
+                for (addr, g) in snapshot {
+                    comm.bind(&g)?;
+                    bound.insert(addr, g);
+                }
+                comm.prepare(prepare_timeout)?;
+                Ok(OneSided { epoch, comm, peer_rank, bound })
+            })();
+            match built {
+                Ok(c) => {
+                    st.one_sided = Some(c);
+                    bump(&counters::COMMUNICATORS_BUILT);
+                    tracing::debug!(peer = %me.name, epoch, "one-sided communicator ready");
+                    me.set_slot(epoch, Status::Ready, String::new());
+                }
+                Err(e) if e.is_not_supported() => me.set_slot(epoch, Status::Unsupported, e.to_string()),
+                Err(e) => {
+                    tracing::warn!(peer = %me.name, epoch, error = %e, "building the one-sided communicator failed");
+                    me.set_slot(epoch, Status::Broken, e.to_string());
+                }
+            }
+        });
+        if let Err(e) = submitted {
+            self.set_slot(epoch, Status::Broken, e.to_string());
+        }
+        Ok(())
+    }
+
+    /// Whether a peer's request to build the one-sided communicator of `epoch` can be joined;
+    /// the reply to send when not (a later epoch to ask for, or no one-sided service).
+    pub(crate) fn answer_init(&self, epoch: u64) -> std::result::Result<(), Reply> {
+        let s = self.slot();
+        let next = if s.status == Status::Broken { s.epoch + 1 } else { s.epoch };
+        match s.status {
+            Status::Unsupported if epoch <= s.epoch => Err(Reply::Unsupported { reason: s.why }),
+            _ if epoch < next => Err(Reply::Stale { epoch: next }),
+            _ => Ok(()),
+        }
+    }
+
+    /// Marks the one-sided communicator of `epoch` broken and tears it down.
+    fn mark_broken(self: &Arc<Self>, epoch: u64, why: String) {
+        self.set_slot(epoch, Status::Broken, why);
+        if let Some(w) = self.worker.get() {
+            let _ = w.submit(move |_, st| {
+                if st.one_sided.as_ref().is_some_and(|c| c.epoch == epoch) {
+                    st.drop_one_sided();
+                }
+            });
+        }
+    }
+
+    /// Binds newly registered memory to the live one-sided communicator, if any.
+    pub(crate) fn bind_new(self: &Arc<Self>, g: Arc<GlobalMem>) {
+        let Some(w) = self.worker.get() else { return };
+        let me = self.clone();
+        let _ = w.submit(move |_, st| {
+            let Some(c) = st.one_sided.as_mut() else { return };
+            if c.bound.contains_key(&g.addr()) {
+                return;
+            }
+            match c.comm.bind(&g) {
+                Ok(()) => {
+                    c.bound.insert(g.addr(), g);
+                }
+                Err(e) => {
+                    let epoch = c.epoch;
+                    tracing::warn!(peer = %me.name, error = %e, "binding new memory failed; the communicator will be rebuilt");
+                    st.drop_one_sided();
+                    me.set_slot(epoch, Status::Broken, e.to_string());
+                }
+            }
+        });
+    }
+
+    /// Unbinds `g` from the one-sided communicator before it is deregistered.
+    pub(crate) async fn unbind(&self, g: &Arc<GlobalMem>) {
+        let Some(w) = self.worker.get() else { return };
+        let addr = g.addr();
+        let job = run_on(w, move |_, st| {
+            if let Some(c) = st.one_sided.as_mut()
+                && let Some(g) = c.bound.remove(&addr)
+                && let Err(e) = c.comm.unbind(&g)
+            {
+                tracing::debug!(error = %e, "unbinding memory");
+            }
+        });
+        let _ = tokio::time::timeout(Duration::from_secs(10), job).await;
+    }
+
+    /// Fails queued work, tears the communicators down and stops the threads.
+    pub(crate) async fn shutdown(&self) {
+        self.tx.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let driver = self.driver.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(d) = driver {
+            let _ = tokio::time::timeout(Duration::from_secs(5), d).await;
+        }
+        // Closing a device thread's queue runs what is queued, then drops its state on the
+        // thread (unbinding memory, destroying communicators and streams).
+        let workers = (self.worker.get().cloned(), self.server_worker.get().cloned());
+        let _ = tokio::task::spawn_blocking(move || {
+            let deadline = std::time::Instant::now() + Duration::from_secs(5);
+            if let Some(w) = workers.0 {
+                w.stop(deadline.saturating_duration_since(std::time::Instant::now()));
+            }
+            if let Some(w) = workers.1 {
+                w.stop(deadline.saturating_duration_since(std::time::Instant::now()));
+            }
+        })
+        .await;
+    }
+}
+
+/// A control connection to the peer.
+struct Conn {
+    stream: TcpStream,
+}
+
+enum Ensure {
+    /// Use the two-sided path instead.
+    NotSupported(String),
+    /// Deadline or shutdown: fail the requests with this.
+    Interrupted(Error),
+    /// This attempt failed (counts against the retries).
+    Failed(Error),
+}
+
+enum JobResult<R> {
+    Finished(std::result::Result<R, AscendError>, Pending),
+    /// Deadline or shutdown came first: the requests were reported and are released when the
+    /// device job ends.
+    Abandoned,
+}
+
+/// Runs one peer's work, in order.
+struct Driver {
+    shared: Arc<Shared>,
+    peer: Arc<Peer>,
+    conn: Option<Conn>,
+    /// Epoch of this side's ready two-sided communicator.
+    two: Option<u64>,
+    two_epoch: u64,
+    stop: watch::Receiver<bool>,
+}
+
+fn ops(pending: &Pending) -> (Vec<OneSidedOp>, Vec<OneSidedOp>) {
+    let (mut reads, mut writes) = (Vec::new(), Vec::new());
+    for &i in pending.indices() {
+        let r = pending.batch().request(i as usize).request;
+        let op = OneSidedOp { local: r.source, remote: r.target_offset, len: r.length };
+        match r.opcode {
+            Opcode::Read => reads.push(op),
+            Opcode::Write => writes.push(op),
+        }
+    }
+    (reads, writes)
+}
+
+fn remaining(deadline: Instant) -> Duration {
+    deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1))
+}
+
+impl Driver {
+    async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Work>) {
+        while let Some(work) = rx.recv().await {
+            self.handle(work).await;
+        }
+    }
+
+    fn timeout_error(&self) -> Error {
+        Error::timeout(format!(
+            "HCCL transfer to `{}` did not finish within {:?}",
+            self.peer.name, self.shared.settings.timeout
+        ))
+    }
+
+    async fn handle(&mut self, work: Work) {
+        let Work { target, pending, deadline } = work;
+        if self.shared.is_stopped() {
+            pending.complete_all(&Err(shutdown_error()));
+            return;
+        }
+        let Some(pending) = pending.unless_cancelled() else { return };
+        if Instant::now() >= deadline {
+            let e = self.timeout_error();
+            pending.complete_all(&Err(e));
+            return;
+        }
+        let info = match PeerIdentity::from_descriptor(target.descriptor()) {
+            Ok(i) => i,
+            Err(e) => return pending.complete_all(&Err(e)),
+        };
+        let pending = if self.shared.one_sided_ok() && !self.peer.two_sided_only() {
+            match self.one_sided(&info, pending, deadline).await {
+                Some(p) => p,
+                None => return,
+            }
+        } else {
+            pending
+        };
+        self.two_sided(&info, pending, deadline).await;
+    }
+
+    /// Runs `f` on the peer's device thread for `pending`, bounded by the deadline and shutdown.
+    async fn job<R: Send + 'static>(
+        &mut self,
+        f: impl FnOnce(&Device, &mut PeerState) -> std::result::Result<R, AscendError> + Send + 'static,
+        deadline: Instant,
+        pending: Pending,
+    ) -> JobResult<R> {
+        let worker = match self.peer.worker().await {
+            Ok(w) => w.clone(),
+            Err(e) => {
+                pending.complete_all(&Err(e));
+                return JobResult::Abandoned;
+            }
+        };
+        let (tx, mut rx) = oneshot::channel();
+        if let Err(e) = worker.submit(move |d, s| {
+            let _ = tx.send(f(d, s));
+        }) {
+            return JobResult::Finished(Err(e), pending);
+        }
+        let gone = || AscendError::Thread { name: worker.name().to_owned(), reason: "the job did not finish".into() };
+        let interrupt = tokio::select! {
+            r = &mut rx => return JobResult::Finished(r.unwrap_or_else(|_| Err(gone())), pending),
+            _ = tokio::time::sleep_until(deadline.into()) => self.timeout_error(),
+            _ = stopped(&mut self.stop) => shutdown_error(),
+        };
+        pending.report_all(&interrupt);
+        self.shared.runtime.spawn(async move {
+            let _ = rx.await;
+            pending.complete_all(&Err(interrupt));
+        });
+        JobResult::Abandoned
+    }
+
+    /// Sends `req` and reads one reply (connecting first when needed).
+    async fn call(&mut self, info: &PeerIdentity, req: &Request, deadline: Instant) -> Result<Reply> {
+        let r = self.call_inner(info, req, deadline).await;
+        if r.is_err() {
+            self.conn = None;
+        }
+        r
+    }
+
+    async fn call_inner(&mut self, info: &PeerIdentity, req: &Request, deadline: Instant) -> Result<Reply> {
+        let unreachable = |what: String, e: std::io::Error| {
+            Error::unreachable(format!(
+                "ascend transport: control channel to `{}` ({}:{}): {what}",
+                info.segment, info.host_ip, info.host_port
+            ))
+            .with_source(e)
+        };
+        if self.conn.is_none() {
+            let connect = TcpStream::connect((info.host_ip.as_str(), info.host_port));
+            let stream = match tokio::time::timeout(remaining(deadline), connect).await {
+                Ok(Ok(s)) => s,
+                Ok(Err(e)) => return Err(unreachable("cannot connect".into(), e)),
+                Err(_) => return Err(self.timeout_error()),
+            };
+            let _ = stream.set_nodelay(true);
+            self.conn = Some(Conn { stream });
+        }
+        let conn = self.conn.as_mut().expect("connected above");
+        wire::write_frame(&mut conn.stream, req).await.map_err(|e| unreachable("send failed".into(), e))?;
+        self.read_reply(info, deadline).await
+    }
+
+    async fn read_reply(&mut self, info: &PeerIdentity, deadline: Instant) -> Result<Reply> {
+        let Some(conn) = self.conn.as_mut() else {
+            return Err(Error::unreachable(format!("control channel to `{}` is closed", info.segment)));
+        };
+        let stop = &mut self.stop;
+        let read = wire::read_frame::<_, Reply>(&mut conn.stream, remaining(deadline));
+        let got = tokio::select! {
+            r = read => r,
+            _ = stopped(stop) => return Err(shutdown_error()),
+        };
+        match got {
+            Ok(Some(r)) => Ok(r),
+            Ok(None) => {
+                self.conn = None;
+                Err(Error::unreachable(format!("`{}` closed the control channel", info.segment)))
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {
+                self.conn = None;
+                Err(self.timeout_error())
+            }
+            Err(e) => {
+                self.conn = None;
+                Err(Error::unreachable(format!("control channel to `{}`: {e}", info.segment)).with_source(e))
+            }
+        }
+    }
+
+    fn interrupted(&self, e: &Error, deadline: Instant) -> bool {
+        matches!(e.kind(), ErrorKind::Shutdown | ErrorKind::Timeout)
+            || Instant::now() >= deadline
+            || self.shared.is_stopped()
+    }
+
+    /// Agrees with the peer on a ready one-sided communicator; returns its epoch.
+    async fn ensure_one_sided(&mut self, info: &PeerIdentity, deadline: Instant) -> std::result::Result<u64, Ensure> {
+        let table = PairTable::build(&self.shared.me.member(), &info.member);
+        let mut want = 0u64;
+        for _round in 0..16 {
+            let slot = self.peer.slot();
+            match slot.status {
+                Status::Ready => return Ok(slot.epoch),
+                Status::Unsupported => return Err(Ensure::NotSupported(slot.why)),
+                Status::Pending => {
+                    self.peer.wait_slot(&slot, deadline, &mut self.stop).await.map_err(Ensure::Interrupted)?;
+                }
+                Status::Absent | Status::Broken => {
+                    let epoch = want.max(slot.epoch + 1);
+                    let req = Request::InitOneSided {
+                        from: self.shared.me.segment.clone(),
+                        host_ip: self.shared.me.host_ip.clone(),
+                        host_port: self.shared.control_port,
+                        epoch,
+                        rank_table: table.json.clone(),
+                        your_rank: table.rank_b,
+                    };
+                    let reply = match self.call(info, &req, deadline).await {
+                        Ok(r) => r,
+                        Err(e) if self.interrupted(&e, deadline) => return Err(Ensure::Interrupted(e)),
+                        Err(e) => return Err(Ensure::Failed(e)),
+                    };
+                    match reply {
+                        Reply::Accepted { epoch } => {
+                            self.peer
+                                .start_one_sided(epoch, table.json.clone(), table.rank_a, table.rank_b)
+                                .await
+                                .map_err(Ensure::Failed)?;
+                            want = 0;
+                        }
+                        Reply::Stale { epoch } => want = epoch,
+                        Reply::Unsupported { reason } => return Err(Ensure::NotSupported(reason)),
+                        Reply::Error { message } => {
+                            return Err(Ensure::Failed(Error::transport(format!(
+                                "`{}` refused the one-sided communicator: {message}",
+                                info.segment
+                            ))));
+                        }
+                        other => {
+                            return Err(Ensure::Failed(Error::transport(format!(
+                                "`{}` answered {other:?} to a communicator request",
+                                info.segment
+                            ))));
+                        }
+                    }
+                }
+            }
+        }
+        Err(Ensure::Failed(Error::transport(format!(
+            "could not agree on a one-sided communicator with `{}`",
+            info.segment
+        ))))
+    }
+
+    /// The one-sided path with retries. Returns the requests when the two-sided path must
+    /// take them instead.
+    async fn one_sided(&mut self, info: &PeerIdentity, mut pending: Pending, deadline: Instant) -> Option<Pending> {
+        let (reads, writes) = ops(&pending);
+        let retries = self.shared.settings.retries;
+        let mut last: Option<Error> = None;
+        for attempt in 0..=retries {
+            if attempt > 0 {
+                pending = pending.unless_cancelled()?;
+            }
+            let epoch = match self.ensure_one_sided(info, deadline).await {
+                Ok(e) => e,
+                Err(Ensure::NotSupported(why)) => {
+                    self.peer.use_two_sided(&why);
+                    return Some(pending);
+                }
+                Err(Ensure::Interrupted(e)) => {
+                    pending.complete_all(&Err(e));
+                    return None;
+                }
+                Err(Ensure::Failed(e)) => {
+                    bump(&counters::FAILED_ATTEMPTS);
+                    tracing::warn!(peer = %info.segment, attempt, error = %e, "one-sided communicator setup failed");
+                    last = Some(e);
+                    continue;
+                }
+            };
+            let (r, w, wait) = (reads.clone(), writes.clone(), remaining(deadline));
+            let job = move |dev: &Device, st: &mut PeerState| -> std::result::Result<(), AscendError> {
+                let started = Instant::now();
+                let result = (|| {
+                    let c = st.one_sided.as_ref().filter(|c| c.epoch == epoch).ok_or_else(|| {
+                        AscendError::InvalidArgument("the communicator was rebuilt while the batch was queued".into())
+                    })?;
+                    // SAFETY: every local range lies in memory the engine registered (the batch
+                    // holds a lease on it until these requests are completed, after this job),
+                    // which was registered with HCCL and bound to this communicator; remote
+                    // ranges were checked against the peer's published buffers, and the peer's
+                    // HCCL refuses anything it did not bind.
+                    unsafe {
+                        if !r.is_empty() {
+                            c.comm.batch_get(c.peer_rank, &r, &st.stream)?;
+                        }
+                        if !w.is_empty() {
+                            c.comm.batch_put(c.peer_rank, &w, &st.stream)?;
+                        }
+                    }
+                    st.stream.synchronize(Some(wait))
+                })();
+                counters::device_time(started);
+                if result.is_err() {
+                    st.renew_stream(dev);
+                }
+                result
+            };
+            match self.job(job, deadline, pending).await {
+                JobResult::Finished(Ok(()), p) => {
+                    bump(&counters::ONE_SIDED_BATCHES);
+                    p.complete_all(&Ok(()));
+                    return None;
+                }
+                JobResult::Finished(Err(e), p) => {
+                    bump(&counters::FAILED_ATTEMPTS);
+                    pending = p;
+                    tracing::warn!(peer = %info.segment, attempt, error = %e, "one-sided transfer failed; rebuilding the communicator");
+                    self.peer.mark_broken(epoch, e.to_string());
+                    last = Some(hccl_error(format!("HCCL one-sided transfer to `{}`", info.segment), e));
+                }
+                JobResult::Abandoned => return None,
+            }
+        }
+        let e = last.unwrap_or_else(|| Error::transport("one-sided transfer failed"));
+        let e = e.context(format!("{} (after {} attempts)", e.message(), retries + 1));
+        pending.complete_all(&Err(e));
+        None
+    }
+
+    /// Builds this side's two-sided communicator with the peer (this side is rank 0).
+    async fn ensure_two_sided(&mut self, info: &PeerIdentity, deadline: Instant) -> std::result::Result<u64, Ensure> {
+        if let Some(e) = self.two {
+            return Ok(e);
+        }
+        let fail = |this: &Self, e: Error| {
+            if this.interrupted(&e, deadline) { Ensure::Interrupted(e) } else { Ensure::Failed(e) }
+        };
+        let worker = self.peer.worker().await.map_err(Ensure::Failed)?.clone();
+        let root = match tokio::time::timeout(remaining(deadline), run_on(&worker, |dev, _| RootInfo::new(dev))).await {
+            Ok(Ok(Ok(r))) => r,
+            Ok(Ok(Err(e))) | Ok(Err(e)) => return Err(Ensure::Failed(hccl_error("HcclGetRootInfo".into(), e))),
+            Err(_) => return Err(Ensure::Interrupted(self.timeout_error())),
+        };
+        self.two_epoch += 1;
+        let epoch = self.two_epoch;
+        let req = Request::InitTwoSided {
+            from: self.shared.me.segment.clone(),
+            epoch,
+            root_info: wire::hex(&root.to_bytes()),
+        };
+        match self.call(info, &req, deadline).await {
+            Ok(Reply::Accepted { epoch: e }) if e == epoch => {}
+            Ok(Reply::Error { message }) => {
+                return Err(Ensure::Failed(Error::transport(format!(
+                    "`{}` refused the two-sided communicator: {message}",
+                    info.segment
+                ))));
+            }
+            Ok(other) => {
+                return Err(Ensure::Failed(Error::transport(format!(
+                    "`{}` answered {other:?} to a two-sided communicator request",
+                    info.segment
+                ))));
+            }
+            Err(e) => return Err(fail(self, e)),
+        }
+        let init = run_on(&worker, move |dev, st| {
+            st.two_sided = None;
+            Communicator::init_root_info(dev, 2, &root, 0).map(|c| st.two_sided = Some((epoch, c)))
+        });
+        let stop = &mut self.stop;
+        let got = tokio::select! {
+            r = init => r,
+            _ = tokio::time::sleep_until(deadline.into()) => return Err(Ensure::Interrupted(self.timeout_error())),
+            _ = stopped(stop) => return Err(Ensure::Interrupted(shutdown_error())),
+        };
+        match got {
+            Ok(Ok(())) => {
+                bump(&counters::COMMUNICATORS_BUILT);
+                self.two = Some(epoch);
+                Ok(epoch)
+            }
+            Ok(Err(e)) | Err(e) => {
+                Err(Ensure::Failed(hccl_error(format!("two-sided communicator with `{}`", info.segment), e)))
+            }
+        }
+    }
+
+    fn drop_two_sided(&mut self) {
+        self.two = None;
+        self.conn = None;
+        if let Some(w) = self.peer.worker.get() {
+            let _ = w.submit(|dev, st| {
+                st.two_sided = None;
+                st.renew_stream(dev);
+            });
+        }
+    }
+
+    /// The two-sided path: chunks of at most 256 requests, each validated by the peer, then
+    /// sent or received on both sides; retried after a failure up to `retries` times.
+    async fn two_sided(&mut self, info: &PeerIdentity, mut pending: Pending, deadline: Instant) {
+        let retries = self.shared.settings.retries;
+        let mut failures = 0u32;
+        let mut last: Option<Error> = None;
+        while !pending.is_empty() {
+            let Some(p) = pending.unless_cancelled() else { return };
+            pending = p;
+            if Instant::now() >= deadline {
+                let e = self.timeout_error();
+                return pending.complete_all(&Err(e));
+            }
+            if failures > retries {
+                let e = last.take().unwrap_or_else(|| Error::transport("two-sided transfer failed"));
+                let e = e.context(format!("{} (after {failures} attempts)", e.message()));
+                return pending.complete_all(&Err(e));
+            }
+            let epoch = match self.ensure_two_sided(info, deadline).await {
+                Ok(e) => e,
+                Err(Ensure::Interrupted(e)) => return pending.complete_all(&Err(e)),
+                Err(Ensure::Failed(e)) => {
+                    tracing::warn!(peer = %info.segment, error = %e, "two-sided communicator setup failed");
+                    bump(&counters::FAILED_ATTEMPTS);
+                    failures += 1;
+                    last = Some(e);
+                    self.drop_two_sided();
+                    continue;
+                }
+                Err(Ensure::NotSupported(why)) => {
+                    failures += 1;
+                    last = Some(Error::new(ErrorKind::Unsupported, why));
+                    continue;
+                }
+            };
+            let chunk = pending.take_front(MAX_OPS_PER_REQUEST);
+            if let Some((chunk, e)) = self.two_sided_chunk(info, epoch, chunk, deadline).await {
+                tracing::warn!(peer = %info.segment, error = %e, "two-sided transfer failed; rebuilding the communicator");
+                bump(&counters::FAILED_ATTEMPTS);
+                failures += 1;
+                last = Some(e);
+                self.drop_two_sided();
+                pending = chunk.append(pending);
+            }
+        }
+    }
+
+    /// One chunk; returns it with the error when it must be retried.
+    async fn two_sided_chunk(
+        &mut self,
+        info: &PeerIdentity,
+        epoch: u64,
+        mut chunk: Pending,
+        deadline: Instant,
+    ) -> Option<(Pending, Error)> {
+        let wire_ops: Vec<WireOp> = chunk
+            .indices()
+            .iter()
+            .map(|&i| {
+                let r = chunk.batch().request(i as usize).request;
+                WireOp { write: r.opcode == Opcode::Write, addr: r.target_offset, len: r.length }
+            })
+            .collect();
+        let req = Request::Transfer { from: self.shared.me.segment.clone(), epoch, ops: wire_ops };
+        let rejected = match self.call(info, &req, deadline).await {
+            Ok(Reply::Admitted { rejected }) => rejected,
+            Ok(Reply::Error { message }) => {
+                return Some((chunk, Error::transport(format!("`{}` refused the transfer: {message}", info.segment))));
+            }
+            Ok(other) => {
+                return Some((chunk, Error::transport(format!("`{}` answered {other:?} to a transfer", info.segment))));
+            }
+            Err(e) if self.interrupted(&e, deadline) => {
+                chunk.complete_all(&Err(e));
+                return None;
+            }
+            Err(e) => return Some((chunk, e)),
+        };
+        let mut refused: Vec<(usize, String)> = rejected
+            .into_iter()
+            .filter(|(k, _)| (*k as usize) < chunk.indices().len())
+            .map(|(k, why)| (k as usize, why))
+            .collect();
+        refused.sort_by_key(|r| std::cmp::Reverse(r.0));
+        refused.dedup_by_key(|r| r.0);
+        for (pos, why) in refused {
+            let i = chunk.indices()[pos];
+            let r = chunk.batch().request(i as usize).request;
+            chunk.complete_at(
+                pos,
+                Err(Error::out_of_bounds(format!(
+                    "`{}` refused {:#x}+{}: {why}",
+                    info.segment, r.target_offset, r.length
+                ))),
+            );
+        }
+        if chunk.is_empty() {
+            // The peer queued nothing; it still answers Done.
+            return match self.read_reply(info, deadline).await {
+                Ok(Reply::Done { .. }) => None,
+                _ => {
+                    self.conn = None;
+                    None
+                }
+            };
+        }
+        let local: Vec<SideOp> = chunk
+            .indices()
+            .iter()
+            .map(|&i| {
+                let v = chunk.batch().request(i as usize);
+                let r = v.request;
+                SideOp {
+                    send: r.opcode == Opcode::Write,
+                    addr: r.source,
+                    len: r.length,
+                    host: is_host(v.local.location()),
+                }
+            })
+            .collect();
+        let wait = remaining(deadline);
+        let job = move |dev: &Device, st: &mut PeerState| -> std::result::Result<(), AscendError> {
+            let started = Instant::now();
+            let result = (|| {
+                let (_, comm) = st.two_sided.as_ref().filter(|(e, _)| *e == epoch).ok_or_else(|| {
+                    AscendError::InvalidArgument("the two-sided communicator was rebuilt meanwhile".into())
+                })?;
+                // SAFETY: each range lies in memory the engine registered (of the kind its
+                // location says) and leased to this batch until the requests are completed,
+                // after this job.
+                unsafe { run_side(dev, comm, &st.stream, 1, &local, wait) }
+            })();
+            counters::device_time(started);
+            if result.is_err() {
+                st.two_sided = None;
+                st.renew_stream(dev);
+            }
+            result
+        };
+        let (local_result, chunk) = match self.job(job, deadline, chunk).await {
+            JobResult::Finished(r, c) => (r, c),
+            JobResult::Abandoned => {
+                self.conn = None;
+                return None;
+            }
+        };
+        let remote = self.read_reply(info, deadline).await;
+        match (local_result, remote) {
+            (Ok(()), Ok(Reply::Done { error: None })) => {
+                bump(&counters::TWO_SIDED_CHUNKS);
+                chunk.complete_all(&Ok(()));
+                None
+            }
+            (Err(e), _) => Some((chunk, hccl_error(format!("HCCL two-sided transfer with `{}`", info.segment), e))),
+            (Ok(()), Ok(Reply::Done { error: Some(why) })) => {
+                Some((chunk, Error::transport(format!("`{}` failed its half of the transfer: {why}", info.segment))))
+            }
+            (Ok(()), Ok(other)) => {
+                self.conn = None;
+                Some((chunk, Error::transport(format!("`{}` answered {other:?} instead of Done", info.segment))))
+            }
+            (Ok(()), Err(e)) if self.interrupted(&e, deadline) => {
+                chunk.complete_all(&Err(e));
+                None
+            }
+            (Ok(()), Err(e)) => Some((chunk, e)),
+        }
+    }
+}
