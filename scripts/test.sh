@@ -104,6 +104,9 @@ cargo test --workspace --all-features --doc --locked
 # for the Python package) nor the `ferry` binary pytest talks to: one build of everything first.
 say "cargo build (libraries, plugins, the ferry CLI)"
 cargo build --workspace --all-features --locked
+# The emulated CANN of an older release (no one-sided HCCL symbols) for the fallback tests; its
+# own target dir keeps cargo from unifying the feature with the default build.
+cargo build --locked -p ferry-cann-emu --no-default-features --target-dir target/cann-emu-legacy
 
 status=0
 say "tests"

@@ -12,6 +12,7 @@
 //! | `local` | same-process memcpy (`local`) | yes |
 //! | `null`  | no-op, for measuring engine overhead (`null`) | no |
 //! | `tcp`   | Mooncake-compatible TCP (`tcp`) | yes |
+//! | `hccl`  | Ascend NPUs over HCCL (`ascend`, alias `hccl`; CANN loaded at run time) and the `acl` resolver | yes |
 //! | `p2p`   | P2P handshake metadata (`P2PHANDSHAKE`) | yes |
 //! | `http`  | HTTP metadata client (`http://host:port/metadata`) | yes |
 //! | `redis` | Redis metadata (`redis://host:port`) | yes |
@@ -54,6 +55,8 @@ pub use ferry_core::*;
 
 /// The transport crates compiled into this build.
 pub mod transports {
+    #[cfg(feature = "hccl")]
+    pub use ferry_transport_hccl as hccl;
     #[cfg(feature = "local")]
     pub use ferry_transport_local as local;
     #[cfg(feature = "null")]
@@ -82,6 +85,8 @@ pub fn default_transports() -> TransportRegistry {
     registry.install(std::sync::Arc::new(ferry_transport_null::NullTransportFactory));
     #[cfg(feature = "tcp")]
     registry.install(std::sync::Arc::new(ferry_transport_tcp::TcpTransportFactory));
+    #[cfg(feature = "hccl")]
+    registry.install(std::sync::Arc::new(ferry_transport_hccl::HcclTransportFactory::new()));
     #[cfg(feature = "plugins")]
     registry.add_source(std::sync::Arc::new(ferry_plugin_host::PluginSource));
     registry
@@ -103,9 +108,22 @@ pub fn default_metadata() -> MetadataRegistry {
     registry
 }
 
+/// The resolvers an engine's chain is built from: the core's links and, with the `hccl`
+/// feature, the `acl` link (the ACL runtime's user → physical device query).
+pub fn default_resolvers() -> ResolverRegistry {
+    #[allow(unused_mut)]
+    let mut registry = ResolverRegistry::with_builtin();
+    #[cfg(feature = "hccl")]
+    registry.install(std::sync::Arc::new(ferry_transport_hccl::AclResolverFactory));
+    registry
+}
+
 /// An engine builder on the embedded default config with every compiled-in transport and
 /// metadata backend available. Replace the config with `.config(Config::discover()?)` to
 /// honour `MOONCAKE_CONFIG_PATH` and the environment overrides.
 pub fn builder() -> EngineBuilder {
-    EngineBuilder::new().transports(default_transports()).metadata_registry(default_metadata())
+    EngineBuilder::new()
+        .transports(default_transports())
+        .metadata_registry(default_metadata())
+        .resolver_registry(default_resolvers())
 }

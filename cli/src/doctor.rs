@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use anyhow::Result;
 use clap::Args;
-use ferry::{Config, Environment, FieldSource, MetadataServer, ResolveQuery, ResolverRegistry};
+use ferry::{Config, Environment, FieldSource, MetadataServer, ResolveQuery};
 
 /// Options of `ferry doctor`.
 #[derive(Debug, Args)]
@@ -165,9 +165,8 @@ pub(crate) async fn run(args: DoctorArgs) -> Result<std::process::ExitCode> {
         None => println!("hccn.conf:        {} [default; not needed when absent]", ferry::resolver::DEFAULT_HCCN_CONF),
     }
 
-    // The core's resolvers; a link a transport provides (the HCCL transport's `acl`) is listed
-    // as not in this build.
-    let registry = ResolverRegistry::with_builtin();
+    // The resolvers of this build: the core's links and the HCCL transport's `acl`.
+    let registry = ferry::default_resolvers();
     match registry.build_chain(&cfg, &env) {
         Ok(chain) => {
             let skipped = match chain.skipped() {

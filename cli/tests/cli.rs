@@ -150,7 +150,7 @@ fn doctor_reports_every_problem_with_file_and_position() {
     let s = String::from_utf8_lossy(&out.stdout);
     assert!(!out.status.success(), "{s}");
     assert!(s.contains("2 problem(s)"), "{s}");
-    assert!(s.contains("unknown protocol \"rdma\"; installed: local") && s.contains("line 2"), "{s}");
+    assert!(s.contains("unknown protocol \"rdma\"; installed: ascend, local, tcp") && s.contains("line 2"), "{s}");
     assert!(s.contains("unknown scheme \"gopher\"") && s.contains("line 3"), "{s}");
 
     let p = tmp("broken.json", "{\"protocol\": ");
@@ -217,7 +217,8 @@ fn doctor_explains_identity_in_a_container() {
         s.contains("device_ip        = 29.0.0.6") && s.contains("(from hccn_conf)") && s.contains("line 2 address_5"),
         "{s}"
     );
-    assert!(s.contains("not in this build: acl"), "{s}");
+    // The acl link is built in (no CANN here, so it answers nothing and env's answer stands).
+    assert!(s.contains("env -> acl -> hccn_conf") && !s.contains("not in this build"), "{s}");
 
     // FERRY_LOCAL_RANK wins over LOCAL_RANK, and --local-rank over both.
     let run = |extra: &[&str]| {

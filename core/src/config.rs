@@ -34,6 +34,8 @@ pub const ENV_OVERRIDES: &[(&str, &str)] = &[
     ("FERRY_TCP_LANES", "tcp_lanes"),
     ("FERRY_TCP_DATA_PORT", "tcp_data_port"),
     ("FERRY_RPC_PORT", "rpc_port"),
+    ("FERRY_HCCL_RETRIES", "hccl_retries"),
+    ("FERRY_HCCL_CONTROL_PORT", "hccl_control_port"),
     (CLUSTER_ID_ENV, "cluster_id"),
     ("FERRY_BASE_PORT", "base_port"),
     ("FERRY_RANK_TABLE", "rank_table_path"),
@@ -353,6 +355,15 @@ pub struct Config {
     /// port in 15000..17000).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rpc_port: Option<u16>,
+    /// Ascend transport: attempts after the first when an HCCL call fails (the communicator is
+    /// rebuilt in between; default 2). Mooncake's `ASCEND_TRANSPORT_TRANSFER_MAX_RETRY_COUNT`
+    /// and `FERRY_HCCL_RETRIES` override it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hccl_retries: Option<u32>,
+    /// Ascend transport: TCP port of its control channel (default: any free port; published as
+    /// `rank_info.hostPort`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hccl_control_port: Option<u16>,
     /// Transport plugins: paths of `libferry_transport_<protocol>.so` files or of directories
     /// holding them, searched (before `FERRY_PLUGIN_DIR`) when a protocol is not built in. A
     /// relative path is relative to the config file's directory.
@@ -410,6 +421,8 @@ const KNOWN_FIELDS: &[&str] = &[
     "tcp_lanes",
     "tcp_data_port",
     "rpc_port",
+    "hccl_retries",
+    "hccl_control_port",
     "plugins",
     "base_port",
     "local_rank",
@@ -528,6 +541,12 @@ impl Config {
                     self.tcp_data_port = Some(value.parse().map_err(|_| bad("not a port number".into()))?)
                 }
                 "rpc_port" => self.rpc_port = Some(value.parse().map_err(|_| bad("not a port number".into()))?),
+                "hccl_retries" => {
+                    self.hccl_retries = Some(value.parse().map_err(|_| bad("not a whole number".into()))?)
+                }
+                "hccl_control_port" => {
+                    self.hccl_control_port = Some(value.parse().map_err(|_| bad("not a port number".into()))?)
+                }
                 "base_port" => {
                     self.base_port =
                         Some(BasePort::All(value.parse().map_err(|_| bad("not a port number (0-65535)".into()))?))
@@ -569,6 +588,8 @@ impl Config {
             "tcp_lanes" => self.tcp_lanes.is_some(),
             "tcp_data_port" => self.tcp_data_port.is_some(),
             "rpc_port" => self.rpc_port.is_some(),
+            "hccl_retries" => self.hccl_retries.is_some(),
+            "hccl_control_port" => self.hccl_control_port.is_some(),
             "plugins" => self.plugins.is_some(),
             "base_port" => self.base_port.is_some(),
             "local_rank" => self.local_rank.is_some(),

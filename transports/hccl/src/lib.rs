@@ -249,7 +249,8 @@ impl std::fmt::Debug for HcclTransport {
     }
 }
 
-fn setting<T: std::str::FromStr>(ctx: &TransportContext, field: &str, vars: &[&str]) -> Result<Option<T>> {
+/// A numeric setting: the first of `vars` set in the environment, else the config's value.
+fn setting<T: std::str::FromStr>(vars: &[&str], configured: Option<T>) -> Result<Option<T>> {
     for var in vars {
         if let Some(v) = std::env::var(var).ok().filter(|v| !v.trim().is_empty()) {
             return v
@@ -259,15 +260,7 @@ fn setting<T: std::str::FromStr>(ctx: &TransportContext, field: &str, vars: &[&s
                 .map_err(|_| Error::config(format!("environment variable {var}={v:?} is not a valid number")));
         }
     }
-    match ctx.config.extra.get(field) {
-        None => Ok(None),
-        Some(v) => v
-            .as_u64()
-            .map(|n| n.to_string())
-            .and_then(|s| s.parse().ok())
-            .map(Some)
-            .ok_or_else(|| Error::config(format!("config field `{field}` = {v} is not a valid number"))),
-    }
+    Ok(configured)
 }
 
 impl HcclTransport {
@@ -279,8 +272,8 @@ impl HcclTransport {
     /// the device cannot be bound.
     pub async fn start(ctx: &TransportContext, lib: Arc<Library>) -> Result<Self> {
         let retries: u32 =
-            setting(ctx, "hccl_retries", &[RETRIES_ENV, "FERRY_HCCL_RETRIES"])?.unwrap_or(DEFAULT_RETRIES);
-        let control_port: u16 = setting(ctx, "hccl_control_port", &[CONTROL_PORT_ENV])?.unwrap_or(0);
+            setting(&[RETRIES_ENV, "FERRY_HCCL_RETRIES"], ctx.config.hccl_retries)?.unwrap_or(DEFAULT_RETRIES);
+        let control_port: u16 = setting(&[CONTROL_PORT_ENV], ctx.config.hccl_control_port)?.unwrap_or(0);
 
         let mut chain = ctx.resolvers.clone();
         if !chain.names().contains(&ACL_RESOLVER_NAME) {
