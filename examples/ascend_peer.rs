@@ -3,14 +3,22 @@
 //!
 //! ```text
 //! ascend_peer prefill [--host-memory] [--regions N] [--blocks N] [--block-len N]
-//!     registers a KV cache filled with a pattern, prints `READY <json>` (segment, layout,
-//!     rank_info), then serves; on stdin: `verify <dst>:<src>,... <seed>` checks blocks written
-//!     by a peer (prints `VERIFIED ok` or `VERIFIED bad ...`), `quit` shuts down.
+//!     registers a KV cache filled with a pattern (seed 1), prints `READY <json>` (segment,
+//!     layout, rank_info), then serves the stdin commands below until `quit` or end of input.
 //! ascend_peer decode --peer SEGMENT --peer-layout JSON [--read R:L,...] [--write L:R,...]
-//!     [--host-memory] [--expect-failure] [--repeat N]
+//!     [--host-memory] [--expect-failure] [--repeat N] [--stay]
 //!     reads remote blocks R into local blocks L (checking the pattern), writes local blocks
 //!     (filled with seed 2) into remote ones, prints `DONE <json>` (or `FAILED <json>` with
-//!     --expect-failure when the read fails).
+//!     --expect-failure when the read fails); with --stay it then serves the stdin commands.
+//!
+//! stdin commands:
+//!     verify <dst>:<src>,... <seed>   checks blocks written by a peer: `VERIFIED ok|bad ...`
+//!     transfer <segment> <layout-json> <R:L,...|-> <L:R,...|-> <peer-seed>
+//!                                     reads the peer's blocks R into local L (checked against
+//!                                     the peer's pattern), then writes local L into its R:
+//!                                     `TRANSFERRED {"error": null|"...", "stats": {...}}`
+//!     stats                           `STATS <counters>`
+//!     quit                            shuts the engine down and exits
 //! ```
 //!
 //! Everything else comes from the environment, as in a real deployment: `FERRY_ASCEND_LIB_DIR`
@@ -79,6 +87,7 @@ struct Args {
     write: Vec<(u32, u32)>,
     expect_failure: bool,
     repeat: u32,
+    stay: bool,
 }
 
 fn pairs(s: &str) -> anyhow::Result<Vec<(u32, u32)>> {
@@ -106,6 +115,7 @@ fn parse_args() -> anyhow::Result<Args> {
         write: pairs("6:20,7:21")?,
         expect_failure: false,
         repeat: 1,
+        stay: false,
     };
     while let Some(flag) = it.next() {
         let mut val = || it.next().with_context(|| format!("{flag} needs a value"));
@@ -120,10 +130,44 @@ fn parse_args() -> anyhow::Result<Args> {
             "--write" => a.write = pairs(&val()?)?,
             "--expect-failure" => a.expect_failure = true,
             "--repeat" => a.repeat = val()?.parse()?,
+            "--stay" => a.stay = true,
             other => bail!("unknown option {other}"),
         }
     }
     Ok(a)
+}
+
+/// The transport's counters, as JSON.
+fn stats_json() -> serde_json::Value {
+    let s = ferry_transport_hccl::stats();
+    serde_json::json!({
+        "one_sided_batches": s.one_sided_batches,
+        "two_sided_chunks": s.two_sided_chunks,
+        "failed_attempts": s.failed_attempts,
+        "communicators_built": s.communicators_built,
+    })
+}
+
+/// Moves blocks between this process and `peer`: `pairs` are `(local, remote)` block numbers.
+fn move_blocks(
+    rt: &tokio::runtime::Runtime,
+    engine: &ferry::TransferEngine,
+    local_layout: ferry::KvLayoutId,
+    peer: ferry::SegmentHandle,
+    peer_layout: &KvLayout,
+    opcode: Opcode,
+    pairs: &[(u32, u32)],
+) -> anyhow::Result<()> {
+    if pairs.is_empty() {
+        return Ok(());
+    }
+    let (local, remote): (Vec<u32>, Vec<u32>) = pairs.iter().copied().unzip();
+    let spec =
+        BlockTransfer { opcode, local_blocks: &local, remote_blocks: &remote, local_slice: None, remote_slice: None };
+    let batch = rt.block_on(engine.submit_blocks(local_layout, peer, peer_layout, &spec))?;
+    batch
+        .wait_blocking(engine.transfer_timeout())
+        .with_context(|| format!("{opcode:?} of blocks {pairs:?} (failed: {:?})", batch.failed_blocks()))
 }
 
 fn main() {
@@ -195,6 +239,41 @@ fn run() -> anyhow::Result<()> {
         Ok(())
     };
 
+    // Reads the peer's blocks (remote, local), checks them against its pattern, then writes
+    // local blocks into the peer's (local, remote).
+    let transfer = |segment: &str, peer_layout: &str, reads: &[(u32, u32)], writes: &[(u32, u32)], peer_seed: u64| {
+        let peer_layout: KvLayout = serde_json::from_str(peer_layout).context("the peer layout")?;
+        let peer = rt.block_on(engine.open_segment(segment))?;
+        let local_remote: Vec<(u32, u32)> = reads.iter().map(|&(r, l)| (l, r)).collect();
+        move_blocks(&rt, &engine, local_layout, peer, &peer_layout, Opcode::Read, &local_remote)?;
+        verify(&mems, &local_remote, peer_seed).context("the blocks read from the peer")?;
+        move_blocks(&rt, &engine, local_layout, peer, &peer_layout, Opcode::Write, writes)
+    };
+    let list = |word: &str| if word == "-" { Ok(Vec::new()) } else { pairs(word) };
+    // The stdin commands (see the header), until `quit` or end of input.
+    let commands = || -> anyhow::Result<()> {
+        for line in std::io::stdin().lock().lines() {
+            let line = line?;
+            let words: Vec<&str> = line.split_whitespace().collect();
+            match words.as_slice() {
+                ["verify", list, seed] => match verify(&mems, &pairs(list)?, seed.parse()?) {
+                    Ok(()) => println!("VERIFIED ok"),
+                    Err(e) => println!("VERIFIED bad {e:#}"),
+                },
+                ["transfer", segment, layout, reads, writes, seed] => {
+                    let result = transfer(segment, layout, &list(reads)?, &list(writes)?, seed.parse()?);
+                    let error = result.err().map(|e| format!("{e:#}"));
+                    println!("TRANSFERRED {}", serde_json::json!({ "error": error, "stats": stats_json() }));
+                }
+                ["stats"] => println!("STATS {:?}", ferry_transport_hccl::stats()),
+                ["quit"] => break,
+                [] => {}
+                _ => println!("ERROR unknown command {line:?}"),
+            }
+        }
+        Ok(())
+    };
+
     if args.role == "prefill" {
         let ready = serde_json::json!({
             "segment": engine.segment_name(),
@@ -204,20 +283,7 @@ fn run() -> anyhow::Result<()> {
             "acl_device": acl_device,
         });
         println!("READY {ready}");
-        for line in std::io::stdin().lock().lines() {
-            let line = line?;
-            let words: Vec<&str> = line.split_whitespace().collect();
-            match words.as_slice() {
-                ["verify", list, seed] => match verify(&mems, &pairs(list)?, seed.parse()?) {
-                    Ok(()) => println!("VERIFIED ok"),
-                    Err(e) => println!("VERIFIED bad {e:#}"),
-                },
-                ["stats"] => println!("STATS {:?}", ferry_transport_hccl::stats()),
-                ["quit"] => break,
-                [] => {}
-                _ => println!("ERROR unknown command {line:?}"),
-            }
-        }
+        commands()?;
     } else {
         let peer_name = args.peer.clone().context("decode needs --peer")?;
         let peer_layout: KvLayout =
@@ -272,20 +338,19 @@ fn run() -> anyhow::Result<()> {
             batch.wait_blocking(engine.transfer_timeout()).context("writing blocks to the prefill process")?;
             let done = serde_json::json!({
                 "segment": engine.segment_name(),
+                "layout": layout,
                 "rank_info": me.rank_info,
                 "buffers": me.buffers,
                 "peer_rank_info": peer_desc.rank_info,
                 "acl_device": acl_device,
                 "read_us_per_batch": read_time.as_secs_f64() * 1e6 / f64::from(args.repeat.max(1)),
                 "device_us_per_read_batch": after_reads.device_ns as f64 / 1e3 / f64::from(args.repeat.max(1)),
-                "stats": {
-                    "one_sided_batches": ferry_transport_hccl::stats().one_sided_batches,
-                    "two_sided_chunks": ferry_transport_hccl::stats().two_sided_chunks,
-                    "failed_attempts": ferry_transport_hccl::stats().failed_attempts,
-                    "communicators_built": ferry_transport_hccl::stats().communicators_built,
-                },
+                "stats": stats_json(),
             });
             println!("DONE {done}");
+            if args.stay {
+                commands()?;
+            }
         }
     }
     rt.block_on(engine.shutdown())?;

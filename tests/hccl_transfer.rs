@@ -1,6 +1,7 @@
 //! The `ascend` transport across processes, on the emulated CANN (`ffi/cann-emu`): a prefill
 //! process and a decode process (`examples/ascend_peer.rs`) on different emulated cards move
-//! selected KV blocks both ways, with the data checked on both sides.
+//! selected KV blocks both ways, with the data checked on both sides, and every process shuts
+//! down promptly once told to (no device thread left waiting on HCCL).
 //!
 //! Every environment variable is set on the child processes only. The emulator must be built
 //! (`cargo build -p ferry-cann-emu`, and for the older-CANN case
@@ -13,12 +14,14 @@ use std::path::PathBuf;
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use ferry_transport_hccl::sys::test_support::{Emulator, TempDir, emulator_lib_dir, target_dir};
 use serde_json::Value;
 
 const WAIT: Duration = Duration::from_secs(90);
+/// How long a peer may take to exit once told to stop (the engine's shutdown included).
+const SHUTDOWN: Duration = Duration::from_secs(3);
 
 fn peer_binary() -> PathBuf {
     let (target, profile) = target_dir().expect("the cargo target directory");
@@ -155,6 +158,16 @@ impl Peer {
             std::thread::sleep(Duration::from_millis(20));
         }
     }
+
+    /// Sends `quit`, waits for the exit and checks it succeeded within [`SHUTDOWN`].
+    fn quit(mut self, name: &str) {
+        self.send("quit");
+        let asked = Instant::now();
+        let (code, err) = self.wait();
+        let took = asked.elapsed();
+        assert_eq!(code, 0, "{name} failed:\n{err}");
+        assert!(took < SHUTDOWN, "{name} took {took:?} to exit after `quit`; stderr:\n{err}");
+    }
 }
 
 impl Drop for Peer {
@@ -189,14 +202,15 @@ fn exchange(
     decode_args.extend_from_slice(extra_args);
     let mut decode = Peer::spawn(&decode_args, &with(node.env(), decode_env));
     let done = decode.expect("DONE");
+    let finished = Instant::now();
     let (code, err) = decode.wait();
+    let took = finished.elapsed();
     assert_eq!(code, 0, "decode failed:\n{err}");
+    assert!(took < SHUTDOWN, "decode took {took:?} to exit after DONE; stderr:\n{err}");
     prefill.send("verify 20:6,21:7 2");
     let verified = prefill.expect_text("VERIFIED");
     assert_eq!(verified, "ok", "blocks written by decode: {verified}; prefill stderr:\n{}", prefill.stderr());
-    prefill.send("quit");
-    let (code, err) = prefill.wait();
-    assert_eq!(code, 0, "prefill failed:\n{err}");
+    prefill.quit("prefill");
     (ready, done)
 }
 
@@ -285,8 +299,45 @@ fn a_failure_on_every_attempt_fails_the_blocks_with_the_hccl_error() {
     assert!(text.contains("HcclBatchGet") && text.contains("after 3 attempts"), "{failed}");
     assert!(failed["source"].as_str().unwrap().contains("HCCL error"), "the HCCL text is the source: {failed}");
     assert_eq!(failed["failed_blocks"], serde_json::json!([0, 1, 2, 3, 4]));
-    prefill.send("quit");
-    assert_eq!(prefill.wait().0, 0);
+    prefill.quit("prefill");
+}
+
+#[test]
+fn the_prefill_side_also_initiates_transfers_after_the_decode_side_did() {
+    let node = Node::new(Emulator::Current, 28);
+    let mut prefill = Peer::spawn(&["prefill"], &with(node.env(), &[("LOCAL_RANK", "0")]));
+    let ready = prefill.expect("READY");
+    let (segment, layout) = (ready["segment"].as_str().unwrap().to_owned(), ready["layout"].to_string());
+    // Decode reads prefill's 3,4,5,9,40 into its 0..4 (checked there), writes its 6,7 into
+    // prefill's 20,21, then stays up.
+    let mut decode = Peer::spawn(
+        &["decode", "--peer", &segment, "--peer-layout", &layout, "--stay"],
+        &with(node.env(), &[("LOCAL_RANK", "1")]),
+    );
+    let done = decode.expect("DONE");
+    assert_eq!(done["stats"]["failed_attempts"], 0, "{done}");
+    prefill.send("verify 20:6,21:7 2");
+    assert_eq!(prefill.expect_text("VERIFIED"), "ok", "prefill stderr:\n{}", prefill.stderr());
+
+    // Now prefill initiates: it reads decode's 10,11,12 into its 30,31,32 (checked against
+    // decode's pattern) and writes its 8,9 into decode's 40,41.
+    let (d_segment, d_layout) = (done["segment"].as_str().unwrap(), done["layout"].to_string());
+    prefill.send(&format!("transfer {d_segment} {d_layout} 10:30,11:31,12:32 8:40,9:41 2"));
+    let moved = prefill.expect("TRANSFERRED");
+    assert!(moved["error"].is_null(), "{moved}; prefill stderr:\n{}", prefill.stderr());
+    let stats = &moved["stats"];
+    assert!(stats["one_sided_batches"].as_u64().unwrap() >= 2, "{stats}");
+    assert_eq!(stats["two_sided_chunks"], 0, "{stats}");
+    assert_eq!(stats["failed_attempts"], 0, "{stats}");
+    assert_eq!(
+        stats["communicators_built"], 1,
+        "the communicator built at decode's request carries both ways: {stats}"
+    );
+    decode.send("verify 40:8,41:9 1");
+    assert_eq!(decode.expect_text("VERIFIED"), "ok", "decode stderr:\n{}", decode.stderr());
+
+    prefill.quit("prefill");
+    decode.quit("decode");
 }
 
 #[test]

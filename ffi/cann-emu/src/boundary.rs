@@ -76,9 +76,12 @@ pub(crate) fn take_recent_error() -> *const c_char {
         .unwrap_or(std::ptr::null())
 }
 
-/// Writes one log line to stderr (only called when `FERRY_CANN_EMU_LOG=1`).
+/// Writes one log line to stderr (only called when `FERRY_CANN_EMU_LOG=1`), stamped with the
+/// process id and the wall-clock time in seconds (microseconds), so the logs of two processes
+/// can be merged in order.
 pub(crate) fn log_line(line: &str) {
-    eprintln!("[ferry-cann-emu {}] {line}", std::process::id());
+    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    eprintln!("[ferry-cann-emu {} {}.{:06}] {line}", std::process::id(), t.as_secs(), t.subsec_micros());
 }
 
 /// Logs `line` when `FERRY_CANN_EMU_LOG=1`.

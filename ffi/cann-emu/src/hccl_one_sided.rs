@@ -12,6 +12,13 @@
 //! - `HcclCommPrepare(comm, cfg, timeout_s)` is blocking and mutual: it returns once every peer
 //!   rank has created the communicator and called `HcclCommPrepare` too, exchanging the ranges
 //!   each side bound; `HCCL_E_TIMEOUT` after `timeout_s` seconds (≤ 0: `HCCL_CONNECT_TIMEOUT`).
+//!   Each pair of ranks meets in exactly one exchange: the higher rank connects to the lower
+//!   rank's endpoint and sends `PREPARE` (its ranges); the lower rank's endpoint answers once the
+//!   lower rank called Prepare (its ranges), and that answer completes the pair on *both* sides —
+//!   the lower rank's Prepare waits for it rather than making a crossing exchange of its own,
+//!   which could leave one side waiting for a peer that had already returned and gone away. The
+//!   lower rank opens its own service connection to the higher one on first use. No lock is held
+//!   while connecting or waiting for a peer's answer during Prepare.
 //! - `HcclBatchGet` (read) / `HcclBatchPut` (write) take 1..=256 descriptors and queue the
 //!   transfer on the stream. At the call, local ranges must lie in memory bound to this
 //!   communicator and remote ranges in memory the peer bound (the peer is asked again when a
@@ -74,8 +81,13 @@ static MEMS: LazyLock<Mutex<HashMap<u64, Arc<GlobalMem>>>> = LazyLock::new(Defau
 struct Peer {
     rank: u32,
     endpoint: SocketAddr,
+    /// This side's service connection to the peer (this side's requests go out on it): opened
+    /// by Prepare when this is the higher rank of the pair, on first use otherwise. Held only
+    /// while one request is on it, never while connecting.
     conn: Mutex<Option<TcpStream>>,
+    /// What the peer bound, as of Prepare or the last `RANGES` answer.
     ranges: RwLock<Vec<(u64, u64)>>,
+    /// The pair met in Prepare (changed under `OneSided::prepare_entered`, see `prepare_cv`).
     prepared: AtomicBool,
 }
 
@@ -92,13 +104,28 @@ impl Peer {
         }
         self.prepared.store(false, Ordering::Release);
     }
+
+    /// Installs a connection opened without holding `conn`; one installed meanwhile by another
+    /// thread is kept when `replace` is false (the new one is closed), closed otherwise.
+    fn install(&self, s: TcpStream, replace: bool) {
+        let mut conn = lock(&self.conn);
+        let extra = if conn.is_none() || replace { conn.replace(s) } else { Some(s) };
+        drop(conn);
+        if let Some(old) = extra {
+            let _ = old.shutdown(std::net::Shutdown::Both);
+        }
+    }
 }
 
 /// One-sided state of a communicator.
 #[derive(Debug)]
 pub(crate) struct OneSided {
     bound: RwLock<Vec<Arc<GlobalMem>>>,
+    /// Whether this rank called `HcclCommPrepare`; also the mutex of `prepare_cv`, held while a
+    /// peer's `prepared` flag is set.
     prepare_entered: Mutex<bool>,
+    /// Signalled when Prepare is entered, a peer is marked prepared, or the communicator is
+    /// destroyed.
     prepare_cv: Condvar,
     peers: HashMap<u32, Arc<Peer>>,
 }
@@ -134,6 +161,14 @@ impl OneSided {
         read(&self.bound).iter().map(|m| (m.addr as u64, m.size as u64)).collect()
     }
 
+    /// Records that `peer` met this rank in Prepare, with the ranges it bound.
+    fn mark_prepared(&self, peer: &Peer, ranges: Vec<(u64, u64)>) {
+        *write(&peer.ranges) = ranges;
+        let _entered = lock(&self.prepare_entered);
+        peer.prepared.store(true, Ordering::Release);
+        self.prepare_cv.notify_all();
+    }
+
     /// `HcclCommDestroy`: unbinds everything, closes the peer connections.
     pub(crate) fn teardown(&self, comm_handle: u64) {
         for m in write(&self.bound).drain(..) {
@@ -142,6 +177,8 @@ impl OneSided {
         for p in self.peers.values() {
             p.drop_connection();
         }
+        // Under the mutex, so a Prepare between its check and its wait cannot miss this.
+        let _entered = lock(&self.prepare_entered);
         self.prepare_cv.notify_all();
     }
 }
@@ -378,54 +415,107 @@ fn io_error(name: &str, peer: u32, e: &std::io::Error) -> EmuError {
 
 fn prepare(c: &Comm, os: &OneSided, timeout: Duration) -> EmuResult<()> {
     const NAME: &str = "HcclCommPrepare";
-    *lock(&os.prepare_entered) = true;
-    os.prepare_cv.notify_all();
+    {
+        *lock(&os.prepare_entered) = true;
+        os.prepare_cv.notify_all();
+    }
     let deadline = Instant::now() + timeout;
     let mine = os.bound_ranges();
-    let mut peers: Vec<&Arc<Peer>> = os.peers.values().collect();
-    peers.sort_by_key(|p| p.rank);
-    for peer in peers {
-        let mut conn = lock(&peer.conn);
-        if conn.is_none() {
-            let hello = endpoint::hello(c.key, c.rank, peer.rank, purpose::ONE_SIDED);
-            *conn = Some(connect_link(NAME, peer.endpoint, &hello, peer.rank, deadline)?);
-        }
-        let Some(s) = conn.as_mut() else { continue };
-        let left = deadline.saturating_duration_since(Instant::now());
-        let wait_ms = left.as_millis().min(u32::MAX as u128) as u32;
-        let exchange = (|| {
-            wire::set_timeouts(s, Some(left + Duration::from_secs(5)))?;
-            wire::write_frame(s, kind::PREPARE, &Enc::new().u32(wait_ms).ranges(&mine).0)?;
-            let p = wire::expect_frame(s, kind::PREPARE_ACK, MAX_RANGES * 16 + 4096)?;
-            let mut d = Dec::new(&p);
-            Ok::<_, std::io::Error>((d.u32()? as i32, d.str()?, d.ranges(MAX_RANGES)?))
-        })();
-        let (status, message, ranges) = match exchange {
-            Ok(x) => x,
-            Err(e) => {
-                drop(conn);
-                peer.drop_connection();
-                return Err(io_error(NAME, peer.rank, &e));
-            }
-        };
-        match status {
-            HCCL_SUCCESS => {
-                *write(&peer.ranges) = ranges;
-                peer.prepared.store(true, Ordering::Release);
-            }
-            HCCL_E_TIMEOUT => {
-                return Err(err(
-                    HCCL_E_TIMEOUT,
-                    format!(
-                        "{NAME}: rank {} did not call HcclCommPrepare within {} s",
-                        peer.rank,
-                        timeout.as_secs_f64()
-                    ),
-                ));
-            }
-            code => return Err(err(code, format!("{NAME}: rank {} refused: {message}", peer.rank))),
-        }
+    let mut lower: Vec<&Arc<Peer>> = os.peers.values().filter(|p| p.rank < c.rank).collect();
+    lower.sort_by_key(|p| p.rank);
+    // This rank's side of each pair with a lower rank: connect and exchange. Each exchange only
+    // needs the lower rank to have *entered* Prepare, so ranks never wait on each other in a
+    // cycle.
+    for peer in lower {
+        prepare_with(c, os, peer, &mine, deadline, timeout)?;
     }
+    // The higher ranks come to this rank's endpoint; their exchange completes the pair here.
+    let mut entered = lock(&os.prepare_entered);
+    loop {
+        if c.is_destroyed() {
+            return Err(err(HCCL_E_UNAVAIL, format!("{NAME}: the communicator was destroyed during Prepare")));
+        }
+        let missing = os.peers.values().filter(|p| p.rank > c.rank && !p.prepared.load(Ordering::Acquire));
+        let Some(rank) = missing.map(|p| p.rank).min() else { return Ok(()) };
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(err(
+                HCCL_E_TIMEOUT,
+                format!(
+                    "{NAME}: rank {rank} did not create the communicator and call HcclCommPrepare within {} s",
+                    timeout.as_secs_f64()
+                ),
+            ));
+        }
+        entered = os.prepare_cv.wait_timeout(entered, left).unwrap_or_else(|e| e.into_inner()).0;
+    }
+}
+
+/// Prepare's exchange with a lower rank, on a new connection (no lock is held while connecting
+/// or waiting for the answer); the connection becomes this side's service connection.
+fn prepare_with(
+    c: &Comm,
+    os: &OneSided,
+    peer: &Peer,
+    mine: &[(u64, u64)],
+    deadline: Instant,
+    timeout: Duration,
+) -> EmuResult<()> {
+    const NAME: &str = "HcclCommPrepare";
+    let hello = endpoint::hello(c.key, c.rank, peer.rank, purpose::ONE_SIDED);
+    let mut s = connect_link(NAME, peer.endpoint, &hello, peer.rank, deadline)?;
+    let left = deadline.saturating_duration_since(Instant::now());
+    let wait_ms = left.as_millis().min(u32::MAX as u128) as u32;
+    let exchange = (|| {
+        wire::set_timeouts(&s, Some(left + Duration::from_secs(5)))?;
+        wire::write_frame(&mut s, kind::PREPARE, &Enc::new().u32(wait_ms).ranges(mine).0)?;
+        let p = wire::expect_frame(&mut s, kind::PREPARE_ACK, MAX_RANGES * 16 + 4096)?;
+        let mut d = Dec::new(&p);
+        Ok::<_, std::io::Error>((d.u32()? as i32, d.str()?, d.ranges(MAX_RANGES)?))
+    })();
+    let (status, message, ranges) = exchange.map_err(|e| io_error(NAME, peer.rank, &e))?;
+    match status {
+        HCCL_SUCCESS => {
+            peer.install(s, true);
+            os.mark_prepared(peer, ranges);
+            debug(|| format!("{NAME}: rank {} met rank {} (key {:#x})", c.rank, peer.rank, c.key));
+            Ok(())
+        }
+        HCCL_E_TIMEOUT => Err(err(
+            HCCL_E_TIMEOUT,
+            format!("{NAME}: rank {} did not call HcclCommPrepare within {} s", peer.rank, timeout.as_secs_f64()),
+        )),
+        code => Err(err(code, format!("{NAME}: rank {} refused: {message}", peer.rank))),
+    }
+}
+
+/// Opens this side's service connection to a prepared peer that has none yet (the lower rank of
+/// a pair, on first use), without holding `peer.conn`. One attempt: the peer's endpoint was up
+/// when the pair met, so a refusal or an unknown communicator means it is gone.
+fn ensure_connection(name: &str, c: &Comm, peer: &Peer) -> EmuResult<()> {
+    if lock(&peer.conn).is_some() {
+        return Ok(());
+    }
+    if c.is_destroyed() || !peer.prepared.load(Ordering::Acquire) {
+        return Err(err(HCCL_E_UNAVAIL, format!("{name}: not prepared for rank {}: call HcclCommPrepare", peer.rank)));
+    }
+    let t = config().connect_timeout;
+    let unreachable = |e: std::io::Error| {
+        err(HCCL_E_TCP_CONNECT, format!("{name}: cannot reach rank {} at {}: {e}", peer.rank, peer.endpoint))
+    };
+    let mut s = TcpStream::connect_timeout(&peer.endpoint, t).map_err(unreachable)?;
+    let _ = s.set_nodelay(true);
+    wire::set_timeouts(&s, Some(t)).map_err(unreachable)?;
+    let hello = endpoint::hello(c.key, c.rank, peer.rank, purpose::ONE_SIDED);
+    wire::write_frame(&mut s, kind::HELLO, &hello).map_err(unreachable)?;
+    let (status, message) = endpoint::read_ack(&mut s).map_err(unreachable)?;
+    if status != HCCL_SUCCESS {
+        return Err(err(
+            status,
+            format!("{name}: rank {} at {} refused the connection: {message}", peer.rank, peer.endpoint),
+        ));
+    }
+    peer.install(s, false);
     Ok(())
 }
 
@@ -467,7 +557,8 @@ struct Desc {
     len: u64,
 }
 
-fn refresh_ranges(name: &str, peer: &Peer) -> EmuResult<()> {
+fn refresh_ranges(name: &str, c: &Comm, peer: &Peer) -> EmuResult<()> {
+    ensure_connection(name, c, peer)?;
     let mut conn = lock(&peer.conn);
     let Some(s) = conn.as_mut() else {
         return Err(err(HCCL_E_UNAVAIL, format!("{name}: no connection to rank {}: call HcclCommPrepare", peer.rank)));
@@ -504,6 +595,9 @@ fn run_batch(comm: &Comm, peer: &Peer, op: u8, descs: &[Desc]) -> EmuResult<()> 
             ACL_ERROR_RT_DEVICE_MEM_ERROR,
             format!("{name}: local memory {:#x}..+{} was unbound before the transfer ran", d.local, d.len),
         ));
+    }
+    if let Err(e) = ensure_connection(name, comm, peer) {
+        return Err(err(ACL_ERROR_RT_LINK_ERROR, format!("{name} with rank {} failed: {}", peer.rank, e.message)));
     }
     let mut conn = lock(&peer.conn);
     let Some(s) = conn.as_mut() else {
@@ -670,7 +764,7 @@ fn batch(
         }
     }
     if descs.iter().any(|d| !peer.covers(d.remote, d.len)) {
-        refresh_ranges(name, &peer)?;
+        refresh_ranges(name, &c, &peer)?;
         if let Some((i, d)) = descs.iter().enumerate().find(|(_, d)| !peer.covers(d.remote, d.len)) {
             return Err(err(
                 HCCL_E_PARA,
@@ -759,14 +853,10 @@ pub(crate) fn serve_connection(mut s: TcpStream, key: u64, rank: u32, src: u32) 
             kind::PREPARE => {
                 let mut d = Dec::new(&p);
                 let wait = d.u32().map(|ms| Duration::from_millis(ms as u64).min(Duration::from_secs(86_400)));
-                match (wait, os) {
-                    (Err(_), _) => return,
-                    (Ok(_), None) => wire::write_frame(
-                        &mut s,
-                        kind::PREPARE_ACK,
-                        &Enc::new().u32(HCCL_E_NOT_FOUND as u32).str(gone).ranges(&[]).0,
-                    ),
-                    (Ok(wait), Some(os)) => {
+                let (Ok(wait), Ok(theirs)) = (wait, d.ranges(MAX_RANGES)) else { return };
+                let peer = os.and_then(|os| os.peers.get(&src));
+                match (os, peer) {
+                    (Some(os), Some(peer)) => {
                         let deadline = Instant::now() + wait;
                         let mut entered = lock(&os.prepare_entered);
                         while !*entered && comm.as_ref().is_some_and(|c| !c.is_destroyed()) {
@@ -776,14 +866,27 @@ pub(crate) fn serve_connection(mut s: TcpStream, key: u64, rank: u32, src: u32) 
                             }
                             entered = os.prepare_cv.wait_timeout(entered, left).unwrap_or_else(|e| e.into_inner()).0;
                         }
-                        let reply = if *entered {
+                        let met = *entered;
+                        drop(entered);
+                        let reply = if met {
                             Enc::new().u32(HCCL_SUCCESS as u32).str("").ranges(&os.bound_ranges())
                         } else {
                             Enc::new().u32(HCCL_E_TIMEOUT as u32).str("HcclCommPrepare was not called here").ranges(&[])
                         };
-                        drop(entered);
-                        wire::write_frame(&mut s, kind::PREPARE_ACK, &reply.0)
+                        let sent = wire::write_frame(&mut s, kind::PREPARE_ACK, &reply.0);
+                        // The answer completes the pair on this side too: a Prepare here that
+                        // waits for `src` returns now.
+                        if met && sent.is_ok() {
+                            os.mark_prepared(peer, theirs);
+                            debug(|| format!("HcclCommPrepare: rank {rank} met rank {src} (key {key:#x})"));
+                        }
+                        sent
                     }
+                    _ => wire::write_frame(
+                        &mut s,
+                        kind::PREPARE_ACK,
+                        &Enc::new().u32(HCCL_E_NOT_FOUND as u32).str(gone).ranges(&[]).0,
+                    ),
                 }
             }
             kind::RANGES => {

@@ -5,7 +5,7 @@
 mod common;
 
 use std::ffi::{CString, c_void};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::*;
 use ferry_cann_emu::*;
@@ -29,7 +29,8 @@ struct Side {
     stream: AclrtStream,
 }
 
-fn setup(rank: u32, table: &str) -> Side {
+/// Registers, creates the communicator and binds; no Prepare yet.
+fn init_side(rank: u32, table: &str) -> Side {
     set_device(0);
     let buf = dev_alloc(LEN);
     upload(buf, &pattern(rank, LEN));
@@ -47,9 +48,32 @@ fn setup(rank: u32, table: &str) -> Side {
         config[32..40].copy_from_slice(b"emu_test");
         ok(HcclCommInitClusterInfoMemConfig(t.as_ptr(), rank, config.as_mut_ptr().cast(), &mut comm), "init");
         ok(HcclCommBindMem(comm, mem), "HcclCommBindMem");
-        ok(HcclCommPrepare(comm, &HcclPrepareConfig::default(), 30), "HcclCommPrepare");
     }
     Side { comm, mem, buf, stream: new_stream() }
+}
+
+/// Calls `HcclCommPrepare` and returns how long it took.
+fn prepare(side: &Side, timeout_s: i32) -> Duration {
+    let start = Instant::now();
+    // SAFETY: live communicator; the config is a valid struct.
+    ok(unsafe { HcclCommPrepare(side.comm, &HcclPrepareConfig::default(), timeout_s) }, "HcclCommPrepare");
+    start.elapsed()
+}
+
+/// Unbinds, destroys and deregisters.
+fn teardown(side: &Side) {
+    // SAFETY: live handles.
+    unsafe {
+        ok(HcclCommUnbindMem(side.comm, side.mem), "HcclCommUnbindMem");
+        ok(HcclCommDestroy(side.comm), "HcclCommDestroy");
+        ok(HcclDeregisterGlobalMem(side.mem), "HcclDeregisterGlobalMem");
+    }
+}
+
+fn setup(rank: u32, table: &str) -> Side {
+    let side = init_side(rank, table);
+    prepare(&side, 30);
+    side
 }
 
 fn desc(local: *mut c_void, remote: u64, count: u64) -> HcclOneSideOpDesc {
@@ -229,4 +253,129 @@ fn prepare_waits_for_the_peer_and_times_out_without_it() {
 
 fn t_replace(t: &str) -> String {
     t.replace("completed", "initializing")
+}
+
+/// Both ranks call Prepare at the same moment: both return promptly, then each reads the
+/// other's memory (the lower rank opens its service connection on first use).
+#[test]
+fn both_ranks_prepare_at_once_and_then_read_each_other() {
+    const NAME: &str = "both_ranks_prepare_at_once_and_then_read_each_other";
+    if let Some(role) = role() {
+        let rank: u32 = role.parse().unwrap();
+        let side = init_side(rank, &std::env::var("EMU_TABLE").unwrap());
+        say(&format!("ADDR {:x}", side.buf as usize));
+        let remote = u64::from_str_radix(&hear_expect("PEER"), 16).unwrap();
+        hear_expect("GO");
+        let took = prepare(&side, 20);
+        say(&format!("PREPARED {}", took.as_millis()));
+        let peer = 1 - rank;
+        let at = |off: usize| side.buf.wrapping_byte_add(off);
+        // The peer reads our [0, 4096) and [LEN - 1000, LEN); we land its bytes elsewhere.
+        let mut gets = [desc(at(LEN / 2), remote, 4096), desc(at(LEN / 2 + 4096), remote + LEN as u64 - 1000, 1000)];
+        // SAFETY: descriptors inside bound memory of both sides; live comm and stream.
+        unsafe {
+            ok(HcclBatchGet(side.comm, peer, gets.as_mut_ptr(), 2, side.stream), "HcclBatchGet");
+            ok(aclrtSynchronizeStreamWithTimeout(side.stream, 20_000), "synchronize");
+        }
+        let got = download(at(LEN / 2), 5096);
+        let theirs = pattern(peer, LEN);
+        assert!(got[..4096] == theirs[..4096], "rank {rank}: first read of rank {peer}'s memory");
+        assert!(got[4096..] == theirs[LEN - 1000..], "rank {rank}: second read of rank {peer}'s memory");
+        say("READ_OK");
+        hear_expect("FINISH");
+        teardown(&side);
+        return;
+    }
+    let (p0, p1) = free_ports();
+    let t = table(p0, p1, 2, 5);
+    let env = |devices| {
+        vec![
+            ("HCCL_CONNECT_TIMEOUT", "20"),
+            ("HCCL_EXEC_TIMEOUT", "20"),
+            ("EMU_TABLE", t.as_str()),
+            ("ASCEND_RT_VISIBLE_DEVICES", devices),
+        ]
+    };
+    let mut r0 = Peer::spawn(NAME, "0", &env("2"));
+    let mut r1 = Peer::spawn(NAME, "1", &env("5"));
+    let a0 = r0.expect("ADDR", T);
+    let a1 = r1.expect("ADDR", T);
+    r0.send(&format!("PEER {a1}"));
+    r1.send(&format!("PEER {a0}"));
+    r0.send("GO");
+    r1.send("GO");
+    for (rank, p) in [(0, &mut r0), (1, &mut r1)] {
+        let ms: u64 = p.expect("PREPARED", T).parse().unwrap();
+        assert!(ms < 3000, "rank {rank}'s HcclCommPrepare took {ms} ms");
+    }
+    r0.expect("READ_OK", T);
+    r1.expect("READ_OK", T);
+    r0.send("FINISH");
+    r1.send("FINISH");
+    r0.finish(T);
+    r1.finish(T);
+}
+
+/// Rank 0 calls Prepare before rank 1 even exists; rank 1 then prepares and tears everything
+/// down at once. Rank 0's Prepare still returns promptly (the pair met), and a read towards
+/// the departed rank fails at synchronize instead of hanging.
+#[test]
+fn prepare_returns_when_the_peer_leaves_right_after_its_own() {
+    const NAME: &str = "prepare_returns_when_the_peer_leaves_right_after_its_own";
+    if let Some(role) = role() {
+        let table = std::env::var("EMU_TABLE").unwrap();
+        if role == "early" {
+            let side = init_side(0, &table);
+            say("PREPARING");
+            let took = prepare(&side, 20);
+            say(&format!("PREPARED {}", took.as_millis()));
+            let remote = u64::from_str_radix(&hear_expect("PEER_GONE"), 16).unwrap();
+            let mut gets = [desc(side.buf, remote, 64)];
+            let start = Instant::now();
+            // SAFETY: descriptors inside bound memory (rank 1's as announced at Prepare); live
+            // comm and stream.
+            unsafe {
+                ok(HcclBatchGet(side.comm, 1, gets.as_mut_ptr(), 1, side.stream), "HcclBatchGet (queued)");
+                assert_eq!(aclrtSynchronizeStreamWithTimeout(side.stream, 20_000), ACL_ERROR_RT_LINK_ERROR);
+            }
+            let text = recent_error();
+            assert!(text.contains("rank 1"), "{text}");
+            assert!(start.elapsed() < Duration::from_secs(5), "the failure took {:?}", start.elapsed());
+            teardown(&side);
+        } else {
+            let side = init_side(1, &table);
+            say(&format!("ADDR {:x}", side.buf as usize));
+            prepare(&side, 20);
+            teardown(&side);
+            say("GONE");
+        }
+        return;
+    }
+    let (p0, p1) = free_ports();
+    let t = table(p0, p1, 2, 5);
+    let env = |devices| {
+        vec![
+            ("HCCL_CONNECT_TIMEOUT", "20"),
+            ("HCCL_EXEC_TIMEOUT", "20"),
+            ("EMU_TABLE", t.as_str()),
+            ("ASCEND_RT_VISIBLE_DEVICES", devices),
+        ]
+    };
+    let mut early = Peer::spawn(NAME, "early", &env("2"));
+    early.expect("PREPARING", T);
+    // Rank 0 is now inside Prepare, and rank 1's endpoint does not exist yet.
+    std::thread::sleep(Duration::from_millis(300));
+    let mut late = Peer::spawn(NAME, "late", &env("5"));
+    let addr = late.expect("ADDR", T);
+    late.expect("GONE", T);
+    let gone = Instant::now();
+    early.expect("PREPARED", Duration::from_secs(30));
+    assert!(
+        gone.elapsed() < Duration::from_secs(3),
+        "rank 0's Prepare returned {:?} after rank 1 left",
+        gone.elapsed()
+    );
+    late.finish(T);
+    early.send(&format!("PEER_GONE {addr}"));
+    early.finish(T);
 }
