@@ -107,6 +107,8 @@ cargo build --workspace --all-features --locked
 # The emulated CANN of an older release (no one-sided HCCL symbols) for the fallback tests; its
 # own target dir keeps cargo from unifying the feature with the default build.
 cargo build --locked -p ferry-cann-emu --no-default-features --target-dir target/cann-emu-legacy
+# The prefill/decode peer program the HCCL tests run as separate processes.
+cargo build --workspace --all-features --locked --examples
 
 status=0
 say "tests"
