@@ -1,12 +1,18 @@
 //! `ferry doctor`: validates a config and prints what Ferry resolved from it, field by field,
 //! with where each value came from and which resolver answered each identity field (and how:
 //! which variable, file entry or segment-name part).
+//!
+//! Sources that disagree about the device (physical or user id) are a problem. With the
+//! `ascend` protocol it also runs the transport's own start-up check
+//! (`LocalIdentity::from_resolution`: physical id, user id and device IP all known) on the chain
+//! the transport will use (its `acl` link inserted when a `resolvers` list omits it).
 
 use std::path::PathBuf;
 
 use anyhow::Result;
 use clap::Args;
-use ferry::{Config, Environment, FieldSource, MetadataServer, ResolveQuery};
+use ferry::transports::hccl;
+use ferry::{Config, Environment, FieldSource, MetadataServer, ResolveQuery, ResolverContext, ResolverFactory};
 
 /// Options of `ferry doctor`.
 #[derive(Debug, Args)]
@@ -75,6 +81,9 @@ pub(crate) async fn run(args: DoctorArgs) -> Result<std::process::ExitCode> {
 
     let protocol = cfg.protocol();
     let built_in = transports.find(protocol).is_some();
+    // The ascend transport (or its alias) refuses to start without a complete, consistent
+    // identity: check what it would check.
+    let ascend = transports.find(protocol).is_some_and(|f| f.protocol() == hccl::PROTOCOL);
     match transports.for_config(&cfg) {
         Ok(f) if built_in => println!(
             "protocol:         {} [{}] -> transport `{}` (built in)",
@@ -168,11 +177,28 @@ pub(crate) async fn run(args: DoctorArgs) -> Result<std::process::ExitCode> {
     // The resolvers of this build: the core's links and the HCCL transport's `acl`.
     let registry = ferry::default_resolvers();
     match registry.build_chain(&cfg, &env) {
-        Ok(chain) => {
-            let skipped = match chain.skipped() {
+        Ok(mut chain) => {
+            let mut skipped = match chain.skipped() {
                 [] => String::new(),
                 s => format!("; not in this build: {}", s.join(", ")),
             };
+            if ascend && !chain.names().contains(&hccl::ACL_RESOLVER_NAME) {
+                // The transport inserts the `acl` link when the chain lacks it (before
+                // `hccn_conf`, else last): show and resolve the chain it will use.
+                match hccl::AclResolverFactory.create(&ResolverContext::new(&cfg, &env)) {
+                    Ok(acl) => {
+                        if !chain.insert_before("hccn_conf", acl.clone()) {
+                            chain = chain.with(acl);
+                        }
+                        skipped = format!(
+                            "{skipped}; `{}` inserted by the {} transport, which always consults it",
+                            hccl::ACL_RESOLVER_NAME,
+                            hccl::PROTOCOL
+                        );
+                    }
+                    Err(e) => problems.push(e.message().to_owned()),
+                }
+            }
             let order = if cfg.resolvers.is_some() {
                 format!("[{}]", source(&cfg, "resolvers"))
             } else {
@@ -192,6 +218,18 @@ pub(crate) async fn run(args: DoctorArgs) -> Result<std::process::ExitCode> {
                     Ok(res) => {
                         for line in res.to_string().lines() {
                             println!("  {line}");
+                        }
+                        let whose = if peer.is_empty() { String::new() } else { format!("peer {peer}: ") };
+                        let refused = if ascend && peer.is_empty() {
+                            let segment = query.local_segment.as_deref().unwrap_or("(generated at start)");
+                            hccl::LocalIdentity::from_resolution(segment, "127.0.0.1", &res).err()
+                        } else {
+                            res.refuse_device_disagreements().err()
+                        };
+                        if let Some(e) = refused {
+                            // The explanation is printed above; keep the problem to its point.
+                            let message = e.message().split("\nresolved so far").next().unwrap_or_default();
+                            problems.push(format!("{whose}{message}"));
                         }
                     }
                     Err(e) => {

@@ -150,7 +150,8 @@ fn doctor_reports_every_problem_with_file_and_position() {
     let s = String::from_utf8_lossy(&out.stdout);
     assert!(!out.status.success(), "{s}");
     assert!(s.contains("2 problem(s)"), "{s}");
-    assert!(s.contains("unknown protocol \"rdma\"; installed: ascend, local, tcp") && s.contains("line 2"), "{s}");
+    // The installed list depends on the features of this build (`null` with --all-features).
+    assert!(s.contains("unknown protocol \"rdma\"; installed: ascend, local, ") && s.contains("line 2"), "{s}");
     assert!(s.contains("unknown scheme \"gopher\"") && s.contains("line 3"), "{s}");
 
     let p = tmp("broken.json", "{\"protocol\": ");
@@ -334,10 +335,39 @@ fn doctor_rejects_bad_resolver_lists_and_device_suffixes() {
         .output()
         .unwrap();
     let s = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{s}");
     assert!(s.contains("resolver chain: env -> hostname [env FERRY_RESOLVERS]"), "{s}");
     assert!(s.contains("physical_device  = 2                    (from env)"), "{s}");
     assert!(s.contains("note: `hostname` said physical_device = 3"), "{s}");
+    // Two sources naming different cards is a problem, not a note to skip over.
+    assert!(!out.status.success(), "{s}");
+    assert!(
+        s.contains("the identity sources disagree about the device: physical_device: `env` says 2 (ASCEND_NPU_PHY_ID=\"2\"), but `hostname` says 3"),
+        "{s}"
+    );
+
+    for (name, needle) in [
+        ("10.0.0.5:17000:npu_77", "device part \"npu_77\" is out of range (device ids are below 64)"),
+        ("10.0.0.5:17000:64", "device part \"64\" is out of range (device ids are below 64)"),
+    ] {
+        let cfg = format!(r#"{{"local_hostname": "{name}", "protocol": "local"}}"#);
+        let out = ferry().args(["doctor", "--config"]).arg(tmp("npu77.json", &cfg)).output().unwrap();
+        let s = String::from_utf8_lossy(&out.stdout);
+        assert!(!out.status.success(), "{s}");
+        assert!(s.contains("field `local_hostname`") && s.contains(needle), "{s}");
+    }
+    let out = ferry()
+        .args(["doctor", "--config"])
+        .arg(tmp("phys.json", "{\n  \"protocol\": \"local\",\n  \"physical_devices\": [4, 99]\n}"))
+        .output()
+        .unwrap();
+    let s = String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success(), "{s}");
+    assert!(
+        s.contains("INVALID")
+            && s.contains("field `physical_devices` at line 3")
+            && s.contains("entry 1 (99) is out of range (device ids are below 64)"),
+        "{s}"
+    );
 
     let out = ferry()
         .args(["doctor", "--config"])
@@ -347,6 +377,116 @@ fn doctor_rejects_bad_resolver_lists_and_device_suffixes() {
     let s = String::from_utf8_lossy(&out.stdout);
     assert!(!out.status.success(), "{s}");
     assert!(s.contains("field `local_hostname`") && s.contains("device part \"npu_x\""), "{s}");
+}
+
+#[test]
+fn doctor_binds_a_rank_table_card_by_its_position_among_the_visible_cards() {
+    // Decode worker 0 on a node where every card is visible: the rank table says card 4, so the
+    // user device is 4 (binding user device 0 would drive card 0 and publish card 4).
+    let rt = tmp("position-ranktable.json", NODE_RANK_TABLE);
+    let cfg = format!(
+        r#"{{"prefill_url": "10.0.0.5", "decode_url": "10.0.0.5", "protocol": "ascend",
+            "base_port": {{"prefill": 17000, "decode": 17100}}, "rank_table_path": "{}"}}"#,
+        rt.display()
+    );
+    let p = tmp("position.json", &cfg);
+    let run = |visible: &str, rank: &str| {
+        let out = ferry()
+            .args(["doctor", "--config"])
+            .arg(&p)
+            .env("FERRY_ROLE", "decode")
+            .env("LOCAL_RANK", rank)
+            .env("ASCEND_RT_VISIBLE_DEVICES", visible)
+            .output()
+            .unwrap();
+        (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned())
+    };
+    let (ok, s) = run("0,1,2,3,4,5,6,7", "0");
+    assert!(ok, "{s}");
+    assert!(s.contains("physical_device  = 4                    (from rank_table)"), "{s}");
+    assert!(
+        s.contains(
+            "user_device      = 4                    (from env) user device 4, the position of physical device 4"
+        ),
+        "{s}"
+    );
+    assert!(!s.contains("note:"), "no disagreement: {s}");
+    assert!(s.contains("status:           OK"), "the ascend transport's identity check passes: {s}");
+    // The decode instance that sees only its own cards: card 5 is user device 1.
+    let (ok, s) = run("4,5,6,7", "1");
+    assert!(ok, "{s}");
+    assert!(s.contains("physical_device  = 5") && s.contains("user_device      = 1"), "{s}");
+    // A visible list without the rank table's card: an error naming the variable and value.
+    let (ok, s) = run("0,1,2,3", "0");
+    assert!(!ok, "{s}");
+    assert!(s.contains("local rank 0 has no entry") && s.contains("ASCEND_RT_VISIBLE_DEVICES=\"0,1,2,3\""), "{s}");
+}
+
+#[test]
+fn doctor_runs_the_ascend_transports_identity_check() {
+    let ascend = |name: &str, cfg: &str, env: &[(&str, &str)]| {
+        let mut c = ferry();
+        c.args(["doctor", "--config"]).arg(tmp(name, cfg));
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        let out = c.output().unwrap();
+        (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned())
+    };
+    // No physical id from anywhere.
+    let (ok, s) = ascend("ascend-none.json", r#"{"local_hostname": "10.0.0.5:17000", "protocol": "ascend"}"#, &[]);
+    assert!(!ok, "{s}");
+    assert!(s.contains("- ascend transport: cannot tell which physical NPU this process drives"), "{s}");
+    // A physical id but no user id (no visible list; the acl link finds no CANN here).
+    let hccn = tmp("ascend-hccn.conf", "address_4=29.0.0.5\n").display().to_string();
+    let npu4 = r#"{"local_hostname": "10.0.0.5:17000:npu_4", "protocol": "hccl"}"#;
+    let (ok, s) = ascend("ascend-nouser.json", npu4, &[("FERRY_HCCN_CONF", &hccn)]);
+    assert!(!ok, "{s}");
+    assert!(s.contains("- ascend transport: physical NPU 4 is known but not which device id ACL uses"), "{s}");
+    // Physical and user ids but no device IP; the list omits `acl`, which the transport adds.
+    let (ok, s) = ascend(
+        "ascend-noip.json",
+        r#"{"local_hostname": "10.0.0.5:17000:npu_4", "protocol": "ascend", "resolvers": ["hostname", "env"]}"#,
+        &[("ASCEND_RT_VISIBLE_DEVICES", "0,1,2,3,4,5,6,7")],
+    );
+    assert!(!ok, "{s}");
+    assert!(s.contains("resolver chain: hostname -> env -> acl [file "), "{s}");
+    assert!(s.contains("`acl` inserted by the ascend transport"), "{s}");
+    assert!(s.contains("user_device      = 4"), "{s}");
+    assert!(s.contains("- ascend transport: no device IP for physical NPU 4; add `address_4=<ip>`"), "{s}");
+    assert!(!s.contains("resolved so far"), "the explanation is printed once, above: {s}");
+    // With the visible list and hccn.conf the identity is complete.
+    let (ok, s) =
+        ascend("ascend-ok.json", npu4, &[("ASCEND_RT_VISIBLE_DEVICES", "0,1,2,3,4,5,6,7"), ("FERRY_HCCN_CONF", &hccn)]);
+    assert!(ok, "{s}");
+    assert!(s.contains("device_ip        = 29.0.0.5") && s.contains("status:           OK"), "{s}");
+    // The same incomplete identity is fine for a transport that needs no device.
+    let (ok, s) = ascend("local-none.json", r#"{"local_hostname": "10.0.0.5:17000", "protocol": "local"}"#, &[]);
+    assert!(ok, "{s}");
+}
+
+#[test]
+fn doctor_refuses_a_fixed_control_port_with_base_port() {
+    let p = tmp(
+        "control-port.json",
+        r#"{"local_hostname": "10.0.0.5", "base_port": 17000, "protocol": "local", "hccl_control_port": 18000}"#,
+    );
+    let out = ferry().args(["doctor", "--config"]).arg(&p).env("LOCAL_RANK", "1").output().unwrap();
+    let s = String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success(), "{s}");
+    assert!(s.contains("field `hccl_control_port`") && s.contains("every rank would bind the same port"), "{s}");
+    assert!(s.contains("leave it unset"), "{s}");
+    let p = tmp("control-port-env.json", r#"{"local_hostname": "10.0.0.5", "base_port": 17000, "protocol": "local"}"#);
+    let out = ferry()
+        .args(["doctor", "--config"])
+        .arg(&p)
+        .env("LOCAL_RANK", "1")
+        .env("FERRY_HCCL_CONTROL_PORT", "18000")
+        .output()
+        .unwrap();
+    let s = String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success(), "{s}");
+    assert!(s.contains("(from environment variable FERRY_HCCL_CONTROL_PORT)"), "{s}");
 }
 
 /// Starts `ferry bench --mode=target` on `port` and returns it with its segment name.

@@ -15,7 +15,7 @@ use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::{Map, Value};
 
 use crate::error::{Error, Result};
-use crate::resolver::HostnameResolver;
+use crate::resolver::{DEVICE_ID_LIMIT, HostnameResolver};
 
 /// Environment variable naming the config file (Mooncake's).
 pub const CONFIG_PATH_ENV: &str = "MOONCAKE_CONFIG_PATH";
@@ -361,7 +361,7 @@ pub struct Config {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hccl_retries: Option<u32>,
     /// Ascend transport: TCP port of its control channel (default: any free port; published as
-    /// `rank_info.hostPort`).
+    /// `rank_info.hostPort`). Refused with `base_port` (every rank would bind the same port).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hccl_control_port: Option<u16>,
     /// Transport plugins: paths of `libferry_transport_<protocol>.so` files or of directories
@@ -478,6 +478,7 @@ impl Config {
         for f in present {
             cfg.sources.insert(f, source.clone());
         }
+        cfg.check_physical_devices()?;
         Ok(cfg)
     }
 
@@ -599,6 +600,32 @@ impl Config {
             "physical_devices" => self.physical_devices.is_some(),
             _ => false,
         }
+    }
+
+    /// Checks `physical_devices`: not empty, every id below [`DEVICE_ID_LIMIT`], none twice (two
+    /// ranks on one card). The error names the file, the field and its position, and the entry.
+    /// Parsing checks it; the `config` resolver checks it again for configs built in code.
+    pub fn check_physical_devices(&self) -> Result<()> {
+        let Some(list) = &self.physical_devices else { return Ok(()) };
+        let expected = "expected physical NPU ids, one per local rank, e.g. [4, 5, 6, 7]";
+        if list.is_empty() {
+            return Err(self.field_error("physical_devices", &format!("is empty; {expected}")));
+        }
+        for (i, &id) in list.iter().enumerate() {
+            if id >= DEVICE_ID_LIMIT {
+                return Err(self.field_error(
+                    "physical_devices",
+                    &format!("entry {i} ({id}) is out of range (device ids are below {DEVICE_ID_LIMIT}); {expected}"),
+                ));
+            }
+            if let Some(j) = list[..i].iter().position(|&other| other == id) {
+                return Err(self.field_error(
+                    "physical_devices",
+                    &format!("device {id} is listed twice (entries {j} and {i}); {expected}"),
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// Where `field`'s value came from, or `None` when it is a default.
@@ -755,12 +782,20 @@ impl Config {
         if self.base_port.is_none() || self.segment_name_fixed {
             return Ok(Some(name));
         }
-        for fixed in ["rpc_port", "tcp_data_port"] {
+        for fixed in ["rpc_port", "tcp_data_port", "hccl_control_port"] {
             if self.is_set(fixed) {
+                let advice = if fixed == "hccl_control_port" {
+                    "leave it unset: the ascend transport then listens on any free port and publishes it in \
+                     rank_info.hostPort"
+                } else {
+                    "remove it"
+                };
                 return Err(self.field_error(
                     fixed,
-                    "is one fixed port, but with base_port every rank of a node listens on base_port + local rank; \
-                     remove it",
+                    &format!(
+                        "is one fixed port, but with base_port every rank of a node shares this config, so every \
+                         rank would bind the same port; {advice}"
+                    ),
                 ));
             }
         }
@@ -1092,6 +1127,29 @@ mod tests {
     }
 
     #[test]
+    fn physical_devices_are_range_checked_with_the_field_and_position() {
+        for (list, needle) in [
+            ("[4, 64]", "entry 1 (64) is out of range (device ids are below 64)"),
+            ("[4, 5, 4000000]", "entry 2 (4000000) is out of range"),
+            ("[4, 5, 4]", "device 4 is listed twice (entries 0 and 2)"),
+            ("[]", "is empty"),
+        ] {
+            let text = format!("{{\n  \"protocol\": \"ascend\",\n  \"physical_devices\": {list}\n}}");
+            let e = Config::from_json_str(&text, Some(Path::new("/etc/m.json"))).unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::Config);
+            let m = e.message();
+            assert!(
+                m.contains("config /etc/m.json: field `physical_devices` at line 3 column 3") && m.contains(needle),
+                "{list}: {m}"
+            );
+        }
+        let e = Config::from_json_str(r#"{"physical_devices": [-1]}"#, None).unwrap_err();
+        assert!(e.message().contains("`physical_devices[0]`"), "{e}");
+        let c = Config::from_json_str(r#"{"physical_devices": [0, 63]}"#, None).unwrap();
+        assert_eq!(c.physical_devices, Some(vec![0, 63]));
+    }
+
+    #[test]
     fn base_port_values_are_checked() {
         for (text, needle) in [
             (r#"{"base_port": "17000"}"#, "expected a port number"),
@@ -1135,6 +1193,34 @@ mod tests {
         );
         let e = name(r#"{"local_hostname": "10.0.0.5", "base_port": 17000, "rpc_port": 15000}"#, Some(1)).unwrap_err();
         assert!(e.message().contains("`rpc_port`") && e.message().contains("remove it"), "{e}");
+        // The ascend transport's control port too: every rank would bind it.
+        let e = name(r#"{"local_hostname": "10.0.0.5", "base_port": 17000, "hccl_control_port": 18000}"#, Some(1))
+            .unwrap_err();
+        let m = e.message();
+        assert!(
+            m.contains("/m.json")
+                && m.contains("field `hccl_control_port` at line 1")
+                && m.contains("every rank would bind the same port")
+                && m.contains("leave it unset")
+                && m.contains("any free port"),
+            "{m}"
+        );
+        let mut c = Config::from_json_str(store, None).unwrap();
+        c.apply_env(|k| match k {
+            "FERRY_HCCL_CONTROL_PORT" => Some("18000".to_owned()),
+            "LOCAL_RANK" => Some("0".to_owned()),
+            _ => None,
+        })
+        .unwrap();
+        let e = c.fix_segment_name().unwrap_err();
+        assert!(
+            e.message().contains("(from environment variable FERRY_HCCL_CONTROL_PORT)")
+                && e.message().contains("leave it unset"),
+            "{e}"
+        );
+        // Without base_port a fixed control port is fine (one rank per config).
+        let solo = name(r#"{"local_hostname": "10.0.0.5:17000", "hccl_control_port": 18000}"#, Some(1));
+        assert_eq!(solo.unwrap().as_deref(), Some("10.0.0.5:17000"));
         let e = name(r#"{"base_port": 17000}"#, Some(1)).unwrap_err();
         assert!(e.message().contains("needs this host's name"), "{e}");
         let e = name(r#"{"local_hostname": "10.0.0.5", "base_port": 65535}"#, Some(1)).unwrap_err();

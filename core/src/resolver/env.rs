@@ -176,11 +176,16 @@ fn parse_device_id(s: &str) -> std::result::Result<u32, String> {
 /// - `ASCEND_NPU_PHY_ID=<phy>`: the physical id itself.
 /// - `PHYSICAL_DEVICES=<phy>,<phy>,...`: entry `local_rank` (the only entry when there is one).
 /// - `ASCEND_RT_VISIBLE_DEVICES=<id>,<id>,...` (CANN's rules, see [`parse_visible_devices`]):
-///   entry `user_device`, where the user device is what an earlier link resolved, else the
-///   local rank (each rank sets the device of its own index, as vLLM does), else 0 when only
-///   one device is visible. Entries are taken as physical ids (true outside containers and in
-///   containers that mount every card; otherwise use a rank table, `PHYSICAL_DEVICES` or
-///   `ASCEND_NPU_PHY_ID`).
+///   entry `user_device`, where the user device is what an earlier link resolved; else, when an
+///   earlier link resolved the physical device, that device's position in the list (an error
+///   naming the variable and its value when the list lacks it); else the local rank (each rank
+///   sets the device of its own index, as vLLM does); else 0 when only one device is visible.
+///   Entries are taken as physical ids (true outside containers and in containers that mount
+///   every card; otherwise use a rank table, `PHYSICAL_DEVICES` or `ASCEND_NPU_PHY_ID`).
+///
+/// So a decode rank 0 whose rank table names physical card 4, with all eight cards visible
+/// (`ASCEND_RT_VISIBLE_DEVICES=0,1,...,7`), gets user device 4 (not 0, which is card 0); with
+/// `ASCEND_RT_VISIBLE_DEVICES=4,5,6,7` it gets user device 0.
 ///
 /// Variables that disagree are an error naming both. A malformed variable is an error naming
 /// it and its value, as is a user device or rank with no entry; when the index is unknown
@@ -241,11 +246,29 @@ impl SegmentResolver for EnvResolver {
 
         if let Some(v) = self.env.get(VISIBLE_DEVICES_ENV) {
             let ids = parse_visible_devices(&v, DEVICE_ID_LIMIT).into_result(&v)?;
-            let user = match (known.user_device, rank) {
-                (Some(u), _) => Some((u, format!("user device {u}"))),
-                (None, Some(r)) => Some((r, format!("user device {r} = local rank {r}"))),
-                (None, None) if ids.len() == 1 => Some((0, "user device 0, the only one visible".to_owned())),
-                (None, None) => None,
+            let user = match (known.user_device, known.physical_device, rank) {
+                (Some(u), _, _) => Some((u, format!("user device {u}"))),
+                // The physical device is already known (a rank table, the segment name, the
+                // config): the user device is its position in the list, whatever the rank.
+                (None, Some(phy), _) => {
+                    let position = ids.iter().position(|&id| id == phy).ok_or_else(|| {
+                        let from = known
+                            .details
+                            .get(&IdentityField::PhysicalDevice)
+                            .map(|d| format!(" ({d})"))
+                            .unwrap_or_default();
+                        Error::config(format!(
+                            "{VISIBLE_DEVICES_ENV}={v:?} does not list physical device {phy}{from}, resolved \
+                             earlier, so this process cannot use it; expected the variable to include {phy} (its \
+                             entries are taken as physical ids) or the earlier source to name a visible device"
+                        ))
+                    })?;
+                    let u = position as u32;
+                    Some((u, format!("user device {u}, the position of physical device {phy} (resolved earlier)")))
+                }
+                (None, None, Some(r)) => Some((r, format!("user device {r} = local rank {r}"))),
+                (None, None, None) if ids.len() == 1 => Some((0, "user device 0, the only one visible".to_owned())),
+                (None, None, None) => None,
             };
             if let Some((u, why)) = user {
                 let id = *ids.get(u as usize).ok_or_else(|| {
@@ -350,6 +373,48 @@ mod tests {
         // One visible device needs no index.
         let id = local(&env(&[(VISIBLE_DEVICES_ENV, "6")]), None).await.unwrap();
         assert_eq!((id.physical_device, id.user_device), (Some(6), Some(0)));
+    }
+
+    #[tokio::test]
+    async fn a_physical_device_resolved_earlier_sets_the_user_device_to_its_position() {
+        let earlier = |phy: u32| {
+            Identity { physical_device: Some(phy), ..Identity::default() }
+                .with_detail(IdentityField::PhysicalDevice, "ranktable.json decode_device_list[0]")
+        };
+        // Decode rank 0 on a node where every card is visible: the rank table says card 4, so the
+        // user device is 4 (entry 4), not the local rank's 0 (which is card 0).
+        let all = env(&[(VISIBLE_DEVICES_ENV, "0,1,2,3,4,5,6,7")]);
+        let id = all.resolve(&ResolveQuery::local(None, Some(0)), &earlier(4)).await.unwrap();
+        assert_eq!((id.physical_device, id.user_device), (Some(4), Some(4)));
+        assert_eq!(
+            id.details[&IdentityField::UserDevice],
+            "user device 4, the position of physical device 4 (resolved earlier)"
+        );
+        // Without a local rank too: the position needs none.
+        let id = all.resolve(&ResolveQuery::local(None, None), &earlier(7)).await.unwrap();
+        assert_eq!((id.physical_device, id.user_device), (Some(7), Some(7)));
+        // The container case: only cards 4 and 5 are visible, so card 5 is user device 1 (and
+        // card 4 user device 0) whatever the local rank says.
+        let container = env(&[(VISIBLE_DEVICES_ENV, "4,5")]);
+        let id = container.resolve(&ResolveQuery::local(None, Some(0)), &earlier(5)).await.unwrap();
+        assert_eq!((id.physical_device, id.user_device), (Some(5), Some(1)));
+        let id = container.resolve(&ResolveQuery::local(None, Some(1)), &earlier(4)).await.unwrap();
+        assert_eq!((id.physical_device, id.user_device), (Some(4), Some(0)));
+        // A card the process cannot see: an error naming the variable, its value and the source.
+        let e = container.resolve(&ResolveQuery::local(None, Some(0)), &earlier(6)).await.unwrap_err();
+        assert_eq!(e.kind(), crate::ErrorKind::Config);
+        let m = e.message();
+        assert!(
+            m.contains("ASCEND_RT_VISIBLE_DEVICES=\"4,5\" does not list physical device 6")
+                && m.contains(
+                    "(ranktable.json decode_device_list[0]), resolved earlier, so this process cannot use it"
+                ),
+            "{m}"
+        );
+        // Another variable of the environment that names a different card is still an error.
+        let mixed = env(&[(VISIBLE_DEVICES_ENV, "4,5"), (NPU_PHY_ID_ENV, "4")]);
+        let e = mixed.resolve(&ResolveQuery::local(None, Some(0)), &earlier(5)).await.unwrap_err();
+        assert!(e.message().contains("the environment disagrees"), "{e}");
     }
 
     #[tokio::test]

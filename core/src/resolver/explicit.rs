@@ -8,8 +8,9 @@ use crate::error::Result;
 
 /// The `config` link: this process's physical NPU from the config's `physical_devices` list,
 /// entry `local_rank` (the only entry when there is one). Answers nothing without the field;
-/// with it, a rank with no entry (or an unknown rank and several entries) is an error naming
-/// the field. Peers are not its to answer.
+/// with it, a rank with no entry (or an unknown rank and several entries), an id not below
+/// [`DEVICE_ID_LIMIT`](super::DEVICE_ID_LIMIT) or one listed twice is an error naming the
+/// field. Peers are not its to answer.
 #[derive(Debug, Clone)]
 pub struct ExplicitResolver {
     config: Config,
@@ -39,6 +40,7 @@ impl SegmentResolver for ExplicitResolver {
         let Some(list) = self.config.physical_devices.as_ref().filter(|_| query.is_local()) else {
             return Ok(Identity::default());
         };
+        self.config.check_physical_devices()?;
         let field = |msg: String| self.config.field_error("physical_devices", &msg);
         let (index, why) = match query.local_rank {
             Some(r) => (r as usize, format!("local rank {r}")),
@@ -78,6 +80,17 @@ mod tests {
             one.resolve(&ResolveQuery::local(None, None), &Identity::default()).await.unwrap().physical_device,
             Some(3)
         );
+        // Lists built in code are checked as a parsed config's are.
+        for (list, needle) in [
+            (vec![4, 64], "entry 1 (64) is out of range (device ids are below 64)"),
+            (vec![4, 5, 4], "device 4 is listed twice (entries 0 and 2)"),
+            (vec![], "is empty"),
+        ] {
+            let r = ExplicitResolver::new(list);
+            let e = r.resolve(&ResolveQuery::local(None, Some(0)), &Identity::default()).await.unwrap_err();
+            assert_eq!(e.kind(), crate::ErrorKind::Config);
+            assert!(e.message().contains("`physical_devices`") && e.message().contains(needle), "{e}");
+        }
         let none = ExplicitResolver::from_config(&Config::default());
         assert!(none.resolve(&ResolveQuery::local(None, Some(0)), &Identity::default()).await.unwrap().is_empty());
     }

@@ -2,7 +2,7 @@
 
 use async_trait::async_trait;
 
-use super::{Identity, IdentityField, ResolveQuery, SegmentResolver};
+use super::{DEVICE_ID_LIMIT, Identity, IdentityField, ResolveQuery, SegmentResolver};
 use crate::error::{Error, Result};
 
 /// Reads identity encoded in a segment name: `ip:port`, `ip:port:npu_N` (Mooncake's form) and
@@ -10,8 +10,9 @@ use crate::error::{Error, Result};
 /// part) the physical NPU id, for this process and for peers.
 ///
 /// A name that is not `host:port` at all (`demo`, `ferry-12-0`) is not its to answer. A name
-/// that is `host:port` followed by a malformed device part (`npu_x`, `gpu_1`, `npu_`) is an
-/// error naming the segment and what was expected.
+/// that is `host:port` followed by a malformed device part (`npu_x`, `gpu_1`, `npu_`) or a
+/// device id not below [`DEVICE_ID_LIMIT`] (`npu_77`) is an error naming the segment and what
+/// was expected.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct HostnameResolver;
 
@@ -58,17 +59,20 @@ impl HostnameResolver {
     }
 }
 
-fn parse_device(d: &str) -> std::result::Result<u32, &'static str> {
+fn parse_device(d: &str) -> std::result::Result<u32, String> {
     let digits = match d.strip_prefix("npu_") {
-        Some("") => return Err("has nothing after `npu_`"),
+        Some("") => return Err("has nothing after `npu_`".into()),
         Some(rest) => rest,
-        None if d.is_empty() => return Err("is empty"),
+        None if d.is_empty() => return Err("is empty".into()),
         None => d,
     };
     if !digits.bytes().all(|b| b.is_ascii_digit()) {
-        return Err("is not `npu_<N>` or `<N>`");
+        return Err("is not `npu_<N>` or `<N>`".into());
     }
-    digits.parse().map_err(|_| "is too large for a device id")
+    match digits.parse::<u32>() {
+        Ok(id) if id < DEVICE_ID_LIMIT => Ok(id),
+        _ => Err(format!("is out of range (device ids are below {DEVICE_ID_LIMIT})")),
+    }
 }
 
 #[async_trait]
@@ -118,7 +122,9 @@ mod tests {
             ("h:1:", "is empty"),
             ("h:1:npu_-1", "is not `npu_<N>`"),
             ("h:1:npu_ 3", "is not `npu_<N>`"),
-            ("h:1:npu_99999999999", "too large"),
+            ("h:1:npu_99999999999", "out of range (device ids are below 64)"),
+            ("h:1:npu_64", "out of range (device ids are below 64)"),
+            ("h:1:77", "out of range (device ids are below 64)"),
             ("h:1:npu_3:extra", "is not `npu_<N>`"),
         ] {
             let e = HostnameResolver::parse_strict(bad).unwrap_err();
@@ -154,7 +160,7 @@ mod tests {
         fn round_trips(
             host in "[a-z0-9][a-z0-9.-]{0,20}",
             port: u16,
-            device in proptest::option::of(0u32..100_000),
+            device in proptest::option::of(0u32..DEVICE_ID_LIMIT),
             npu_prefix: bool,
         ) {
             let name = match device {
@@ -166,6 +172,13 @@ mod tests {
             prop_assert_eq!(id.host.as_deref(), Some(host.as_str()));
             prop_assert_eq!(id.port, Some(port));
             prop_assert_eq!(id.physical_device, device);
+        }
+
+        #[test]
+        fn device_ids_past_the_limit_are_errors(host in "[a-z0-9.]{1,12}", port: u16, device in DEVICE_ID_LIMIT.., npu_prefix: bool) {
+            let name = if npu_prefix { format!("{host}:{port}:npu_{device}") } else { format!("{host}:{port}:{device}") };
+            let e = HostnameResolver::parse_strict(&name).unwrap_err();
+            prop_assert!(e.contains("out of range") && e.contains(&format!("{name:?}")), "{}", e);
         }
 
         #[test]

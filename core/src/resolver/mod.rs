@@ -5,7 +5,10 @@
 //!
 //! A chain asks its links in order. Each link sees what earlier links resolved (`known`) and
 //! answers what it can; for every field the first answer wins, later different answers are kept
-//! as [`Resolution::disagreements`]. A link's error stops the chain and names the link.
+//! as [`Resolution::disagreements`]. Disagreements about the physical or the user device are
+//! refused by the transports that drive a device and by `ferry doctor`
+//! ([`Resolution::refuse_device_disagreements`]). A link's error stops the chain and names the
+//! link.
 //!
 //! The default order ([`DEFAULT_RESOLVER_ORDER`]) is
 //!
@@ -342,7 +345,8 @@ pub struct Resolution {
     /// Which resolver answered each field, in chain order.
     pub answers: Vec<Answer>,
     /// Answers ignored because an earlier link had already answered the field with another
-    /// value (worth a look: two sources disagree).
+    /// value (two sources disagree; about the device, that is refused: see
+    /// [`refuse_device_disagreements`](Self::refuse_device_disagreements)).
     pub disagreements: Vec<Answer>,
     /// Resolvers consulted, in order.
     pub consulted: Vec<String>,
@@ -352,6 +356,44 @@ impl Resolution {
     /// The answer for `field`, if any.
     pub fn answer(&self, field: IdentityField) -> Option<&Answer> {
         self.answers.iter().find(|a| a.field == field)
+    }
+
+    /// The [`disagreements`](Self::disagreements) about which device this is: answers for
+    /// `physical_device` or `user_device` that differ from the one kept.
+    pub fn device_disagreements(&self) -> Vec<&Answer> {
+        self.disagreements
+            .iter()
+            .filter(|d| matches!(d.field, IdentityField::PhysicalDevice | IdentityField::UserDevice))
+            .collect()
+    }
+
+    /// Refuses a resolution whose sources disagree about the physical or the user device: taking
+    /// the first answer would bind one card and publish another (or publish the wrong one). The
+    /// [`ErrorKind::Config`](crate::ErrorKind::Config) error shows each pair of answers with
+    /// the resolver and source of each. Transports that drive a device and `ferry doctor` call
+    /// it; other fields' disagreements stay notes.
+    pub fn refuse_device_disagreements(&self) -> Result<()> {
+        let conflicts = self.device_disagreements();
+        if conflicts.is_empty() {
+            return Ok(());
+        }
+        let says = |a: &Answer| match a.detail.as_str() {
+            "" => format!("`{}` says {}", a.resolver, a.value),
+            d => format!("`{}` says {} ({d})", a.resolver, a.value),
+        };
+        let pairs: Vec<String> = conflicts
+            .iter()
+            .map(|d| match self.answer(d.field) {
+                Some(kept) => format!("{}: {}, but {}", d.field, says(kept), says(d)),
+                None => format!("{}: {}", d.field, says(d)),
+            })
+            .collect();
+        Err(Error::config(format!(
+            "the identity sources disagree about the device: {}; Ferry does not pick one (it would bind or \
+             publish the wrong card): make the sources agree, or remove the wrong one (or its link from \
+             `resolvers`)",
+            pairs.join("; ")
+        )))
     }
 }
 
@@ -560,6 +602,103 @@ mod tests {
         let r = ResolverChain::with_defaults().resolve(&ResolveQuery::local(Some("demo".into()), None)).await.unwrap();
         assert!(r.identity.is_empty());
         assert_eq!(r.to_string().trim(), "nothing resolved (consulted: hostname)");
+    }
+
+    /// The built-in chain for `config` (JSON) and `env`, resolved for local rank `rank`.
+    async fn builtin(config: &str, env: &[(&str, &str)], rank: Option<u32>) -> Result<Resolution> {
+        let mut config = crate::Config::from_json_str(config, None).unwrap();
+        if let Some(r) = rank {
+            config.set_local_rank(r);
+        }
+        let env = Environment::from_pairs(env.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+        let chain = ResolverRegistry::with_builtin().build_chain(&config, &env)?;
+        chain.resolve(&ResolveQuery::local(config.local_segment_name()?, rank)).await
+    }
+
+    #[tokio::test]
+    async fn a_rank_table_card_with_every_card_visible_is_bound_by_its_position() {
+        // The reviewer's case: decode worker 0 of a 4+4 node, every card visible, the rank table
+        // gives physical card 4. The user device must be 4 (card 4), not the local rank's 0.
+        let dir = std::env::temp_dir().join(format!("ferry-chain-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let table = dir.join("pd.json");
+        std::fs::write(
+            &table,
+            r#"{"version":"1.2","server_count":"1","status":"completed",
+              "prefill_device_list":[{"server_id":"10.0.0.5","device_id":"0","device_ip":"29.0.0.1"},
+                                     {"server_id":"10.0.0.5","device_id":"1","device_ip":"29.0.0.2"}],
+              "decode_device_list":[{"server_id":"10.0.0.5","device_id":"4","device_ip":"29.0.0.5"},
+                                    {"server_id":"10.0.0.5","device_id":"5","device_ip":"29.0.0.6"}]}"#,
+        )
+        .unwrap();
+        let config = format!(
+            r#"{{"local_hostname": "10.0.0.5", "role": "decode", "base_port": 17100, "rank_table_path": {:?}}}"#,
+            table.display().to_string()
+        );
+        let all = [(VISIBLE_DEVICES_ENV, "0,1,2,3,4,5,6,7")];
+        let r = builtin(&config, &all, Some(0)).await.unwrap();
+        assert_eq!((r.identity.physical_device, r.identity.user_device), (Some(4), Some(4)), "{r}");
+        assert_eq!(r.answer(IdentityField::PhysicalDevice).unwrap().resolver, "rank_table");
+        assert_eq!(r.answer(IdentityField::UserDevice).unwrap().resolver, "env");
+        assert!(r.disagreements.is_empty(), "{r}");
+        r.refuse_device_disagreements().unwrap();
+        let r = builtin(&config, &all, Some(1)).await.unwrap();
+        assert_eq!((r.identity.physical_device, r.identity.user_device), (Some(5), Some(5)), "{r}");
+        // The decode instance that sees only its own cards: user devices 0 and 1.
+        let own = [(VISIBLE_DEVICES_ENV, "4,5,6,7")];
+        let r = builtin(&config, &own, Some(1)).await.unwrap();
+        assert_eq!((r.identity.physical_device, r.identity.user_device), (Some(5), Some(1)), "{r}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[tokio::test]
+    async fn a_card_named_in_the_segment_name_is_found_among_the_visible_ones() {
+        // The container case: cards 4 and 5 visible; the segment name says card 5, so the user
+        // device is 1, even for local rank 0.
+        let config = r#"{"local_hostname": "10.0.0.5:17000:npu_5"}"#;
+        let r = builtin(config, &[(VISIBLE_DEVICES_ENV, "4,5")], Some(0)).await.unwrap();
+        assert_eq!((r.identity.physical_device, r.identity.user_device), (Some(5), Some(1)), "{r}");
+        assert_eq!(r.answer(IdentityField::PhysicalDevice).unwrap().resolver, "hostname");
+        r.refuse_device_disagreements().unwrap();
+        // A card the container does not see is an error naming the variable, not a guess.
+        let e = builtin(r#"{"local_hostname": "10.0.0.5:17000:npu_6"}"#, &[(VISIBLE_DEVICES_ENV, "4,5")], Some(0))
+            .await
+            .unwrap_err();
+        assert!(
+            e.message()
+                .starts_with("resolver `env`: ASCEND_RT_VISIBLE_DEVICES=\"4,5\" does not list physical device 6"),
+            "{e}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_real_disagreement_about_the_device_is_refused_with_both_answers() {
+        let config = r#"{"local_hostname": "10.0.0.5:17000:npu_3"}"#;
+        let r = builtin(config, &[(NPU_PHY_ID_ENV, "2")], Some(0)).await.unwrap();
+        assert_eq!(r.identity.physical_device, Some(3), "the first answer is kept ...");
+        assert_eq!(r.device_disagreements().len(), 1);
+        let e = r.refuse_device_disagreements().unwrap_err();
+        assert_eq!(e.kind(), crate::ErrorKind::Config);
+        let m = e.message();
+        assert!(
+            m.contains(
+                "physical_device: `hostname` says 3 (`npu_3` in segment name \"10.0.0.5:17000:npu_3\"), but \
+                        `env` says 2 (ASCEND_NPU_PHY_ID=\"2\")"
+            ),
+            "... but refused: {m}"
+        );
+        // A user-device disagreement is refused too; other fields' disagreements stay notes.
+        let user = |u| Identity { user_device: Some(u), ..Identity::default() };
+        let chain = ResolverChain::new().with(Arc::new(Fixed("env", user(1)))).with(Arc::new(Fixed("acl", user(0))));
+        let r = chain.resolve(&ResolveQuery::local(None, None)).await.unwrap();
+        let m = r.refuse_device_disagreements().unwrap_err().message().to_owned();
+        assert!(m.contains("user_device: `env` says 1, but `acl` says 0; Ferry does not pick one (it would bind or publish the wrong card)"), "{m}");
+        let ip = |a: &str| Identity { device_ip: Some(a.into()), ..Identity::default() };
+        let chain =
+            ResolverChain::new().with(Arc::new(Fixed("a", ip("1.1.1.1")))).with(Arc::new(Fixed("b", ip("2.2.2.2"))));
+        let r = chain.resolve(&ResolveQuery::local(None, None)).await.unwrap();
+        assert_eq!(r.disagreements.len(), 1);
+        r.refuse_device_disagreements().unwrap();
     }
 
     #[test]

@@ -225,12 +225,15 @@ mod tests {
     async fn a_config_list_reorders_and_an_outside_link_is_consulted_in_its_place() {
         let c = Config::from_json_str(r#"{"resolvers": ["acl", "env"]}"#, None).unwrap();
         let reg = ResolverRegistry::with_builtin().with(Arc::new(AclFactory));
-        let chain = reg.build_chain(&c, &Environment::from_pairs([("ASCEND_RT_VISIBLE_DEVICES", "4,5")])).unwrap();
+        let chain = reg.build_chain(&c, &Environment::from_pairs([("ASCEND_RT_VISIBLE_DEVICES", "4,10")])).unwrap();
         assert_eq!(chain.names(), vec!["acl", "env"]);
-        let r = chain.resolve(&ResolveQuery::local(None, Some(1))).await.unwrap();
+        let r = chain.resolve(&ResolveQuery::local(None, Some(0))).await.unwrap();
         assert_eq!(r.identity.physical_device, Some(10));
         assert_eq!(r.answer(IdentityField::PhysicalDevice).unwrap().resolver, "acl");
-        assert_eq!(r.disagreements[0].value, "5");
+        // env, consulted after it, places acl's card in its list: user device 1 (not rank 0).
+        assert_eq!(r.identity.user_device, Some(1));
+        assert_eq!(r.answer(IdentityField::UserDevice).unwrap().resolver, "env");
+        assert!(r.disagreements.is_empty(), "{r}");
     }
 
     #[test]

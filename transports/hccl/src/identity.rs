@@ -176,6 +176,10 @@ pub struct LocalIdentity {
 impl LocalIdentity {
     /// Builds the identity from a resolution; an error names what is missing, shows what was
     /// resolved and from where, and says how to supply it. Never assumes device 0.
+    ///
+    /// A resolution whose sources disagree about the physical or the user device is refused
+    /// (the first answer would bind one card and publish another): the error shows both
+    /// answers, the resolver of each and where it read them.
     pub fn from_resolution(segment: &str, host_fallback: &str, r: &Resolution) -> Result<Self> {
         let id = &r.identity;
         let explain = || {
@@ -183,6 +187,8 @@ impl LocalIdentity {
             let text = text.trim_end();
             format!("\nresolved so far (consulted {}):\n{text}", r.consulted.join(", "))
         };
+        r.refuse_device_disagreements()
+            .map_err(|e| Error::config(format!("ascend transport: {}{}", e.message(), explain())))?;
         let physical = id.physical_device.ok_or_else(|| {
             Error::config(format!(
                 "ascend transport: cannot tell which physical NPU this process drives; set LOCAL_RANK (or \
@@ -446,6 +452,93 @@ mod tests {
         };
         let e = LocalIdentity::from_resolution("x", "127.0.0.1", &r).unwrap_err();
         assert!(e.message().contains("address_4="), "{e}");
+    }
+
+    /// The resolution of the built-in chain for `config` and `env` at local rank `rank`.
+    async fn resolve(config: &str, env: &[(&str, &str)], rank: u32) -> Resolution {
+        let mut config = ferry_core::Config::from_json_str(config, None).unwrap();
+        config.set_local_rank(rank);
+        let env = ferry_core::Environment::from_pairs(env.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+        let chain = ferry_core::ResolverRegistry::with_builtin().build_chain(&config, &env).unwrap();
+        chain.resolve(&ResolveQuery::local(config.local_segment_name().unwrap(), Some(rank))).await.unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_card_named_earlier_is_bound_by_its_position_among_the_visible_cards() {
+        let dir = std::env::temp_dir().join(format!("ferry-hccl-identity-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let hccn = dir.join("hccn.conf");
+        std::fs::write(&hccn, "address_4=29.0.0.5\naddress_5=29.0.0.6\n").unwrap();
+        let config = format!(r#"{{"local_hostname": "10.0.0.5:17000:npu_4", "hccn_conf_path": {:?}}}"#, hccn);
+        // Every card visible: card 4 is user device 4, whatever the local rank (0 here).
+        let r = resolve(&config, &[("ASCEND_RT_VISIBLE_DEVICES", "0,1,2,3,4,5,6,7")], 0).await;
+        let me = LocalIdentity::from_resolution("10.0.0.5:17000:npu_4", "127.0.0.1", &r).unwrap();
+        assert_eq!((me.physical_device, me.user_device, me.device_ip.as_str()), (4, 4, "29.0.0.5"));
+        // A container showing cards 4 and 5: card 4 is user device 0.
+        let r = resolve(&config, &[("ASCEND_RT_VISIBLE_DEVICES", "4,5")], 1).await;
+        let me = LocalIdentity::from_resolution("10.0.0.5:17000:npu_4", "127.0.0.1", &r).unwrap();
+        assert_eq!((me.physical_device, me.user_device), (4, 0));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[tokio::test]
+    async fn sources_that_disagree_about_the_device_are_refused_with_both_answers() {
+        // The segment name says card 3, the environment card 2: neither is picked.
+        let r = resolve(r#"{"local_hostname": "10.0.0.5:17000:npu_3"}"#, &[("ASCEND_NPU_PHY_ID", "2")], 0).await;
+        assert_eq!(r.identity.physical_device, Some(3));
+        let e = LocalIdentity::from_resolution("10.0.0.5:17000:npu_3", "127.0.0.1", &r).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Config);
+        let m = e.message();
+        assert!(m.starts_with("ascend transport: the identity sources disagree about the device"), "{m}");
+        assert!(
+            m.contains(
+                "physical_device: `hostname` says 3 (`npu_3` in segment name \"10.0.0.5:17000:npu_3\"), but \
+                        `env` says 2 (ASCEND_NPU_PHY_ID=\"2\")"
+            ),
+            "{m}"
+        );
+        assert!(m.contains("resolved so far (consulted config, hostname, rank_table, env"), "{m}");
+
+        // A user device the ACL runtime maps elsewhere than an earlier link (the reviewer's
+        // case before the env link's fix: env bound card 0, the rank table said card 4).
+        let answer = |field, value: &str, resolver: &str, detail: &str| ferry_core::Answer {
+            field,
+            value: value.into(),
+            resolver: resolver.into(),
+            detail: detail.into(),
+        };
+        let r = Resolution {
+            identity: Identity {
+                physical_device: Some(4),
+                user_device: Some(0),
+                device_ip: Some("29.0.0.5".into()),
+                ..Identity::default()
+            },
+            answers: vec![
+                answer(IdentityField::PhysicalDevice, "4", "rank_table", "rt.json decode_device_list[0]"),
+                answer(IdentityField::UserDevice, "0", "env", "user device 0 = local rank 0"),
+                answer(IdentityField::DeviceIp, "29.0.0.5", "rank_table", "rt.json decode_device_list[0]"),
+            ],
+            disagreements: vec![
+                answer(IdentityField::PhysicalDevice, "0", "env", "ASCEND_RT_VISIBLE_DEVICES=\"0,1\" entry 0"),
+                answer(IdentityField::UserDevice, "4", "acl", "the visible device whose physical id is 4"),
+            ],
+            consulted: vec!["rank_table".into(), "env".into(), "acl".into()],
+        };
+        let m = LocalIdentity::from_resolution("x", "127.0.0.1", &r).unwrap_err().message().to_owned();
+        assert!(
+            m.contains("physical_device: `rank_table` says 4 (rt.json decode_device_list[0]), but `env` says 0"),
+            "{m}"
+        );
+        assert!(
+            m.contains(
+                "user_device: `env` says 0 (user device 0 = local rank 0), but `acl` says 4 (the visible device"
+            ),
+            "{m}"
+        );
+        // Without the disagreements the same identity is accepted.
+        let agreed = Resolution { disagreements: Vec::new(), ..r };
+        assert_eq!(LocalIdentity::from_resolution("x", "127.0.0.1", &agreed).unwrap().user_device, 0);
     }
 
     #[test]
