@@ -6,10 +6,19 @@
 //!     registers a KV cache filled with a pattern (seed 1), prints `READY <json>` (segment,
 //!     layout, rank_info), then serves the stdin commands below until `quit` or end of input.
 //! ascend_peer decode --peer SEGMENT --peer-layout JSON [--read R:L,...] [--write L:R,...]
-//!     [--host-memory] [--expect-failure] [--repeat N] [--stay]
+//!     [--host-memory] [--expect-failure] [--expect-timeout [--no-wait-release]] [--repeat N]
+//!     [--stay]
 //!     reads remote blocks R into local blocks L (checking the pattern), writes local blocks
 //!     (filled with seed 2) into remote ones, prints `DONE <json>` (or `FAILED <json>` with
 //!     --expect-failure when the read fails); with --stay it then serves the stdin commands.
+//!     With --expect-timeout the read is expected to time out: `TIMED_OUT <json>` gives the
+//!     error's kind, when the caller saw it and when the transport released the batch's memory
+//!     (unless --no-wait-release: then it shuts down at once).
+//!
+//! Every process prints `SHUTDOWN {"error": ..., "threads_left_running": N}` after its engine
+//! shut down; when device threads were left running, or the engine could not release all memory,
+//! the process keeps its buffers (never frees memory a device may still write) and, with
+//! --expect-timeout, still exits 0.
 //!
 //! stdin commands:
 //!     verify <dst>:<src>,... <seed>   checks blocks written by a peer: `VERIFIED ok|bad ...`
@@ -18,6 +27,9 @@
 //!                                     the peer's pattern), then writes local L into its R:
 //!                                     `TRANSFERRED {"error": null|"...", "stats": {...}}`
 //!     stats                           `STATS <counters>`
+//!     unregister-hccl <region>        asks the ascend transport itself to unregister region
+//!                                     <region> (0-based), bypassing the engine, and prints
+//!                                     `UNREGISTERED {"error": null|"...", "kind": ...}`
 //!     quit                            shuts the engine down and exits
 //! ```
 //!
@@ -86,6 +98,8 @@ struct Args {
     read: Vec<(u32, u32)>,
     write: Vec<(u32, u32)>,
     expect_failure: bool,
+    expect_timeout: bool,
+    wait_release: bool,
     repeat: u32,
     stay: bool,
 }
@@ -114,6 +128,8 @@ fn parse_args() -> anyhow::Result<Args> {
         read: pairs("3:0,4:1,5:2,9:3,40:4")?,
         write: pairs("6:20,7:21")?,
         expect_failure: false,
+        expect_timeout: false,
+        wait_release: true,
         repeat: 1,
         stay: false,
     };
@@ -129,6 +145,8 @@ fn parse_args() -> anyhow::Result<Args> {
             "--read" => a.read = pairs(&val()?)?,
             "--write" => a.write = pairs(&val()?)?,
             "--expect-failure" => a.expect_failure = true,
+            "--expect-timeout" => a.expect_timeout = true,
+            "--no-wait-release" => a.wait_release = false,
             "--repeat" => a.repeat = val()?.parse()?,
             "--stay" => a.stay = true,
             other => bail!("unknown option {other}"),
@@ -145,6 +163,8 @@ fn stats_json() -> serde_json::Value {
         "two_sided_chunks": s.two_sided_chunks,
         "failed_attempts": s.failed_attempts,
         "communicators_built": s.communicators_built,
+        "one_sided_calls": s.one_sided_calls,
+        "threads_left_running": s.threads_left_running,
     })
 }
 
@@ -266,6 +286,17 @@ fn run() -> anyhow::Result<()> {
                     println!("TRANSFERRED {}", serde_json::json!({ "error": error, "stats": stats_json() }));
                 }
                 ["stats"] => println!("STATS {:?}", ferry_transport_hccl::stats()),
+                ["unregister-hccl", region] => {
+                    let base = mems.get(region.parse::<usize>()?).context("no such region")?.addr();
+                    let r =
+                        engine.memory().regions().into_iter().find(|r| r.addr() == base).context("not registered")?;
+                    let result = rt.block_on(engine.primary_transport().unregister_memory(&r));
+                    let (error, kind) = match &result {
+                        Ok(()) => (None, None),
+                        Err(e) => (Some(e.to_string()), Some(e.kind().as_str())),
+                    };
+                    println!("UNREGISTERED {}", serde_json::json!({ "error": error, "kind": kind }));
+                }
                 ["quit"] => break,
                 [] => {}
                 _ => println!("ERROR unknown command {line:?}"),
@@ -300,7 +331,37 @@ fn run() -> anyhow::Result<()> {
         };
         let started = Instant::now();
         let mut read_ok = true;
-        for _ in 0..args.repeat {
+        if args.expect_timeout {
+            // The read must time out: when does the caller hear of it, and when does the
+            // transport let go of the batch's memory?
+            let batch = rt.block_on(engine.submit_blocks(local_layout, peer, &peer_layout, &spec))?;
+            let waited = batch.batch().wait_blocking(engine.transfer_timeout() + std::time::Duration::from_secs(30));
+            let seen = started.elapsed();
+            let released_when_seen = batch.batch().all_released();
+            let first = batch.batch().errors().into_iter().next().map(|(_, e)| e);
+            let mut released = None;
+            if args.wait_release {
+                while started.elapsed() < std::time::Duration::from_secs(60) {
+                    if batch.batch().all_released() {
+                        released = Some(started.elapsed());
+                        break;
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(5));
+                }
+            }
+            let out = serde_json::json!({
+                "waited": waited.as_ref().map(|s| format!("{s:?}")).map_err(|e| e.to_string()),
+                "kind": first.as_ref().map(|e| e.kind().as_str()),
+                "error": first.as_ref().map(|e| e.to_string()),
+                "seen_ms": seen.as_millis() as u64,
+                "released_when_seen": released_when_seen,
+                "released_ms": released.map(|d| d.as_millis() as u64),
+                "stats": stats_json(),
+            });
+            println!("TIMED_OUT {out}");
+            read_ok = false;
+        }
+        for _ in 0..if read_ok { args.repeat } else { 0 } {
             let batch = rt.block_on(engine.submit_blocks(local_layout, peer, &peer_layout, &spec))?;
             if let Err(e) = batch.wait_blocking(engine.transfer_timeout()) {
                 if !args.expect_failure {
@@ -353,7 +414,19 @@ fn run() -> anyhow::Result<()> {
             }
         }
     }
-    rt.block_on(engine.shutdown())?;
-    drop(mems);
+    let shut = rt.block_on(engine.shutdown());
+    let left = ferry_transport_hccl::stats().threads_left_running;
+    let error = shut.as_ref().err().map(|e| format!("{e:#}"));
+    println!("SHUTDOWN {}", serde_json::json!({ "error": error, "threads_left_running": left }));
+    if left > 0 || shut.is_err() {
+        // A device thread may still write into these buffers: never free them.
+        std::mem::forget(mems);
+        if args.expect_timeout {
+            return Ok(());
+        }
+    } else {
+        drop(mems);
+    }
+    shut?;
     Ok(())
 }

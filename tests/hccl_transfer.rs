@@ -76,6 +76,8 @@ impl Peer {
             "ASCEND_NPU_PHY_ID",
             "PHYSICAL_DEVICES",
             "FERRY_CANN_EMU_FAIL",
+            "FERRY_CANN_EMU_DELAY_US",
+            "FERRY_CANN_EMU_LOG",
             "FERRY_CANN_EMU_NO_ONESIDED",
             "ASCEND_HOME_PATH",
             "ASCEND_TOOLKIT_HOME",
@@ -372,4 +374,177 @@ fn a_process_whose_card_cannot_be_told_refuses_to_start() {
         Peer::spawn(&["prefill"], &with(node.env(), &[("FERRY_HCCN_CONF", "/dev/null"), ("LOCAL_RANK", "3")])).wait();
     assert_eq!(code, 1, "{err}");
     assert!(err.contains("address_3"), "{err}");
+}
+
+/// `--read` pairs moving 300 scattered remote blocks (0, 2, 4, ...) into scattered local ones
+/// (9, 11, 13, ..., clear of the blocks 6 and 7 the decode side writes back): no two are
+/// adjacent, so each is a request of its own.
+fn scattered_reads() -> String {
+    (0..300).map(|i| format!("{}:{}", 2 * i, 2 * i + 9)).collect::<Vec<_>>().join(",")
+}
+
+#[test]
+fn three_hundred_scattered_blocks_take_two_one_sided_calls_and_arrive_intact() {
+    let node = Node::new(Emulator::Current, 29);
+    let reads = scattered_reads();
+    let args = ["--regions", "1", "--blocks", "700", "--block-len", "256", "--read", &reads];
+    let (_, done) = exchange(&node, &[("LOCAL_RANK", "0")], &[("LOCAL_RANK", "1")], &args);
+    let stats = &done["stats"];
+    assert_eq!(stats["one_sided_batches"], 2, "one batch of reads, one of writes: {stats}");
+    // 300 reads: 256 + 44 descriptors; the 2 writes: one more call.
+    assert_eq!(stats["one_sided_calls"], 3, "{stats}");
+    assert_eq!(stats["failed_attempts"], 0, "{stats}");
+}
+
+#[test]
+fn three_hundred_scattered_blocks_go_in_several_two_sided_chunks_and_arrive_intact() {
+    let node = Node::new(Emulator::Legacy, 30);
+    let reads = scattered_reads();
+    let args = ["--regions", "1", "--blocks", "700", "--block-len", "256", "--read", &reads, "--host-memory"];
+    let (_, done) = exchange(&node, &[("LOCAL_RANK", "2")], &[("LOCAL_RANK", "3")], &args);
+    let stats = &done["stats"];
+    // 300 reads: chunks of 256 and 44; the 2 writes: one more.
+    assert_eq!(stats["two_sided_chunks"], 3, "{stats}");
+    assert_eq!(stats["one_sided_batches"], 0, "{stats}");
+    assert_eq!(stats["failed_attempts"], 0, "{stats}");
+}
+
+/// One emulator call from a `FERRY_CANN_EMU_LOG=1` line: name, arguments, result.
+#[derive(Debug)]
+struct Call {
+    name: String,
+    args: Vec<String>,
+    result: String,
+}
+
+fn calls(stderr: &str) -> Vec<Call> {
+    stderr
+        .lines()
+        .filter(|l| l.starts_with("[ferry-cann-emu "))
+        .filter_map(|l| {
+            let body = &l[l.find("] ")? + 2..];
+            let (name, rest) = body.split_once('(')?;
+            let (args, result) = rest.split_once(") -> ")?;
+            let args = args.split(", ").map(str::to_owned).collect();
+            Some(Call { name: name.to_owned(), args, result: result.to_owned() })
+        })
+        .collect()
+}
+
+#[test]
+fn a_failed_receive_drains_the_stream_before_its_staging_buffers_are_freed() {
+    let node = Node::new(Emulator::Legacy, 31);
+    let mut prefill = Peer::spawn(&["prefill", "--host-memory"], &with(node.env(), &[("LOCAL_RANK", "0")]));
+    let ready = prefill.expect("READY");
+    let (segment, layout) = (ready["segment"].as_str().unwrap().to_owned(), ready["layout"].to_string());
+    // The second HcclRecv fails while the first is queued on the stream, receiving into a
+    // staging buffer (host memory goes through device buffers).
+    let mut decode = Peer::spawn(
+        &["decode", "--peer", &segment, "--peer-layout", &layout, "--host-memory"],
+        &with(node.env(), &[("LOCAL_RANK", "1"), ("FERRY_CANN_EMU_FAIL", "HcclRecv:2"), ("FERRY_CANN_EMU_LOG", "1")]),
+    );
+    let done = decode.expect("DONE");
+    assert_eq!(done["stats"]["failed_attempts"], 1, "retried after the failure: {done}");
+    let (code, err) = decode.wait();
+    assert_eq!(code, 0, "{err}");
+    let calls = calls(&err);
+    let failed = calls
+        .iter()
+        .position(|c| c.name == "HcclRecv" && c.result != "0")
+        .unwrap_or_else(|| panic!("no failed HcclRecv in the call log:\n{err}"));
+    let first = calls[..failed].iter().rev().find(|c| c.name == "HcclRecv").expect("a receive queued before");
+    let (staging, stream) = (&first.args[0], &first.args[5]);
+    let freed = failed
+        + calls[failed..]
+            .iter()
+            .position(|c| c.name == "aclrtFree" && &c.args[0] == staging)
+            .unwrap_or_else(|| panic!("staging buffer {staging} never freed:\n{err}"));
+    let drained = calls[failed..freed]
+        .iter()
+        .any(|c| (c.name == "aclrtSynchronizeStream" || c.name == "aclrtStreamAbort") && &c.args[0] == stream);
+    let window: Vec<String> =
+        calls[failed..=freed].iter().map(|c| format!("{}({})", c.name, c.args.join(", "))).collect();
+    assert!(drained, "staging buffer {staging} was freed before stream {stream} was drained:\n{}", window.join("\n"));
+    prefill.send("verify 20:6,21:7 2");
+    assert_eq!(prefill.expect_text("VERIFIED"), "ok", "prefill stderr:\n{}", prefill.stderr());
+    prefill.quit("prefill");
+}
+
+/// Prefill and a decode process whose one read must time out: the read is delayed by
+/// `delay_us` on the emulated device, past the 1.5 s transfer timeout, and the stream the
+/// transport would replace after the failure cannot be created (the second aclrtCreateStream
+/// fails), so the old stream, still running the read, is what is left.
+fn timed_out_read(net: u8, delay_us: &str, extra: &[&str]) -> (Node, Peer, Peer) {
+    let node = Node::new(Emulator::Current, net);
+    let mut prefill = Peer::spawn(&["prefill"], &with(node.env(), &[("LOCAL_RANK", "0")]));
+    let ready = prefill.expect("READY");
+    let (segment, layout) = (ready["segment"].as_str().unwrap().to_owned(), ready["layout"].to_string());
+    let mut args = vec!["decode", "--peer", &segment, "--peer-layout", &layout, "--expect-timeout"];
+    args.extend_from_slice(extra);
+    let decode = Peer::spawn(
+        &args,
+        &with(
+            node.env(),
+            &[
+                ("LOCAL_RANK", "1"),
+                ("FERRY_TRANSFER_TIMEOUT_MS", "1500"),
+                ("FERRY_CANN_EMU_DELAY_US", delay_us),
+                ("FERRY_CANN_EMU_FAIL", "aclrtCreateStream:2"),
+            ],
+        ),
+    );
+    (node, prefill, decode)
+}
+
+#[test]
+fn a_timed_out_read_is_reported_at_the_deadline_and_its_memory_released_only_after_the_device_is_done() {
+    let (_node, prefill, mut decode) = timed_out_read(32, "HcclBatchGet:5000000", &[]);
+    let out = decode.expect("TIMED_OUT");
+    assert_eq!(out["kind"], "timeout", "{out}; stderr:\n{}", decode.stderr());
+    let seen = out["seen_ms"].as_u64().unwrap();
+    assert!(seen < 3500, "the caller heard of the timeout after {seen} ms (timeout 1500 ms): {out}");
+    assert_eq!(out["released_when_seen"], false, "released while the read was still running: {out}");
+    let released = out["released_ms"].as_u64().unwrap_or_else(|| panic!("never released: {out}"));
+    assert!(released >= 5000, "released after {released} ms, before the 5 s read finished: {out}");
+    let bye = decode.expect("SHUTDOWN");
+    assert_eq!(bye["threads_left_running"], 0, "{bye}");
+    let (code, err) = decode.wait();
+    assert_eq!(code, 0, "{err}");
+    prefill.quit("prefill");
+}
+
+#[test]
+fn a_shutdown_with_a_device_thread_still_busy_says_so() {
+    let (_node, prefill, mut decode) = timed_out_read(33, "HcclBatchGet:12000000", &["--no-wait-release"]);
+    let out = decode.expect("TIMED_OUT");
+    assert_eq!(out["kind"], "timeout", "{out}");
+    let bye = decode.expect("SHUTDOWN");
+    assert_eq!(bye["threads_left_running"], 1, "the peer's thread still waits for the read: {bye}");
+    let (code, err) = decode.wait();
+    assert_eq!(code, 0, "{err}");
+    prefill.quit("prefill");
+}
+
+#[test]
+fn memory_still_bound_to_a_communicator_is_not_reported_unregistered() {
+    let node = Node::new(Emulator::Current, 34);
+    let mut prefill = Peer::spawn(&["prefill"], &with(node.env(), &[("LOCAL_RANK", "0")]));
+    let ready = prefill.expect("READY");
+    let (segment, layout) = (ready["segment"].as_str().unwrap().to_owned(), ready["layout"].to_string());
+    // The first unbind fails, and so does destroying the communicator instead.
+    let mut decode = Peer::spawn(
+        &["decode", "--peer", &segment, "--peer-layout", &layout, "--stay"],
+        &with(node.env(), &[("LOCAL_RANK", "1"), ("FERRY_CANN_EMU_FAIL", "HcclCommUnbindMem:1,HcclCommDestroy:1")]),
+    );
+    decode.expect("DONE");
+    decode.send("unregister-hccl 0");
+    let first = decode.expect("UNREGISTERED");
+    assert_eq!(first["kind"], "busy", "{first}");
+    assert!(first["error"].as_str().unwrap().contains("may still be bound"), "{first}");
+    // The communicator is gone now: the next region unbinds from nothing and is deregistered.
+    decode.send("unregister-hccl 1");
+    let second = decode.expect("UNREGISTERED");
+    assert!(second["error"].is_null(), "{second}");
+    decode.quit("decode");
+    prefill.quit("prefill");
 }

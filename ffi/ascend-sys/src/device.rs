@@ -143,19 +143,50 @@ impl Stream {
         }
     }
 
-    /// Aborts the work queued on the stream (`aclrtStreamAbort`), then drains the abort's own
-    /// error. Returns false when the release has no abort (the caller should drop the stream).
+    /// Aborts the work queued on the stream (`aclrtStreamAbort`: the running task is stopped,
+    /// the queued ones are discarded), then clears the `ACL_ERROR_RT_STREAM_ABORT` the abort
+    /// leaves for the next synchronize. Returns true only when the release has the function
+    /// **and** it succeeded; false means the stream's work may still be running.
     pub fn abort(&self) -> bool {
         let Some(f) = self.lib.opt.stream_abort else { return false };
         // SAFETY: `raw` is a live stream of this thread.
         let code = unsafe { f(self.raw) };
         if code != 0 {
-            tracing::debug!(code, "aclrtStreamAbort failed");
+            let e = self.lib.acl_check("aclrtStreamAbort", code).err();
+            tracing::warn!(code, error = ?e, "aclrtStreamAbort failed; the stream will be drained instead");
+            return false;
         }
-        // SAFETY: as above; drops the ACL_ERROR_RT_STREAM_ABORT the abort leaves behind.
+        // SAFETY: as above; after a successful abort nothing is left to run, so this returns
+        // at once (with the abort's own error, which is dropped).
         let _ = unsafe { (self.lib.acl.synchronize_stream)(self.raw) };
         true
     }
+
+    /// Makes sure nothing queued on the stream runs any more, so that the memory its
+    /// operations name may be freed or handed back: [`abort`](Self::abort) when the release
+    /// has `aclrtStreamAbort` and it succeeds, else an **unbounded** `aclrtSynchronizeStream`
+    /// (on hardware every HCCL operation is bounded by HCCL's own `HCCL_EXEC_TIMEOUT`, and
+    /// copies by the runtime's task timeout). Call it before dropping a stream or memory its
+    /// work may still touch after a failed or timed-out wait: CANN requires a stream's work to
+    /// be finished before `aclrtDestroyStream`.
+    pub fn drain(&self) -> Drained {
+        if self.abort() {
+            return Drained::Aborted;
+        }
+        // SAFETY: `raw` is a live stream of this thread.
+        let code = unsafe { (self.lib.acl.synchronize_stream)(self.raw) };
+        Drained::Finished(self.lib.acl_check("aclrtSynchronizeStream", code))
+    }
+}
+
+/// How [`Stream::drain`] stopped a stream's work.
+#[derive(Debug)]
+pub enum Drained {
+    /// `aclrtStreamAbort` stopped it.
+    Aborted,
+    /// Everything queued ran to its end; the first error of those operations, if any (the
+    /// stream is idle either way).
+    Finished(Result<()>),
 }
 
 impl Drop for Stream {

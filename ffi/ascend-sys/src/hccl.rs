@@ -151,7 +151,7 @@ impl GlobalMem {
 impl Drop for GlobalMem {
     fn drop(&mut self) {
         if let Err(e) = self.deregister_inner() {
-            tracing::debug!(error = %e, "deregistering global memory failed");
+            tracing::warn!(addr = self.addr, len = self.len, error = %e, "deregistering global memory failed");
         }
     }
 }

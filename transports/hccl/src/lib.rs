@@ -12,19 +12,37 @@
 //! - **Control channel.** A small TCP listener (length-prefixed JSON, bounded frames, timeouts)
 //!   where peers ask to build a communicator and, on the two-sided path, to send or receive;
 //!   every address is checked against the live memory registry before the device touches it.
+//!   A request is taken only from the host its sender's segment name (and published host IP)
+//!   names; peers are limited to [`MAX_PEERS`]; a communicator epoch more than one ahead is
+//!   refused. (This keeps forged names from other hosts out; there is no secret, so a process
+//!   on the same host is trusted.)
 //! - **One-sided path** (when the CANN release has it): each registered region is registered
 //!   with `HcclRegisterGlobalMem`; per peer a two-rank v1.0 rank table is built from both
 //!   identities (same order on both sides), the communicator is initialised from it, memory is
 //!   bound, the communicator prepared; transfers are `HcclBatchGet`/`HcclBatchPut` calls of at
 //!   most 256 descriptors followed by a stream sync with timeout. One communicator per peer,
 //!   cached; after a failure it is torn down and rebuilt (both sides agree on a new epoch), and
-//!   the batch retried up to `retries` times (default 2) before its requests fail with the HCCL
-//!   error. An `HCCL_E_NOT_SUPPORT` answer, or a release without the symbols, selects:
+//!   the batch retried up to `retries` times (default 2, at most [`MAX_RETRIES`]) before its
+//!   requests fail with the HCCL error. An `HCCL_E_NOT_SUPPORT` answer, or a release without
+//!   the symbols, selects:
 //! - **Two-sided path**: root info exchanged over the control channel, then `HcclSend`/`HcclRecv`
 //!   pairs driven over it.
 //!
 //! All ACL/HCCL calls run on device threads ([`ferry_ascend_sys::DeviceThread`]) bound to this
 //! process's device, never on async workers; `submit` only queues.
+//!
+//! **Memory safety after failures and timeouts.** A request's memory (and a staging buffer) is
+//! handed back only once nothing queued on the stream can touch it: after a failed or
+//! timed-out stream wait the stream is aborted (`aclrtStreamAbort`, when the release has it and
+//! it succeeds) or else synchronized without a bound, then replaced. A timeout is reported to
+//! the caller at the transfer deadline all the same (`Batch::report_outcome`); the requests are
+//! released (`Batch::complete`) when the stream has drained. Without
+//! `aclrtSynchronizeStreamWithTimeout`, and while draining, stream waits are bounded only by
+//! HCCL's own `HCCL_EXEC_TIMEOUT` (the device thread waits; the caller does not). Unregistering
+//! memory that may still be bound to a communicator (its device thread did not answer within
+//! [`UNBIND_TIMEOUT`], or unbinding and destroying the communicator both failed) is an
+//! [`ErrorKind::Busy`] error and the HCCL registration is kept; a shutdown that leaves device
+//! threads running logs an error and counts them in [`Stats::threads_left_running`].
 //!
 //! Validated on Ferry's emulated CANN only (`ffi/cann-emu`), never on an NPU.
 
@@ -42,8 +60,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use ferry_ascend_sys::{AscendError, DeviceThread, GlobalMem, Library, MemKind, SearchPath};
 use ferry_core::{
-    Batch, Capabilities, Error, ErrorKind, Location, MemoryRegistry, OpenSegment, Region, ResolveQuery, Result,
-    SegmentDescriptor, Transport, TransportContext, TransportFactory,
+    Batch, Capabilities, Error, ErrorKind, Location, MemoryRegistry, OpenSegment, Region, Resolution, ResolveQuery,
+    Result, SegmentDescriptor, Transport, TransportContext, TransportFactory,
 };
 use tokio::sync::watch;
 
@@ -62,6 +80,19 @@ pub const PROTOCOL: &str = "ascend";
 pub const ALIAS: &str = "hccl";
 /// Default number of retries after a failed transfer (Mooncake's default).
 pub const DEFAULT_RETRIES: u32 = 2;
+/// Most retries honoured: a larger configured count is capped here (with a warning), so that a
+/// failing peer cannot hold a batch for an unbounded number of rebuilds.
+pub const MAX_RETRIES: u32 = 100;
+/// Most peers (segments this transport sends to or is asked to serve) at once; beyond it new
+/// peers are refused with an error saying so. Each peer has a driver task and up to two device
+/// threads.
+pub const MAX_PEERS: usize = 1024;
+/// How long unregistering memory waits for the peers' device threads to unbind it (all peers
+/// at once) and for its deregistration.
+pub const UNBIND_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long shutdown waits for each part (the control server, every peer's threads, all at
+/// once, and the global memory's deregistration).
+pub const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(5);
 /// Mooncake's variable for the retry count, honoured here too.
 pub const RETRIES_ENV: &str = "ASCEND_TRANSPORT_TRANSFER_MAX_RETRY_COUNT";
 /// Ferry's variable for the control channel port (default: any free port).
@@ -82,6 +113,11 @@ pub struct Stats {
     /// Nanoseconds spent in transfer jobs on device threads (the HCCL calls and the stream
     /// wait): end-to-end time minus this is the transport's own overhead.
     pub device_ns: u64,
+    /// `HcclBatchGet`/`HcclBatchPut` calls (a batch of more than 256 requests takes several).
+    pub one_sided_calls: u64,
+    /// Device threads still busy when their transport shut down (they end on their own once
+    /// HCCL's timeouts fire); nonzero means a shutdown was not clean.
+    pub threads_left_running: u64,
 }
 
 pub(crate) mod counters {
@@ -91,6 +127,8 @@ pub(crate) mod counters {
     pub(crate) static FAILED_ATTEMPTS: AtomicU64 = AtomicU64::new(0);
     pub(crate) static COMMUNICATORS_BUILT: AtomicU64 = AtomicU64::new(0);
     pub(crate) static DEVICE_NS: AtomicU64 = AtomicU64::new(0);
+    pub(crate) static ONE_SIDED_CALLS: AtomicU64 = AtomicU64::new(0);
+    pub(crate) static THREADS_LEFT_RUNNING: AtomicU64 = AtomicU64::new(0);
 
     /// Adds the time since `start` to the device-time counter.
     pub(crate) fn device_time(start: std::time::Instant) {
@@ -99,7 +137,11 @@ pub(crate) mod counters {
     }
 
     pub(crate) fn bump(c: &AtomicU64) {
-        c.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        add(c, 1);
+    }
+
+    pub(crate) fn add(c: &AtomicU64, n: usize) {
+        c.fetch_add(u64::try_from(n).unwrap_or(u64::MAX), std::sync::atomic::Ordering::Relaxed);
     }
 }
 
@@ -113,6 +155,8 @@ pub fn stats() -> Stats {
         failed_attempts: get(&FAILED_ATTEMPTS),
         communicators_built: get(&COMMUNICATORS_BUILT),
         device_ns: get(&DEVICE_NS),
+        one_sided_calls: get(&ONE_SIDED_CALLS),
+        threads_left_running: get(&THREADS_LEFT_RUNNING),
     }
 }
 
@@ -190,7 +234,7 @@ impl TransportFactory for HcclTransportFactory {
 pub(crate) struct Settings {
     /// Per-request deadline.
     pub(crate) timeout: Duration,
-    /// Retries after a failure.
+    /// Retries after a failure (at most [`MAX_RETRIES`]).
     pub(crate) retries: u32,
 }
 
@@ -198,6 +242,8 @@ pub(crate) struct Settings {
 pub(crate) struct Shared {
     pub(crate) lib: Arc<Library>,
     pub(crate) me: LocalIdentity,
+    /// This engine's instance id (`ferry_instance`), sent to peers so they notice a restart.
+    pub(crate) instance: String,
     pub(crate) control_port: u16,
     pub(crate) settings: Settings,
     pub(crate) memory: Arc<MemoryRegistry>,
@@ -208,6 +254,9 @@ pub(crate) struct Shared {
     pub(crate) one_sided: AtomicBool,
     /// Global memory handles by region address.
     pub(crate) globals: Arc<Mutex<BTreeMap<u64, Arc<GlobalMem>>>>,
+    /// Registrations of unregistered regions that may still be bound to a communicator: kept
+    /// (not deregistered) until shutdown.
+    pub(crate) stranded: Mutex<Vec<Arc<GlobalMem>>>,
     pub(crate) peers: Mutex<HashMap<String, Arc<Peer>>>,
     pub(crate) stop: watch::Sender<bool>,
     pub(crate) stopped: AtomicBool,
@@ -231,6 +280,12 @@ impl Shared {
         if let Some(p) = peers.get(name) {
             return Ok(p.clone());
         }
+        if peers.len() >= MAX_PEERS {
+            return Err(Error::new(
+                ErrorKind::Busy,
+                format!("ascend transport: already {MAX_PEERS} peers (the limit); `{name}` refused"),
+            ));
+        }
         let p = Peer::start(self, name);
         peers.insert(name.to_owned(), p.clone());
         Ok(p)
@@ -247,6 +302,51 @@ impl std::fmt::Debug for HcclTransport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("HcclTransport").field("identity", &self.shared.me).finish_non_exhaustive()
     }
+}
+
+/// The host part of a segment name or `local_hostname` (`h` of `h:port[:dev]`, or a bare host).
+fn host_of(name: &str) -> Option<String> {
+    match ferry_core::HostnameResolver::parse(name) {
+        Some(id) => id.host,
+        None if !name.is_empty() && !name.contains(|c: char| c == ':' || c.is_whitespace() || c == '/') => {
+            Some(name.to_owned())
+        }
+        None => None,
+    }
+}
+
+/// The host IP to publish as `rank_info.hostIp` (where peers reach the control channel): the
+/// resolved host, else the segment name's host, else `local_hostname`'s. Never a guess: with
+/// none of them the transport refuses to start (publishing loopback would make every peer on
+/// another host talk to itself).
+fn published_host(ctx: &TransportContext, resolution: &Resolution) -> Result<String> {
+    if let Some(h) = resolution.identity.host.clone().filter(|h| !h.trim().is_empty()) {
+        return Ok(h);
+    }
+    if let Some(h) = host_of(&ctx.segment_name) {
+        return Ok(h);
+    }
+    if let Some(h) = ctx.config.local_hostname.as_deref().and_then(host_of) {
+        return Ok(h);
+    }
+    Err(Error::config(format!(
+        "ascend transport: cannot tell which host IP to publish as rank_info.hostIp: the segment name {:?} has no \
+         host part (expected host:port) and local_hostname is {}; set local_hostname to this host's IP",
+        ctx.segment_name,
+        match &ctx.config.local_hostname {
+            Some(h) => format!("{h:?}, which names no host"),
+            None => "not set".to_owned(),
+        }
+    )))
+}
+
+/// The retry count: the configured one ([`DEFAULT_RETRIES`] when none), at most [`MAX_RETRIES`].
+fn capped_retries(configured: Option<u32>) -> u32 {
+    let retries = configured.unwrap_or(DEFAULT_RETRIES);
+    if retries > MAX_RETRIES {
+        tracing::warn!(configured = retries, limit = MAX_RETRIES, "ascend transport: retry count capped");
+    }
+    retries.min(MAX_RETRIES)
 }
 
 /// A numeric setting: the first of `vars` set in the environment, else the config's value.
@@ -271,9 +371,16 @@ impl HcclTransport {
     /// resolved (the message shows what was resolved and from where), and the ACL error when
     /// the device cannot be bound.
     pub async fn start(ctx: &TransportContext, lib: Arc<Library>) -> Result<Self> {
-        let retries: u32 =
-            setting(&[RETRIES_ENV, "FERRY_HCCL_RETRIES"], ctx.config.hccl_retries)?.unwrap_or(DEFAULT_RETRIES);
+        let retries = capped_retries(setting(&[RETRIES_ENV, "FERRY_HCCL_RETRIES"], ctx.config.hccl_retries)?);
         let control_port: u16 = setting(&[CONTROL_PORT_ENV], ctx.config.hccl_control_port)?.unwrap_or(0);
+        if control_port != 0 && ctx.config.base_port.is_some() {
+            // One config serves every rank of the host (base_port + rank): a fixed control port
+            // would be bound by all of them. The config check catches the file's field; this one
+            // also catches the environment variable.
+            return Err(Error::config(format!(
+                "ascend transport: a fixed control port ({control_port}, from {CONTROL_PORT_ENV} or hccl_control_port) cannot be combined with base_port: every rank would bind it; leave it unset (any free port, published in rank_info.hostPort)"
+            )));
+        }
 
         let mut chain = ctx.resolvers.clone();
         if !chain.names().contains(&ACL_RESOLVER_NAME) {
@@ -285,7 +392,8 @@ impl HcclTransport {
         let query = ResolveQuery::local(Some(ctx.segment_name.clone()), ctx.config.local_rank);
         let resolution =
             chain.resolve(&query).await.map_err(|e| e.context(format!("ascend transport: {}", e.message())))?;
-        let me = LocalIdentity::from_resolution(&ctx.segment_name, "127.0.0.1", &resolution)?;
+        let host = published_host(ctx, &resolution)?;
+        let me = LocalIdentity::from_resolution(&ctx.segment_name, &host, &resolution)?;
 
         let main = {
             let (lib, user) = (lib.clone(), me.user_device);
@@ -316,11 +424,16 @@ impl HcclTransport {
         let (stop, stop_rx) = watch::channel(false);
         let caps = lib.capabilities();
         if !caps.sync_with_timeout {
-            tracing::warn!("aclrtSynchronizeStreamWithTimeout is absent: stream waits are unbounded");
+            // Documented limit: the transfer deadline is still reported to the caller on time,
+            // but the device thread waits until HCCL's own HCCL_EXEC_TIMEOUT ends the work.
+            tracing::warn!(
+                "aclrtSynchronizeStreamWithTimeout is absent: stream waits are bounded only by HCCL_EXEC_TIMEOUT"
+            );
         }
         let shared = Arc::new(Shared {
             lib,
             me,
+            instance: ctx.instance.clone(),
             control_port,
             settings: Settings { timeout: ctx.config.transfer_timeout(), retries },
             memory: ctx.memory.clone(),
@@ -328,6 +441,7 @@ impl HcclTransport {
             main,
             one_sided: AtomicBool::new(caps.one_sided),
             globals: Arc::new(Mutex::new(BTreeMap::new())),
+            stranded: Mutex::new(Vec::new()),
             peers: Mutex::new(HashMap::new()),
             stop,
             stopped: AtomicBool::new(false),
@@ -472,16 +586,57 @@ impl Transport for HcclTransport {
     }
 
     async fn unregister_memory(&self, region: &Region) -> Result<()> {
-        let g = self.shared.globals.lock().unwrap_or_else(|p| p.into_inner()).remove(&region.addr());
+        let (addr, len) = (region.addr(), region.len());
+        let g = self.shared.globals.lock().unwrap_or_else(|p| p.into_inner()).remove(&addr);
         let Some(g) = g else { return Ok(()) };
         let peers: Vec<Arc<Peer>> =
             self.shared.peers.lock().unwrap_or_else(|p| p.into_inner()).values().cloned().collect();
+        // Every peer's communicator unbinds it at once (a busy peer does not hold up the others).
+        let mut unbinding = tokio::task::JoinSet::new();
         for p in peers {
-            p.unbind(&g).await;
+            unbinding.spawn(async move {
+                let r = p.unbind(addr, UNBIND_TIMEOUT).await;
+                (p.name().to_owned(), r)
+            });
         }
-        // Deregistered on the device thread, once no communicator holds it.
-        let _ = run_on(&self.shared.main, move |_, _| drop(g)).await;
-        Ok(())
+        let mut still_bound = Vec::new();
+        while let Some(done) = unbinding.join_next().await {
+            match done {
+                Ok((_, Ok(()))) => {}
+                Ok((peer, Err(why))) => still_bound.push(format!("with `{peer}`: {why}")),
+                Err(e) => still_bound.push(format!("an unbinding task failed: {e}")),
+            }
+        }
+        if !still_bound.is_empty() {
+            // Deregistering memory a communicator may still reach would let HCCL touch memory
+            // the application is about to free: keep the registration (it is deregistered when
+            // the last communicator holding it is torn down) and say so.
+            let msg = format!(
+                "ascend transport: region {addr:#x}+{len} may still be bound to HCCL communicator(s) ({}); it stays \
+                 registered with HCCL and must not be freed yet",
+                still_bound.join("; ")
+            );
+            tracing::error!("{msg}");
+            self.shared.stranded.lock().unwrap_or_else(|p| p.into_inner()).push(g);
+            return Err(Error::new(ErrorKind::Busy, msg));
+        }
+        // Deregistered on the device thread, now that no communicator holds it.
+        let dereg = run_on(&self.shared.main, move |_, _| match Arc::try_unwrap(g) {
+            Ok(g) => g.deregister().map_err(|e| e.to_string()),
+            Err(g) => Err(format!(
+                "{} other holder(s) of its HCCL registration remain; it is deregistered when they let go",
+                Arc::strong_count(&g) - 1
+            )),
+        });
+        let failed = match tokio::time::timeout(UNBIND_TIMEOUT, dereg).await {
+            Ok(Ok(Ok(()))) => return Ok(()),
+            Ok(Ok(Err(why))) => why,
+            Ok(Err(e)) => e.to_string(),
+            Err(_) => format!("the device thread did not deregister it within {UNBIND_TIMEOUT:?}"),
+        };
+        let msg = format!("ascend transport: deregistering region {addr:#x}+{len} from HCCL failed: {failed}");
+        tracing::error!("{msg}");
+        Err(Error::transport(msg))
     }
 
     fn submit(&self, target: &Arc<OpenSegment>, batch: &Arc<Batch>, indices: &[u32]) -> Result<()> {
@@ -494,16 +649,59 @@ impl Transport for HcclTransport {
         self.shared.stopped.store(true, Ordering::Release);
         let _ = self.shared.stop.send(true);
         let server = self.server.lock().unwrap_or_else(|p| p.into_inner()).take();
-        if let Some(h) = server {
-            let _ = h.await;
+        if let Some(mut h) = server
+            && tokio::time::timeout(SHUTDOWN_TIMEOUT, &mut h).await.is_err()
+        {
+            tracing::error!("ascend transport: the control server did not stop within {SHUTDOWN_TIMEOUT:?}; aborted");
+            h.abort();
         }
         let peers: Vec<Arc<Peer>> =
             self.shared.peers.lock().unwrap_or_else(|p| p.into_inner()).drain().map(|(_, p)| p).collect();
+        // All peers at once: each waits up to SHUTDOWN_TIMEOUT for its threads.
+        let mut stopping = tokio::task::JoinSet::new();
         for p in peers {
-            p.shutdown().await;
+            stopping.spawn(async move { p.shutdown(SHUTDOWN_TIMEOUT).await });
         }
-        let globals: Vec<Arc<GlobalMem>> =
+        let mut busy = 0usize;
+        while let Some(done) = stopping.join_next().await {
+            busy += done.unwrap_or(1);
+        }
+        let mut globals: Vec<Arc<GlobalMem>> =
             std::mem::take(&mut *self.shared.globals.lock().unwrap_or_else(|p| p.into_inner())).into_values().collect();
-        let _ = run_on(&self.shared.main, move |_, _| drop(globals)).await;
+        globals.append(&mut self.shared.stranded.lock().unwrap_or_else(|p| p.into_inner()));
+        let dereg = run_on(&self.shared.main, move |_, _| drop(globals));
+        let main_done = matches!(tokio::time::timeout(SHUTDOWN_TIMEOUT, dereg).await, Ok(Ok(())));
+        if !main_done {
+            busy += 1;
+        }
+        if busy > 0 {
+            counters::add(&counters::THREADS_LEFT_RUNNING, busy);
+            tracing::error!(
+                threads = busy,
+                "ascend transport: shut down uncleanly: device thread(s) were still busy after {SHUTDOWN_TIMEOUT:?} (they \
+                 end once HCCL's own timeouts fire; memory they use must stay allocated until the process exits)"
+            );
+        } else {
+            tracing::debug!("ascend transport shut down");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retries_are_capped_and_host_parts_are_read_from_names() {
+        assert_eq!(capped_retries(None), DEFAULT_RETRIES);
+        assert_eq!(capped_retries(Some(0)), 0);
+        assert_eq!(capped_retries(Some(7)), 7);
+        assert_eq!(capped_retries(Some(u32::MAX)), MAX_RETRIES);
+        assert_eq!(host_of("10.0.0.5:17000").as_deref(), Some("10.0.0.5"));
+        assert_eq!(host_of("10.0.0.5:17000:npu_3").as_deref(), Some("10.0.0.5"));
+        assert_eq!(host_of("[::1]:80").as_deref(), Some("::1"));
+        assert_eq!(host_of("node7").as_deref(), Some("node7"));
+        assert_eq!(host_of("node7:port"), None);
+        assert_eq!(host_of(""), None);
     }
 }

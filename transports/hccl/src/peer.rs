@@ -6,7 +6,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
-use ferry_ascend_sys::{AscendError, Communicator, Device, DeviceThread, GlobalMem, OneSidedOp, RootInfo, Stream};
+use ferry_ascend_sys::{
+    AscendError, Communicator, Device, DeviceBuffer, DeviceThread, Drained, GlobalMem, OneSidedOp, RootInfo, Stream,
+};
 use ferry_core::{Error, ErrorKind, Opcode, OpenSegment, Result};
 use tokio::net::TcpStream;
 use tokio::sync::{Notify, OnceCell, mpsc, oneshot, watch};
@@ -35,26 +37,72 @@ pub(crate) struct PeerState {
 }
 
 impl PeerState {
-    fn drop_one_sided(&mut self) {
-        if let Some(c) = self.one_sided.take() {
-            for g in c.bound.values() {
-                if let Err(e) = c.comm.unbind(g) {
-                    tracing::debug!(error = %e, "unbinding memory from a communicator being torn down");
-                }
-            }
-            if let Err(e) = c.comm.destroy() {
-                tracing::debug!(error = %e, "destroying a one-sided communicator");
+    /// Unbinds every bound region and destroys the one-sided communicator, if any; returns the
+    /// destroy's outcome (after a successful one the communicator reaches none of this
+    /// process's memory).
+    fn drop_one_sided(&mut self) -> std::result::Result<(), AscendError> {
+        let Some(c) = self.one_sided.take() else { return Ok(()) };
+        for g in c.bound.values() {
+            if let Err(e) = c.comm.unbind(g) {
+                tracing::debug!(error = %e, "unbinding memory from a communicator being torn down");
             }
         }
+        c.comm.destroy().inspect_err(|e| tracing::warn!(error = %e, "destroying a one-sided communicator failed"))
     }
 
-    /// Replaces the stream after a failure (its queue may hold failed work).
-    fn renew_stream(&mut self, dev: &Device) {
-        self.stream.abort();
+    /// After a failure: waits until nothing queued on the stream runs any more (see [`drain`]),
+    /// then replaces the stream (its queue may be in an error state). When no new stream can be
+    /// made the old one, drained, is kept.
+    fn recover_stream(&mut self, dev: &Device) {
+        drain(&self.stream);
         match dev.create_stream() {
             Ok(s) => self.stream = s,
-            Err(e) => tracing::warn!(error = %e, "cannot create a new stream; keeping the old one"),
+            Err(e) => tracing::warn!(error = %e, "cannot create a new stream; keeping the old (drained) one"),
         }
+    }
+}
+
+/// Waits until nothing queued on `stream` runs any more: `aclrtStreamAbort` when the release
+/// has it and it succeeds, else an unbounded `aclrtSynchronizeStream` (unbounded here; on
+/// hardware every queued HCCL operation ends within HCCL's own `HCCL_EXEC_TIMEOUT`). Memory a
+/// queued operation names (staging buffers, the requests' memory) may only be freed or
+/// released after this.
+pub(crate) fn drain(stream: &Stream) {
+    let started = Instant::now();
+    match stream.drain() {
+        Drained::Aborted => tracing::debug!("stream aborted after a failure"),
+        Drained::Finished(Ok(())) => {}
+        Drained::Finished(Err(e)) => tracing::debug!(error = %e, "the stream's remaining work failed"),
+    }
+    let took = started.elapsed();
+    if took > Duration::from_secs(1) {
+        tracing::warn!(?took, "waited for a stream's queued HCCL work to end before releasing its memory");
+    }
+}
+
+/// The operations of one two-sided call queued on a stream, with the device buffers staging
+/// host memory. Unless [`settle`](Self::settle)d (the stream was synchronized successfully),
+/// dropping it drains the stream first, so that no queued send or receive still points into a
+/// staging buffer being freed or into caller memory about to be released; the buffers are
+/// freed after that.
+struct Queued<'a> {
+    stream: &'a Stream,
+    staging: Vec<DeviceBuffer>,
+    settled: bool,
+}
+
+impl Queued<'_> {
+    fn settle(&mut self) {
+        self.settled = true;
+    }
+}
+
+impl Drop for Queued<'_> {
+    fn drop(&mut self) {
+        if !self.settled {
+            drain(self.stream);
+        }
+        // `staging` is dropped (freed) after this, once the stream no longer uses it.
     }
 }
 
@@ -88,7 +136,9 @@ pub(crate) unsafe fn run_side(
     wait: Duration,
 ) -> std::result::Result<(), AscendError> {
     use ferry_ascend_sys::raw::memcpy_kind::{DEVICE_TO_HOST, HOST_TO_DEVICE};
-    let mut staging = Vec::new();
+    // Every early return below drops `queued`, which drains the stream before the staging
+    // buffers are freed and before the caller releases the requests.
+    let mut queued = Queued { stream, staging: Vec::new(), settled: false };
     let mut copy_back = Vec::new();
     for op in ops {
         let addr = if op.host {
@@ -99,16 +149,16 @@ pub(crate) unsafe fn run_side(
                 // the caller's (registered, leased) memory.
                 unsafe { dev.copy(buf.addr(), op.addr, op.len, HOST_TO_DEVICE)? };
             } else {
-                copy_back.push((staging.len(), op.addr, op.len));
+                copy_back.push((queued.staging.len(), op.addr, op.len));
             }
             let a = buf.addr();
-            staging.push(buf);
+            queued.staging.push(buf);
             a
         } else {
             op.addr
         };
         // SAFETY: `addr` is either the caller's device memory or a staging buffer kept alive in
-        // `staging` until after the stream ran.
+        // `queued` until the stream no longer uses it (synchronized, or drained on failure).
         unsafe {
             if op.send {
                 comm.send(addr, op.len, peer, stream)?;
@@ -118,8 +168,9 @@ pub(crate) unsafe fn run_side(
         }
     }
     stream.synchronize(Some(wait))?;
+    queued.settle();
     for (k, host, len) in copy_back {
-        let buf: &ferry_ascend_sys::DeviceBuffer = &staging[k];
+        let buf: &DeviceBuffer = &queued.staging[k];
         // SAFETY: the staging buffer holds `len` received bytes; the host range is the caller's.
         unsafe { dev.copy(host, buf.addr(), len, DEVICE_TO_HOST)? };
     }
@@ -128,7 +179,7 @@ pub(crate) unsafe fn run_side(
 
 impl Drop for PeerState {
     fn drop(&mut self) {
-        self.drop_one_sided();
+        let _ = self.drop_one_sided();
     }
 }
 
@@ -136,6 +187,15 @@ impl Drop for PeerState {
 pub(crate) struct ServerState {
     pub(crate) stream: Stream,
     pub(crate) comm: Option<(u64, Communicator)>,
+}
+
+/// [`PeerState::recover_stream`] for the serving side.
+pub(crate) fn recover_server_stream(dev: &Device, st: &mut ServerState) {
+    drain(&st.stream);
+    match dev.create_stream() {
+        Ok(s) => st.stream = s,
+        Err(e) => tracing::warn!(error = %e, "cannot create a new stream; keeping the old (drained) one"),
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -152,6 +212,24 @@ struct Slot {
     epoch: u64,
     status: Status,
     why: String,
+}
+
+/// [`Peer::answer_init`]'s rule, given this side's slot and the peer instance seen last.
+fn join_decision(s: &Slot, seen: Option<&str>, epoch: u64, instance: Option<&str>) -> std::result::Result<(), Reply> {
+    let Some(after) = s.epoch.checked_add(1) else {
+        return Err(Reply::Error { message: format!("epoch {} cannot grow any more", s.epoch) });
+    };
+    // A new instance of the peer knows nothing of this side's communicator: rebuild.
+    let restarted = matches!((seen, instance), (Some(a), Some(b)) if a != b);
+    let joinable = match s.status {
+        Status::Unsupported if epoch <= s.epoch && !restarted => {
+            return Err(Reply::Unsupported { reason: s.why.clone() });
+        }
+        _ if restarted => epoch == after,
+        Status::Broken | Status::Unsupported => epoch == after,
+        Status::Absent | Status::Pending | Status::Ready => epoch == after || (epoch == s.epoch && epoch > 0),
+    };
+    if joinable { Ok(()) } else { Err(Reply::Stale { epoch: after }) }
 }
 
 /// Requests for one peer, queued by `submit`.
@@ -174,7 +252,19 @@ pub(crate) struct Peer {
     pub(crate) server_epoch: AtomicU64,
     /// The peer (or this side) cannot do one-sided: use two-sided.
     two_sided_only: AtomicBool,
+    /// What this side learnt of the peer from its published descriptor (when it sent it work),
+    /// against which the peer's control requests are checked.
+    known: Mutex<Option<Known>>,
+    /// The engine instance the peer's last accepted `InitOneSided` came from.
+    seen_instance: Mutex<Option<String>>,
     driver: Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+/// A peer's published identity, as far as the control channel checks it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Known {
+    /// `rank_info.hostIp`.
+    pub(crate) host_ip: String,
 }
 
 static NEXT_THREAD: AtomicU64 = AtomicU64::new(0);
@@ -204,6 +294,8 @@ impl Peer {
             slot_changed: Notify::new(),
             server_epoch: AtomicU64::new(0),
             two_sided_only: AtomicBool::new(false),
+            known: Mutex::new(None),
+            seen_instance: Mutex::new(None),
             driver: Mutex::new(None),
         });
         let driver = Driver {
@@ -231,6 +323,20 @@ impl Peer {
         if let Some(w) = rejected {
             w.pending.complete_all(&Err(shutdown_error()));
         }
+    }
+
+    /// The peer's segment name.
+    pub(crate) fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// What this side learnt of the peer from its descriptor, if it sent it work.
+    pub(crate) fn known(&self) -> Option<Known> {
+        self.known.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    fn learn(&self, k: Known) {
+        *self.known.lock().unwrap_or_else(|p| p.into_inner()) = Some(k);
     }
 
     /// The peer's device thread (initiator side, one-sided communicator), started on first use.
@@ -345,7 +451,7 @@ impl Peer {
         let prepare_timeout = shared.settings.timeout;
         let me = self.clone();
         let submitted = worker.submit(move |dev, st| {
-            st.drop_one_sided();
+            let _ = st.drop_one_sided();
             let built = (|| -> std::result::Result<OneSided, AscendError> {
                 let comm = Communicator::init_from_rank_table(dev, &table, my_rank, &name)?;
                 let mut bound = BTreeMap::new();
@@ -379,14 +485,44 @@ impl Peer {
     }
 
     /// Whether a peer's request to build the one-sided communicator of `epoch` can be joined;
-    /// the reply to send when not (a later epoch to ask for, or no one-sided service).
-    pub(crate) fn answer_init(&self, epoch: u64) -> std::result::Result<(), Reply> {
+    /// the reply to send when not (the epoch to ask for instead, or no one-sided service).
+    ///
+    /// Joinable: this side's current epoch (unless broken) or the one after it. Anything else
+    /// is answered `Stale` with the one after: a lower epoch comes from a peer that restarted,
+    /// a higher one from a peer that outlived this side's restart (it starts again from the
+    /// answer), and an epoch far ahead is never taken (it would let a peer push the counter to
+    /// its end).
+    pub(crate) fn answer_init(&self, epoch: u64, instance: Option<&str>) -> std::result::Result<(), Reply> {
         let s = self.slot();
-        let next = if s.status == Status::Broken { s.epoch + 1 } else { s.epoch };
-        match s.status {
-            Status::Unsupported if epoch <= s.epoch => Err(Reply::Unsupported { reason: s.why }),
-            _ if epoch < next => Err(Reply::Stale { epoch: next }),
-            _ => Ok(()),
+        let mut seen = self.seen_instance.lock().unwrap_or_else(|p| p.into_inner());
+        join_decision(&s, seen.as_deref(), epoch, instance)?;
+        if let Some(i) = instance {
+            *seen = Some(i.to_owned());
+        }
+        Ok(())
+    }
+
+    /// The peer answered `Stale` with an epoch below this side's: it restarted (a live peer is
+    /// always at least at this side's epoch). Forgets this side's communicator so that the
+    /// pair starts again from `epoch`.
+    fn restart_from(self: &Arc<Self>, epoch: u64) {
+        let old = {
+            let mut s = self.slot.lock().unwrap_or_else(|p| p.into_inner());
+            if epoch > s.epoch {
+                return;
+            }
+            let old = s.epoch;
+            *s = Slot { epoch: epoch.saturating_sub(1), status: Status::Absent, why: String::new() };
+            old
+        };
+        tracing::info!(peer = %self.name, old, epoch, "the peer restarted; rebuilding the one-sided communicator from its epoch");
+        self.slot_changed.notify_waiters();
+        if let Some(w) = self.worker.get() {
+            let _ = w.submit(move |_, st| {
+                if st.one_sided.as_ref().is_some_and(|c| c.epoch >= epoch) {
+                    let _ = st.drop_one_sided();
+                }
+            });
         }
     }
 
@@ -396,7 +532,7 @@ impl Peer {
         if let Some(w) = self.worker.get() {
             let _ = w.submit(move |_, st| {
                 if st.one_sided.as_ref().is_some_and(|c| c.epoch == epoch) {
-                    st.drop_one_sided();
+                    let _ = st.drop_one_sided();
                 }
             });
         }
@@ -418,49 +554,77 @@ impl Peer {
                 Err(e) => {
                     let epoch = c.epoch;
                     tracing::warn!(peer = %me.name, error = %e, "binding new memory failed; the communicator will be rebuilt");
-                    st.drop_one_sided();
+                    let _ = st.drop_one_sided();
                     me.set_slot(epoch, Status::Broken, e.to_string());
                 }
             }
         });
     }
 
-    /// Unbinds `g` from the one-sided communicator before it is deregistered.
-    pub(crate) async fn unbind(&self, g: &Arc<GlobalMem>) {
-        let Some(w) = self.worker.get() else { return };
-        let addr = g.addr();
-        let job = run_on(w, move |_, st| {
-            if let Some(c) = st.one_sided.as_mut()
-                && let Some(g) = c.bound.remove(&addr)
-                && let Err(e) = c.comm.unbind(&g)
-            {
-                tracing::debug!(error = %e, "unbinding memory");
-            }
+    /// Unbinds the region at `addr` from the one-sided communicator before it is deregistered.
+    /// When `HcclCommUnbindMem` fails the communicator is destroyed instead (it then reaches
+    /// none of this process's memory). An error says the memory may still be bound: the
+    /// device thread did not answer within `timeout`, or the communicator could not be
+    /// destroyed either.
+    pub(crate) async fn unbind(self: &Arc<Self>, addr: u64, timeout: Duration) -> std::result::Result<(), String> {
+        let Some(w) = self.worker.get() else { return Ok(()) };
+        let me = self.clone();
+        let job = run_on(w, move |_, st| -> std::result::Result<(), String> {
+            let Some(c) = st.one_sided.as_mut() else { return Ok(()) };
+            let Some(g) = c.bound.remove(&addr) else { return Ok(()) };
+            let Err(e) = c.comm.unbind(&g) else { return Ok(()) };
+            let epoch = c.epoch;
+            c.bound.insert(addr, g);
+            tracing::warn!(peer = %me.name, addr, error = %e, "unbinding memory failed; destroying the communicator instead");
+            me.set_slot(epoch, Status::Broken, format!("unbinding {addr:#x} failed: {e}"));
+            st.drop_one_sided().map_err(|d| format!("HcclCommUnbindMem failed ({e}) and so did HcclCommDestroy ({d})"))
         });
-        let _ = tokio::time::timeout(Duration::from_secs(10), job).await;
+        match tokio::time::timeout(timeout, job).await {
+            Ok(Ok(r)) => r,
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(_) => Err(format!("its device thread did not answer within {timeout:?} (busy with a transfer?)")),
+        }
     }
 
-    /// Fails queued work, tears the communicators down and stops the threads.
-    pub(crate) async fn shutdown(&self) {
+    /// Fails queued work, tears the communicators down and stops the threads (both at once,
+    /// each waited for up to `timeout`). Returns how many threads were still busy then (they
+    /// finish on their own, bounded by HCCL's timeouts, and drop their state when they do).
+    pub(crate) async fn shutdown(&self, timeout: Duration) -> usize {
         self.tx.lock().unwrap_or_else(|p| p.into_inner()).take();
         let driver = self.driver.lock().unwrap_or_else(|p| p.into_inner()).take();
-        if let Some(d) = driver {
-            let _ = tokio::time::timeout(Duration::from_secs(5), d).await;
+        if let Some(d) = driver
+            && tokio::time::timeout(timeout, d).await.is_err()
+        {
+            tracing::warn!(peer = %self.name, "the peer's driver did not finish within {timeout:?}");
         }
         // Closing a device thread's queue runs what is queued, then drops its state on the
         // thread (unbinding memory, destroying communicators and streams).
-        let workers = (self.worker.get().cloned(), self.server_worker.get().cloned());
-        let _ = tokio::task::spawn_blocking(move || {
-            let deadline = std::time::Instant::now() + Duration::from_secs(5);
-            if let Some(w) = workers.0 {
-                w.stop(deadline.saturating_duration_since(std::time::Instant::now()));
+        let a = stop_thread(self.worker.get().cloned(), timeout);
+        let b = stop_thread(self.server_worker.get().cloned(), timeout);
+        let mut busy = 0;
+        for r in [a.await, b.await] {
+            match r {
+                Ok(None) | Ok(Some((_, true))) => {}
+                Ok(Some((thread, false))) => {
+                    tracing::error!(peer = %self.name, %thread, "a device thread was still busy {timeout:?} after the transport stopped; it finishes on its own");
+                    busy += 1;
+                }
+                Err(e) => {
+                    tracing::error!(peer = %self.name, error = %e, "stopping a device thread failed");
+                    busy += 1;
+                }
             }
-            if let Some(w) = workers.1 {
-                w.stop(deadline.saturating_duration_since(std::time::Instant::now()));
-            }
-        })
-        .await;
+        }
+        busy
     }
+}
+
+/// Stops `w` (if any) on a blocking thread: its name and whether it stopped within `timeout`.
+fn stop_thread<S: 'static>(
+    w: Option<Arc<DeviceThread<S>>>,
+    timeout: Duration,
+) -> tokio::task::JoinHandle<Option<(String, bool)>> {
+    tokio::task::spawn_blocking(move || w.map(|w| (w.name().to_owned(), w.stop(timeout))))
 }
 
 /// A control connection to the peer.
@@ -542,6 +706,7 @@ impl Driver {
             Ok(i) => i,
             Err(e) => return pending.complete_all(&Err(e)),
         };
+        self.peer.learn(Known { host_ip: info.host_ip.clone() });
         let pending = if self.shared.one_sided_ok() && !self.peer.two_sided_only() {
             match self.one_sided(&info, pending, deadline).await {
                 Some(p) => p,
@@ -665,9 +830,16 @@ impl Driver {
                     self.peer.wait_slot(&slot, deadline, &mut self.stop).await.map_err(Ensure::Interrupted)?;
                 }
                 Status::Absent | Status::Broken => {
-                    let epoch = want.max(slot.epoch + 1);
+                    let Some(next) = slot.epoch.checked_add(1) else {
+                        return Err(Ensure::Failed(Error::transport(format!(
+                            "the one-sided communicator with `{}` cannot be rebuilt: epoch {} cannot grow any more",
+                            info.segment, slot.epoch
+                        ))));
+                    };
+                    let epoch = want.max(next);
                     let req = Request::InitOneSided {
                         from: self.shared.me.segment.clone(),
+                        instance: Some(self.shared.instance.clone()),
                         host_ip: self.shared.me.host_ip.clone(),
                         host_port: self.shared.control_port,
                         epoch,
@@ -680,12 +852,17 @@ impl Driver {
                         Err(e) => return Err(Ensure::Failed(e)),
                     };
                     match reply {
-                        Reply::Accepted { epoch } => {
+                        Reply::Accepted { epoch: agreed } if agreed == epoch => {
                             self.peer
                                 .start_one_sided(epoch, table.json.clone(), table.rank_a, table.rank_b)
                                 .await
                                 .map_err(Ensure::Failed)?;
                             want = 0;
+                        }
+                        Reply::Stale { epoch } if epoch <= slot.epoch => {
+                            // Behind this side: the peer restarted. Start again from its epoch.
+                            self.peer.restart_from(epoch);
+                            want = epoch;
                         }
                         Reply::Stale { epoch } => want = epoch,
                         Reply::Unsupported { reason } => return Err(Ensure::NotSupported(reason)),
@@ -738,9 +915,12 @@ impl Driver {
                     continue;
                 }
             };
-            let (r, w, wait) = (reads.clone(), writes.clone(), remaining(deadline));
+            let (r, w, peer) = (reads.clone(), writes.clone(), self.peer.clone());
             let job = move |dev: &Device, st: &mut PeerState| -> std::result::Result<(), AscendError> {
                 let started = Instant::now();
+                // Measured when the job starts: the wait ends at the deadline, when the driver
+                // reports the timeout to the caller.
+                let wait = remaining(deadline);
                 let result = (|| {
                     let c = st.one_sided.as_ref().filter(|c| c.epoch == epoch).ok_or_else(|| {
                         AscendError::InvalidArgument("the communicator was rebuilt while the batch was queued".into())
@@ -750,19 +930,31 @@ impl Driver {
                     // which was registered with HCCL and bound to this communicator; remote
                     // ranges were checked against the peer's published buffers, and the peer's
                     // HCCL refuses anything it did not bind.
+                    // A failed call may leave earlier calls queued: `recover_stream` below drains
+                    // them before this job returns.
                     unsafe {
                         if !r.is_empty() {
-                            c.comm.batch_get(c.peer_rank, &r, &st.stream)?;
+                            let calls = c.comm.batch_get(c.peer_rank, &r, &st.stream)?;
+                            counters::add(&counters::ONE_SIDED_CALLS, calls);
                         }
                         if !w.is_empty() {
-                            c.comm.batch_put(c.peer_rank, &w, &st.stream)?;
+                            let calls = c.comm.batch_put(c.peer_rank, &w, &st.stream)?;
+                            counters::add(&counters::ONE_SIDED_CALLS, calls);
                         }
                     }
                     st.stream.synchronize(Some(wait))
                 })();
                 counters::device_time(started);
-                if result.is_err() {
-                    st.renew_stream(dev);
+                if let Err(e) = &result {
+                    // The requests are released as soon as this job returns (also when the
+                    // driver already reported a timeout): nothing queued may still touch their
+                    // memory by then. Drain (abort, else wait for HCCL's own timeout), then
+                    // tear the communicator down; the next transfer rebuilds it.
+                    st.recover_stream(dev);
+                    if st.one_sided.as_ref().is_some_and(|c| c.epoch == epoch) {
+                        let _ = st.drop_one_sided();
+                    }
+                    peer.set_slot(epoch, Status::Broken, e.to_string());
                 }
                 result
             };
@@ -783,7 +975,7 @@ impl Driver {
             }
         }
         let e = last.unwrap_or_else(|| Error::transport("one-sided transfer failed"));
-        let e = e.context(format!("{} (after {} attempts)", e.message(), retries + 1));
+        let e = e.context(format!("{} (after {} attempts)", e.message(), retries.saturating_add(1)));
         pending.complete_all(&Err(e));
         None
     }
@@ -802,7 +994,7 @@ impl Driver {
             Ok(Ok(Err(e))) | Ok(Err(e)) => return Err(Ensure::Failed(hccl_error("HcclGetRootInfo".into(), e))),
             Err(_) => return Err(Ensure::Interrupted(self.timeout_error())),
         };
-        self.two_epoch += 1;
+        self.two_epoch = self.two_epoch.wrapping_add(1).max(1);
         let epoch = self.two_epoch;
         let req = Request::InitTwoSided {
             from: self.shared.me.segment.clone(),
@@ -852,8 +1044,8 @@ impl Driver {
         self.conn = None;
         if let Some(w) = self.peer.worker.get() {
             let _ = w.submit(|dev, st| {
+                st.recover_stream(dev);
                 st.two_sided = None;
-                st.renew_stream(dev);
             });
         }
     }
@@ -978,9 +1170,9 @@ impl Driver {
                 }
             })
             .collect();
-        let wait = remaining(deadline);
         let job = move |dev: &Device, st: &mut PeerState| -> std::result::Result<(), AscendError> {
             let started = Instant::now();
+            let wait = remaining(deadline);
             let result = (|| {
                 let (_, comm) = st.two_sided.as_ref().filter(|(e, _)| *e == epoch).ok_or_else(|| {
                     AscendError::InvalidArgument("the two-sided communicator was rebuilt meanwhile".into())
@@ -992,8 +1184,10 @@ impl Driver {
             })();
             counters::device_time(started);
             if result.is_err() {
+                // `run_side` drained the stream before freeing its staging buffers; the
+                // communicator is rebuilt by the next attempt.
+                st.recover_stream(dev);
                 st.two_sided = None;
-                st.renew_stream(dev);
             }
             result
         };
@@ -1025,5 +1219,51 @@ impl Driver {
             }
             (Ok(()), Err(e)) => Some((chunk, e)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn slot(epoch: u64, status: Status) -> Slot {
+        Slot { epoch, status, why: "no".into() }
+    }
+
+    #[test]
+    fn a_peer_may_join_this_sides_epoch_or_the_next_one_only() {
+        use Status::*;
+        let stale = |e| Err(Reply::Stale { epoch: e });
+        // Fresh: only epoch 1.
+        assert_eq!(join_decision(&slot(0, Absent), None, 1, None), Ok(()));
+        assert_eq!(join_decision(&slot(0, Absent), None, 0, None), stale(1));
+        // Far ahead (a forged or confused peer, or one that outlived this side): the next one.
+        assert_eq!(join_decision(&slot(0, Absent), None, u64::MAX, None), stale(1));
+        assert_eq!(join_decision(&slot(4, Ready), None, 6, None), stale(5));
+        // Ready or pending at 4: 4 or 5.
+        for st in [Ready, Pending] {
+            assert_eq!(join_decision(&slot(4, st), None, 4, None), Ok(()));
+            assert_eq!(join_decision(&slot(4, st), None, 5, None), Ok(()));
+            assert_eq!(join_decision(&slot(4, st), None, 3, None), stale(5), "behind: it restarted");
+        }
+        // Broken at 4: only 5.
+        assert_eq!(join_decision(&slot(4, Broken), None, 4, None), stale(5));
+        assert_eq!(join_decision(&slot(4, Broken), None, 5, None), Ok(()));
+        // Unsupported: said again, unless the peer asks past it.
+        assert!(matches!(join_decision(&slot(2, Unsupported), None, 2, None), Err(Reply::Unsupported { .. })));
+        assert_eq!(join_decision(&slot(2, Unsupported), None, 3, None), Ok(()));
+        // The counter at its end: refused, no overflow.
+        assert!(matches!(join_decision(&slot(u64::MAX, Ready), None, u64::MAX, None), Err(Reply::Error { .. })));
+    }
+
+    #[test]
+    fn a_restarted_peer_gets_a_new_communicator() {
+        use Status::*;
+        // Same instance: the ready communicator may be joined as it is.
+        assert_eq!(join_decision(&slot(4, Ready), Some("a"), 4, Some("a")), Ok(()));
+        // A new instance asking for the current epoch is sent to the next one (a rebuild).
+        assert_eq!(join_decision(&slot(4, Ready), Some("a"), 4, Some("b")), Err(Reply::Stale { epoch: 5 }));
+        assert_eq!(join_decision(&slot(4, Ready), Some("a"), 5, Some("b")), Ok(()));
+        assert_eq!(join_decision(&slot(2, Unsupported), Some("a"), 3, Some("b")), Ok(()));
     }
 }

@@ -32,13 +32,20 @@ pub struct WireOp {
 pub enum Request {
     /// Join (or rebuild) the one-sided communicator of this pair at `epoch`, from `rank_table`.
     InitOneSided {
-        /// The initiator's segment name.
+        /// The initiator's segment name (`host:port[...]`; the host must be the address the
+        /// request comes from).
         from: String,
-        /// The initiator's control endpoint (host).
+        /// The initiator's engine instance (`ferry_instance` of its descriptor): a new one
+        /// means the initiator restarted and the communicator must be rebuilt.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        instance: Option<String>,
+        /// The initiator's control endpoint (host): its `rank_info.hostIp`, which must be the
+        /// address the request comes from.
         host_ip: String,
         /// The initiator's control endpoint (port).
         host_port: u16,
-        /// Generation of the communicator (both sides agree on it).
+        /// Generation of the communicator (both sides agree on it; at most one past the
+        /// target's).
         epoch: u64,
         /// The two-rank v1.0 rank table, exactly as both sides pass it to HCCL.
         rank_table: String,
@@ -47,7 +54,7 @@ pub enum Request {
     },
     /// Join the initiator's two-sided communicator (root info from the initiator, which is rank 0).
     InitTwoSided {
-        /// The initiator's segment name.
+        /// The initiator's segment name (as for `InitOneSided`).
         from: String,
         /// Generation of the communicator.
         epoch: u64,
@@ -56,7 +63,7 @@ pub enum Request {
     },
     /// Two-sided data: validate these operations and queue the target's half of each.
     Transfer {
-        /// The initiator's segment name.
+        /// The initiator's segment name (as for `InitOneSided`).
         from: String,
         /// Generation of the two-sided communicator they go over.
         epoch: u64,

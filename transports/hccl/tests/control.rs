@@ -59,6 +59,10 @@ async fn the_acl_resolver_maps_user_devices_to_physical_ones_and_never_guesses()
 }
 
 async fn engine(lib: Arc<Library>, conf: &TempDir) -> TransferEngine {
+    engine_named(lib, conf, "127.0.0.1:7").await.unwrap()
+}
+
+async fn engine_named(lib: Arc<Library>, conf: &TempDir, name: &str) -> ferry_core::Result<TransferEngine> {
     let path = conf.path().join("hccn.conf");
     std::fs::write(&path, "address_0=127.41.0.1\naddress_1=127.41.0.2\n").unwrap();
     let json =
@@ -66,13 +70,12 @@ async fn engine(lib: Arc<Library>, conf: &TempDir) -> TransferEngine {
     let cfg = Config::from_json_str(&json, None).unwrap();
     TransferEngine::builder()
         .config(cfg)
-        .segment_name("127.0.0.1:7")
+        .segment_name(name)
         .transports(TransportRegistry::new().with(Arc::new(HcclTransportFactory::with_library(lib))))
         .metadata(InProcessMetadata::new() as Arc<dyn MetadataBackend>)
         .transfer_timeout(T)
         .build()
         .await
-        .unwrap()
 }
 
 async fn ask(port: u16, req: &Request) -> Reply {
@@ -102,6 +105,7 @@ async fn the_control_channel_refuses_what_it_cannot_honour() {
         {"device_id":"3","device_ip":"127.41.0.4","rank_id":"1"}]}]}"#;
     let req = Request::InitOneSided {
         from: "127.0.0.1:8".into(),
+        instance: None,
         host_ip: "127.0.0.1".into(),
         host_port: 1,
         epoch: 1,
@@ -146,4 +150,82 @@ async fn the_control_channel_refuses_what_it_cannot_honour() {
 
     e.shutdown().await.unwrap();
     drop(buf);
+}
+
+/// A two-rank table in which rank 1 is the engine of [`engine`] (physical NPU 1 at 127.41.0.2).
+const TABLE_WITH_ME: &str = r#"{"server_list":[{"device":[{"device_id":"0","device_ip":"127.41.0.1","rank_id":"0"},
+    {"device_id":"1","device_ip":"127.41.0.2","rank_id":"1"}]}]}"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_are_believed_only_from_the_host_they_name_and_epochs_only_one_ahead() {
+    let (_dir, lib) = emulator();
+    let conf = TempDir::new("ferry-hccn").unwrap();
+    let e = engine(lib, &conf).await;
+    let port = u16::try_from(e.local_descriptor().rank_info.unwrap().host_port).unwrap();
+    let refused = |reply: Reply, what: &str| match reply {
+        Reply::Error { message } => assert!(message.contains(what), "{message}"),
+        other => panic!("accepted ({other:?}); expected an error saying {what:?}"),
+    };
+
+    // A name on another host (its requests come from 127.0.0.1): never believed, so it cannot
+    // tear down that peer's communicator.
+    let forged = Request::Transfer { from: "10.9.9.9:8".into(), epoch: 0, ops: vec![] };
+    refused(ask(port, &forged).await, "cannot speak for `10.9.9.9:8`");
+    let forged = Request::InitTwoSided { from: "10.9.9.9:8".into(), epoch: 1, root_info: "00".repeat(4108) };
+    refused(ask(port, &forged).await, "cannot speak for");
+    let nameless = Request::Transfer { from: "someone".into(), epoch: 0, ops: vec![] };
+    refused(ask(port, &nameless).await, "not a segment name of the form host:port");
+    let elsewhere = Request::InitOneSided {
+        from: "127.0.0.1:8".into(),
+        instance: None,
+        host_ip: "10.9.9.9".into(),
+        host_port: 8,
+        epoch: 1,
+        rank_table: TABLE_WITH_ME.into(),
+        your_rank: 1,
+    };
+    refused(ask(port, &elsewhere).await, "cannot publish host IP 10.9.9.9");
+
+    // An epoch far ahead is not taken (no overflow, no communicator built at u64::MAX): the
+    // answer is the next epoch this side accepts.
+    let far = Request::InitOneSided {
+        from: "127.0.0.1:8".into(),
+        instance: Some("x".into()),
+        host_ip: "127.0.0.1".into(),
+        host_port: 8,
+        epoch: u64::MAX,
+        rank_table: TABLE_WITH_ME.into(),
+        your_rank: 1,
+    };
+    assert_eq!(ask(port, &far).await, Reply::Stale { epoch: 1 });
+
+    // New peers are limited: one connection naming ever new peers is refused past the limit,
+    // with a message that says so; known peers are still served.
+    let mut s = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    let mut limited_at = None;
+    for n in 0..(ferry_transport_hccl::MAX_PEERS as u32 + 8) {
+        let req = Request::Transfer { from: format!("127.0.0.1:{}", 20_000 + n), epoch: 9, ops: vec![] };
+        wire::write_frame(&mut s, &req).await.unwrap();
+        let Reply::Error { message } = wire::read_frame(&mut s, T).await.unwrap().unwrap() else { panic!() };
+        if message.contains("the limit") {
+            limited_at = Some(n);
+            break;
+        }
+        assert!(message.contains("no two-sided communicator of epoch 9"), "{message}");
+    }
+    let n = limited_at.expect("no peer limit");
+    assert!(n as usize <= ferry_transport_hccl::MAX_PEERS && n as usize + 2 >= ferry_transport_hccl::MAX_PEERS, "{n}");
+    let known = Request::Transfer { from: "127.0.0.1:20000".into(), epoch: 9, ops: vec![] };
+    refused(ask(port, &known).await, "no two-sided communicator of epoch 9");
+    e.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_host_to_publish_the_transport_refuses_to_start() {
+    let (_dir, lib) = emulator();
+    let conf = TempDir::new("ferry-hccn").unwrap();
+    let e = engine_named(lib, &conf, "kv-engine:x").await.unwrap_err();
+    let text = e.to_string();
+    assert!(text.contains("rank_info.hostIp") && text.contains("local_hostname"), "{text}");
+    assert!(text.contains("kv-engine:x"), "names the segment name: {text}");
 }
