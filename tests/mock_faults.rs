@@ -300,3 +300,37 @@ async fn resolver_errors_name_the_resolver_and_answers_are_explained() {
     assert_eq!(err.kind(), ErrorKind::Config);
     assert!(err.message().contains("resolver `rank-table`") && err.message().contains("initializing"), "{err}");
 }
+
+#[tokio::test]
+async fn a_transport_that_cannot_let_go_of_memory_keeps_it_registered() {
+    let refuse = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let registered = Arc::new(AtomicUsize::new(0));
+    let mut wire = MockWire::new();
+    wire_basics(&mut wire);
+    let r = registered.clone();
+    wire.expect_register_memory().returning(move |_| {
+        r.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    });
+    let f = refuse.clone();
+    wire.expect_unregister_memory().returning(move |_| {
+        if f.load(Ordering::SeqCst) {
+            Err(Error::new(ErrorKind::Transport, "memory still bound to a communicator"))
+        } else {
+            Ok(())
+        }
+    });
+    let e = engine_with(wire, InProcessMetadata::new()).await.unwrap();
+    let buf = Buffer::zeroed(4096);
+    unsafe { e.register_memory(buf.addr(), buf.len(), Location::Cpu(0)).await }.unwrap();
+    let err = e.unregister_memory(buf.addr()).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Transport, "{err}");
+    assert!(err.message().contains("stays registered") && err.message().contains("still bound"), "{err}");
+    assert_eq!(e.memory().len(), 1, "the region is still registered");
+    assert_eq!(e.local_descriptor().buffers.len(), 1, "and still published");
+    // Once the transport lets go, unregistering succeeds.
+    refuse.store(false, Ordering::SeqCst);
+    e.unregister_memory(buf.addr()).await.unwrap();
+    assert!(e.memory().is_empty());
+    assert_eq!(registered.load(Ordering::SeqCst), 1, "no transport had let go, so none was re-registered");
+}

@@ -822,18 +822,47 @@ impl TransferEngine {
         Ok(())
     }
 
+    /// Removes regions from the registry and from every transport. A transport that cannot let
+    /// go of a region (an HCCL communicator that still has it bound) makes the whole call fail
+    /// with that transport's error: the regions are registered again (in the registry and in
+    /// the transports that had already let go), so the caller keeps them and must not free them.
+    #[allow(unsafe_code)]
     async fn unregister_local(&self, addrs: &[u64]) -> Result<()> {
         let _change = self.inner.transport_change.lock().await;
         let removed = self.inner.memory.unregister_batch(addrs)?;
         let transports = self.inner.transports();
-        for region in &removed {
-            for t in transports.iter() {
-                if let Err(e) = t.unregister_memory(region).await {
-                    tracing::warn!(addr = region.addr(), transport = t.protocol(), error = %e, "transport failed to unregister memory");
+        let mut failure: Option<Error> = None;
+        let mut detached: Vec<(usize, usize)> = Vec::new(); // (region, transport) pairs undone
+        for (r, region) in removed.iter().enumerate() {
+            for (t_idx, t) in transports.iter().enumerate() {
+                match t.unregister_memory(region).await {
+                    Ok(()) => detached.push((r, t_idx)),
+                    Err(e) => {
+                        tracing::warn!(addr = region.addr(), transport = t.protocol(), error = %e, "transport cannot unregister memory; it stays registered");
+                        failure.get_or_insert(e.context(format!(
+                            "the {} transport still uses the region at {:#x}: {}; it stays registered and must not be freed",
+                            t.protocol(),
+                            region.addr(),
+                            e.message()
+                        )));
+                    }
                 }
             }
         }
-        Ok(())
+        let Some(failure) = failure else { return Ok(()) };
+        let specs: Vec<(u64, u64, Location)> =
+            removed.iter().map(|r| (r.addr(), r.len(), r.location().clone())).collect();
+        // SAFETY: these regions were registered under `register_memory`'s contract and their
+        // unregistration has not succeeded, so the caller still guarantees the memory.
+        let restored = unsafe { self.inner.memory.register_batch(&specs) }.map_err(|e| {
+            e.context(format!("{}; restoring the registration failed: {}", failure.message(), e.message()))
+        })?;
+        for (r, t_idx) in detached {
+            if let Err(e) = transports[t_idx].register_memory(&restored[r]).await {
+                tracing::error!(addr = restored[r].addr(), transport = transports[t_idx].protocol(), error = %e, "re-registering memory after a failed unregister failed");
+            }
+        }
+        Err(failure)
     }
 
     /// Unregisters the region starting at `addr` and republishes.
