@@ -19,52 +19,10 @@ use std::time::Duration;
 use crate::boundary::lock;
 use crate::codes::*;
 
-/// Every C symbol the emulator knows (whether or not this build exports it).
-const KNOWN_SYMBOLS: &[&str] = &[
-    "aclInit",
-    "aclFinalize",
-    "aclrtSetDevice",
-    "aclrtResetDevice",
-    "aclrtGetDevice",
-    "aclrtGetDeviceCount",
-    "aclrtMalloc",
-    "aclrtFree",
-    "aclrtMallocHost",
-    "aclrtFreeHost",
-    "aclrtMemcpy",
-    "aclrtMemcpyAsync",
-    "aclrtCreateStream",
-    "aclrtDestroyStream",
-    "aclrtSynchronizeStream",
-    "aclrtSynchronizeStreamWithTimeout",
-    "aclrtCreateContext",
-    "aclrtDestroyContext",
-    "aclrtSetCurrentContext",
-    "aclrtGetCurrentContext",
-    "aclrtGetVersion",
-    "aclrtGetPhyDevIdByUserDevId",
-    "aclrtGetPhyDevIdByLogicDevId",
-    "aclrtPointerGetAttributes",
-    "aclrtGetSocName",
-    "aclGetRecentErrMsg",
-    "HcclGetRootInfo",
-    "HcclCommInitRootInfo",
-    "HcclCommInitClusterInfo",
-    "HcclCommDestroy",
-    "HcclSend",
-    "HcclRecv",
-    "HcclGetRankId",
-    "HcclGetRankSize",
-    "HcclGetErrorString",
-    "HcclRegisterGlobalMem",
-    "HcclDeregisterGlobalMem",
-    "HcclCommInitClusterInfoMemConfig",
-    "HcclCommBindMem",
-    "HcclCommUnbindMem",
-    "HcclCommPrepare",
-    "HcclBatchPut",
-    "HcclBatchGet",
-];
+/// True for every C symbol the emulator knows (whether or not this build exports it).
+fn is_known_symbol(symbol: &str) -> bool {
+    crate::BASE_SYMBOLS.contains(&symbol) || crate::ONE_SIDED_SYMBOLS.contains(&symbol)
+}
 
 /// Symbols whose work is queued on a stream: their delay applies to the queued operation.
 pub(crate) const ASYNC_SYMBOLS: &[&str] = &["aclrtMemcpyAsync", "HcclSend", "HcclRecv", "HcclBatchGet", "HcclBatchPut"];
@@ -114,7 +72,7 @@ fn warn(message: &str) {
 }
 
 fn check_symbol(var: &str, symbol: &str) -> bool {
-    if KNOWN_SYMBOLS.contains(&symbol) {
+    if is_known_symbol(symbol) {
         true
     } else {
         warn(&format!("{var}: unknown symbol {symbol:?} ignored"));

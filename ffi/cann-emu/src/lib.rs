@@ -85,9 +85,8 @@ pub use hccl_one_sided::*;
 pub use hccl_two_sided::*;
 pub use types::*;
 
-/// Every C symbol this build exports, in the order of the reference (ACL, two-sided HCCL, then
-/// the one-sided HCCL service when the `onesided` feature is on).
-pub const EXPORTED_SYMBOLS: &[&str] = &[
+/// The ACL and two-sided HCCL symbols, exported by every build, in the order of the reference.
+pub const BASE_SYMBOLS: &[&str] = &[
     "aclInit",
     "aclFinalize",
     "aclrtSetDevice",
@@ -123,23 +122,17 @@ pub const EXPORTED_SYMBOLS: &[&str] = &[
     "HcclGetRankId",
     "HcclGetRankSize",
     "HcclGetErrorString",
-    #[cfg(feature = "onesided")]
-    "HcclRegisterGlobalMem",
-    #[cfg(feature = "onesided")]
-    "HcclDeregisterGlobalMem",
-    #[cfg(feature = "onesided")]
-    "HcclCommInitClusterInfoMemConfig",
-    #[cfg(feature = "onesided")]
-    "HcclCommBindMem",
-    #[cfg(feature = "onesided")]
-    "HcclCommUnbindMem",
-    #[cfg(feature = "onesided")]
-    "HcclCommPrepare",
-    #[cfg(feature = "onesided")]
-    "HcclBatchPut",
-    #[cfg(feature = "onesided")]
-    "HcclBatchGet",
 ];
+
+/// Every C symbol this build exports: [`BASE_SYMBOLS`], then [`ONE_SIDED_SYMBOLS`] when the
+/// `onesided` feature is on.
+pub fn exported_symbols() -> Vec<&'static str> {
+    let mut all = BASE_SYMBOLS.to_vec();
+    if cfg!(feature = "onesided") {
+        all.extend_from_slice(ONE_SIDED_SYMBOLS);
+    }
+    all
+}
 
 /// The one-sided HCCL symbols (exported only with the `onesided` feature).
 pub const ONE_SIDED_SYMBOLS: &[&str] = &[
