@@ -95,8 +95,6 @@ pub const UNBIND_TIMEOUT: Duration = Duration::from_secs(10);
 pub const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(5);
 /// Mooncake's variable for the retry count, honoured here too.
 pub const RETRIES_ENV: &str = "ASCEND_TRANSPORT_TRANSFER_MAX_RETRY_COUNT";
-/// Ferry's variable for the control channel port (default: any free port).
-pub const CONTROL_PORT_ENV: &str = "FERRY_HCCL_CONTROL_PORT";
 
 /// Counters of this process's ascend transports (all engines together), for tests, benchmarks
 /// and diagnostics.
@@ -371,16 +369,11 @@ impl HcclTransport {
     /// resolved (the message shows what was resolved and from where), and the ACL error when
     /// the device cannot be bound.
     pub async fn start(ctx: &TransportContext, lib: Arc<Library>) -> Result<Self> {
-        let retries = capped_retries(setting(&[RETRIES_ENV, "FERRY_HCCL_RETRIES"], ctx.config.hccl_retries)?);
-        let control_port: u16 = setting(&[CONTROL_PORT_ENV], ctx.config.hccl_control_port)?.unwrap_or(0);
-        if control_port != 0 && ctx.config.base_port.is_some() {
-            // One config serves every rank of the host (base_port + rank): a fixed control port
-            // would be bound by all of them. The config check catches the file's field; this one
-            // also catches the environment variable.
-            return Err(Error::config(format!(
-                "ascend transport: a fixed control port ({control_port}, from {CONTROL_PORT_ENV} or hccl_control_port) cannot be combined with base_port: every rank would bind it; leave it unset (any free port, published in rank_info.hostPort)"
-            )));
-        }
+        // `FERRY_HCCL_RETRIES` and `FERRY_HCCL_CONTROL_PORT` reach the config through its
+        // environment overrides (where a fixed port with `base_port` is refused); Mooncake's
+        // variable is read here, as Mooncake's transport does.
+        let retries = capped_retries(setting(&[RETRIES_ENV], ctx.config.hccl_retries)?);
+        let control_port: u16 = ctx.config.hccl_control_port.unwrap_or(0);
 
         let mut chain = ctx.resolvers.clone();
         if !chain.names().contains(&ACL_RESOLVER_NAME) {
