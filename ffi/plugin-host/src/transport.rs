@@ -189,9 +189,15 @@ impl Shared {
     }
 
     /// The plugin target for `segment`, opened on first use. Targets of segments the engine
-    /// dropped are closed here.
+    /// dropped are closed when a new target is opened (and at destroy).
     fn target_for(&self, segment: &Arc<OpenSegment>) -> Result<TargetPtr> {
         let mut targets = self.targets.lock().unwrap_or_else(|p| p.into_inner());
+        // A held `Weak` keeps its allocation, so an address match is this very segment.
+        if let Some((_, t)) = targets.iter().find(|(w, _)| std::ptr::eq(w.as_ptr(), Arc::as_ptr(segment))) {
+            return Ok(*t);
+        }
+        // A miss: close the targets of segments the engine forgot before opening a new one
+        // (kept off the per-batch path).
         let close = self.api.close_target;
         targets.retain(|(weak, t)| {
             if weak.strong_count() > 0 {
@@ -204,9 +210,6 @@ impl Shared {
             }
             false
         });
-        if let Some((_, t)) = targets.iter().find(|(w, _)| std::ptr::eq(w.as_ptr(), Arc::as_ptr(segment))) {
-            return Ok(*t);
-        }
         let json = CString::new(segment.descriptor().to_json())
             .map_err(|_| Error::invalid(format!("segment `{}`: descriptor contains a NUL byte", segment.name())))?;
         let open =
