@@ -80,42 +80,46 @@ impl Drop for LocalTransport {
     }
 }
 
-impl LocalTransport {
-    /// Moves one request. `target` is the live registry of the segment's owner.
-    fn run(&self, target: &MemoryRegistry, seg: &OpenSegment, batch: &Batch, i: usize) -> Result<()> {
-        let v = batch.request(i);
-        let r = &v.request;
-        // The remote range must be registered *now* in the owner's registry; the lease keeps it
-        // registered until the copy is done.
-        let remote = target
-            .lease(r.target_offset, r.length)
-            .map_err(|e| Error::new(e.kind(), format!("segment `{}`: {}", seg.name(), e.message())))?;
-        if v.local.location().is_device() || remote.location().is_device() {
-            return Err(Error::new(
-                ErrorKind::Unsupported,
-                format!(
-                    "the local transport moves host memory only (local region is {}, remote region is {})",
-                    v.local.location(),
-                    remote.location()
-                ),
-            ));
-        }
-        let (src, dst) = match r.opcode {
-            Opcode::Read => (r.target_offset, r.source),
-            Opcode::Write => (r.source, r.target_offset),
-        };
-        let len = usize::try_from(r.length).map_err(|_| Error::invalid("length exceeds the address space"))?;
-        // SAFETY: `src..src+len` and `dst..dst+len` each lie inside a region registered by its
-        // owner (the local range was checked by the engine at submit and is held by the request's
-        // lease; the remote range was just checked against the owner's live registry and is held
-        // by `remote`). Registering memory is the owner's promise that the range is valid,
-        // host-addressable memory until it is unregistered, and neither lease allows that to
-        // happen before this copy ends. `ptr::copy` is a memmove, so overlapping ranges (a
-        // transfer within one segment) are handled.
-        unsafe { std::ptr::copy(src as usize as *const u8, dst as usize as *mut u8, len) };
-        drop(remote);
-        Ok(())
+/// Copies request `i` of `batch` between this process's registered memory and that of another
+/// engine in this process, whose live registry is `owner` (the same-process data path, shared
+/// with the example plugin). The remote range is leased from `owner` for the copy, so it cannot
+/// be unregistered meanwhile; `transport` names the caller in errors.
+///
+/// Errors: the lease's error (`OutOfBounds`, `Shutdown` when the owner shut down, ...) with the
+/// segment's name; [`ErrorKind::Unsupported`] for device memory.
+pub fn copy_request(owner: &MemoryRegistry, seg: &OpenSegment, batch: &Batch, i: usize, transport: &str) -> Result<()> {
+    let v = batch.request(i);
+    let r = &v.request;
+    // The remote range must be registered *now* in the owner's registry; the lease keeps it
+    // registered until the copy is done.
+    let remote = owner
+        .lease(r.target_offset, r.length)
+        .map_err(|e| Error::new(e.kind(), format!("segment `{}`: {}", seg.name(), e.message())))?;
+    if v.local.location().is_device() || remote.location().is_device() {
+        return Err(Error::new(
+            ErrorKind::Unsupported,
+            format!(
+                "the {transport} transport moves host memory only (local region is {}, remote region is {})",
+                v.local.location(),
+                remote.location()
+            ),
+        ));
     }
+    let (src, dst) = match r.opcode {
+        Opcode::Read => (r.target_offset, r.source),
+        Opcode::Write => (r.source, r.target_offset),
+    };
+    let len = usize::try_from(r.length).map_err(|_| Error::invalid("length exceeds the address space"))?;
+    // SAFETY: `src..src+len` and `dst..dst+len` each lie inside a region registered by its
+    // owner (the local range was checked by the engine at submit and is held by the request's
+    // lease; the remote range was just checked against the owner's live registry and is held
+    // by `remote`). Registering memory is the owner's promise that the range is valid,
+    // host-addressable memory until it is unregistered, and neither lease allows that to
+    // happen before this copy ends. `ptr::copy` is a memmove, so overlapping ranges (a
+    // transfer within one segment) are handled.
+    unsafe { std::ptr::copy(src as usize as *const u8, dst as usize as *mut u8, len) };
+    drop(remote);
+    Ok(())
 }
 
 #[async_trait]
@@ -152,7 +156,7 @@ impl Transport for LocalTransport {
             if batch.is_cancelled() || !batch.is_pending(i) {
                 continue;
             }
-            let outcome = self.run(&owner, target, batch, i);
+            let outcome = copy_request(&owner, target, batch, i, PROTOCOL);
             batch.complete(i, outcome);
         }
         Ok(())

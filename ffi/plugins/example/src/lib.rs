@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use async_trait::async_trait;
 use ferry_core::{
-    Batch, Capabilities, Error, ErrorKind, MemoryRegistry, Opcode, OpenSegment, Result, SegmentDescriptor, Transport,
+    Batch, Capabilities, Error, ErrorKind, MemoryRegistry, OpenSegment, Result, SegmentDescriptor, Transport,
     TransportContext, TransportFactory,
 };
 
@@ -111,42 +111,6 @@ impl ExampleTransport {
             dir.remove(&self.segment);
         }
     }
-
-    /// Moves request `i` of `batch` between local memory and `peer`'s.
-    fn run(peer: &MemoryRegistry, target: &OpenSegment, batch: &Batch, i: usize) -> Result<()> {
-        let v = batch.request(i);
-        let r = &v.request;
-        // The remote range must be registered *now* by the target instance; the lease keeps it
-        // registered until the copy is done.
-        let remote = peer.lease(r.target_offset, r.length).map_err(|e| {
-            let kind = if e.kind() == ErrorKind::Shutdown { ErrorKind::PeerUnreachable } else { e.kind() };
-            Error::new(kind, format!("segment `{}`: {}", target.name(), e.message()))
-        })?;
-        if v.local.location().is_device() || remote.location().is_device() {
-            return Err(Error::new(
-                ErrorKind::Unsupported,
-                format!(
-                    "the example transport moves host memory only (local region is {}, remote region is {})",
-                    v.local.location(),
-                    remote.location()
-                ),
-            ));
-        }
-        let (src, dst) = match r.opcode {
-            Opcode::Read => (r.target_offset, r.source),
-            Opcode::Write => (r.source, r.target_offset),
-        };
-        let len = usize::try_from(r.length).map_err(|_| Error::invalid("length exceeds the address space"))?;
-        // SAFETY: `src..src+len` and `dst..dst+len` each lie inside host memory registered by
-        // its owner: the local range was checked at submit and is held by the batch's lease;
-        // the remote range was just checked against the target instance's live registry and
-        // is held by `remote`. Registration is the owner's promise that the range stays valid
-        // memory until it is unregistered, which neither lease allows before this copy ends.
-        // `ptr::copy` is a memmove, so overlapping ranges (a copy within one segment) work.
-        unsafe { std::ptr::copy(src as usize as *const u8, dst as usize as *mut u8, len) };
-        drop(remote);
-        Ok(())
-    }
 }
 
 impl Drop for ExampleTransport {
@@ -178,7 +142,15 @@ impl Transport for ExampleTransport {
                 Err(Error::new(ErrorKind::Cancelled, "cancelled before it started"))
             } else {
                 match &peer {
-                    Ok(peer) => Self::run(peer, target, batch, i),
+                    // The same-process copy of the `local` transport; a peer that shut down
+                    // is a peer gone.
+                    Ok(peer) => ferry_transport_local::copy_request(peer, target, batch, i, PROTOCOL).map_err(|e| {
+                        if e.kind() == ErrorKind::Shutdown {
+                            Error::new(ErrorKind::PeerUnreachable, e.message())
+                        } else {
+                            e
+                        }
+                    }),
                     Err(e) => Err(e.duplicate()),
                 }
             };
