@@ -267,17 +267,23 @@ async fn broken_plugins_fail_with_clear_errors_and_the_host_keeps_running() -> R
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_plugin_that_panics_in_submit_fails_the_batch_not_the_process() -> Result<()> {
-    let dir = scratch("panicky");
-    std::fs::copy(built_plugin("ferry_transport_panicky")?, dir.join("libferry_transport_panicky.so"))?;
-    let meta = ferry::InProcessMetadata::new();
-    let cfg = write_config(&dir, "panicky", &dir);
-    let a = plugin_engine(&meta, Config::from_file(&cfg)?, "prefill", TransportRegistry::new()).await?;
-    let b = plugin_engine(&meta, Config::from_file(&cfg)?, "decode", TransportRegistry::new()).await?;
+/// Two plugin engines on the config at `cfg` with one 4 KiB buffer each, and decode's read of
+/// prefill's buffer.
+struct OnePage {
+    a: TransferEngine,
+    b: TransferEngine,
+    _src: Buffer,
+    dst: Buffer,
+    req: TransferRequest,
+}
+
+async fn one_page_pair(meta: &Arc<ferry::InProcessMetadata>, cfg: &Path) -> Result<OnePage> {
+    let a = plugin_engine(meta, Config::from_file(cfg)?, "prefill", TransportRegistry::new()).await?;
+    let b = plugin_engine(meta, Config::from_file(cfg)?, "decode", TransportRegistry::new()).await?;
     let src = Buffer::filled(4096, 1);
     let dst = Buffer::zeroed(4096);
-    // SAFETY: the buffers outlive the engines' use (shutdown below).
+    // SAFETY: the buffers live in the returned value beside the engines, which the tests shut
+    // down before dropping it.
     unsafe { a.register_memory(src.addr(), src.len(), Location::Cpu(0)).await }?;
     // SAFETY: as above.
     unsafe { b.register_memory(dst.addr(), dst.len(), Location::Cpu(0)).await }?;
@@ -289,6 +295,16 @@ async fn a_plugin_that_panics_in_submit_fails_the_batch_not_the_process() -> Res
         target_offset: src.addr(),
         length: 4096,
     };
+    Ok(OnePage { a, b, _src: src, dst, req })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugin_that_panics_in_submit_fails_the_batch_not_the_process() -> Result<()> {
+    let dir = scratch("panicky");
+    std::fs::copy(built_plugin("ferry_transport_panicky")?, dir.join("libferry_transport_panicky.so"))?;
+    let meta = ferry::InProcessMetadata::new();
+    let cfg = write_config(&dir, "panicky", &dir);
+    let OnePage { a, b, _src, dst, req } = one_page_pair(&meta, &cfg).await?;
     for _ in 0..3 {
         let e = b.transfer(&[req]).await.expect_err("the plugin panics");
         assert_eq!(e.kind(), ErrorKind::Internal, "{e}");
@@ -363,22 +379,7 @@ async fn a_timed_out_request_keeps_its_memory_until_the_plugin_lets_go() -> Resu
     let path = dir.join("mooncake.json");
     let text = serde_json::json!({ "protocol": "lingering", "plugins": [dir], "transfer_timeout_ms": 200 });
     std::fs::write(&path, text.to_string())?;
-    let a = plugin_engine(&meta, Config::from_file(&path)?, "prefill", TransportRegistry::new()).await?;
-    let b = plugin_engine(&meta, Config::from_file(&path)?, "decode", TransportRegistry::new()).await?;
-    let src = Buffer::zeroed(4096);
-    let dst = Buffer::zeroed(4096);
-    // SAFETY: the buffers outlive the engines' use (shutdown below).
-    unsafe { a.register_memory(src.addr(), src.len(), Location::Cpu(0)).await }?;
-    // SAFETY: as above.
-    unsafe { b.register_memory(dst.addr(), dst.len(), Location::Cpu(0)).await }?;
-    let peer = b.open_segment("prefill").await?;
-    let req = TransferRequest {
-        opcode: Opcode::Read,
-        source: dst.addr(),
-        target: peer,
-        target_offset: src.addr(),
-        length: 4096,
-    };
+    let OnePage { a, b, _src, dst, req } = one_page_pair(&meta, &path).await?;
     let t = std::time::Instant::now();
     let batch = b.submit(&[req]).await?;
     let e = batch.wait_ok(std::time::Duration::from_secs(5)).await.expect_err("never finishes");
