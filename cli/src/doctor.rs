@@ -187,9 +187,7 @@ pub(crate) async fn run(args: DoctorArgs) -> Result<std::process::ExitCode> {
                 // `hccn_conf`, else last): show and resolve the chain it will use.
                 match hccl::AclResolverFactory.create(&ResolverContext::new(&cfg, &env)) {
                     Ok(acl) => {
-                        if !chain.insert_before("hccn_conf", acl.clone()) {
-                            chain = chain.with(acl);
-                        }
+                        chain = hccl::with_acl_link(chain, acl);
                         skipped = format!(
                             "{skipped}; `{}` inserted by the {} transport, which always consults it",
                             hccl::ACL_RESOLVER_NAME,

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use ferry_ascend_sys::{AscendError, Library};
 use ferry_core::{
-    Error, ErrorKind, Identity, IdentityField, RankInfo, Resolution, ResolveQuery, Result, SegmentDescriptor,
-    SegmentResolver,
+    Error, ErrorKind, Identity, IdentityField, RankInfo, Resolution, ResolveQuery, ResolverChain, Result,
+    SegmentDescriptor, SegmentResolver,
 };
 use serde_json::json;
 
@@ -132,6 +132,19 @@ impl SegmentResolver for AclQueryResolver {
             .await
             .map_err(|e| Error::new(ErrorKind::Internal, format!("the ACL resolver panicked: {e}")))?
     }
+}
+
+/// `chain` with the `acl` link `acl` added if it has none: before `hccn_conf` (which needs the
+/// physical id acl may find), else last. What the transport does at start, and what `ferry
+/// doctor` shows.
+pub fn with_acl_link(mut chain: ResolverChain, acl: Arc<dyn SegmentResolver>) -> ResolverChain {
+    if chain.names().contains(&ACL_RESOLVER_NAME) {
+        return chain;
+    }
+    if !chain.insert_before("hccn_conf", acl.clone()) {
+        chain = chain.with(acl);
+    }
+    chain
 }
 
 /// Installs the `acl` link in a [`ferry_core::ResolverRegistry`] (it then takes its place in the

@@ -68,7 +68,7 @@ use tokio::sync::watch;
 pub use ferry_ascend_sys as sys;
 pub use identity::{
     ACL_RESOLVER_NAME, AclQueryResolver, AclResolverFactory, DEFAULT_DEVICE_PORT, LocalIdentity, PairTable,
-    PeerIdentity, RankMember,
+    PeerIdentity, RankMember, with_acl_link,
 };
 
 use crate::peer::Peer;
@@ -375,13 +375,7 @@ impl HcclTransport {
         let retries = capped_retries(setting(&[RETRIES_ENV], ctx.config.hccl_retries)?);
         let control_port: u16 = ctx.config.hccl_control_port.unwrap_or(0);
 
-        let mut chain = ctx.resolvers.clone();
-        if !chain.names().contains(&ACL_RESOLVER_NAME) {
-            let acl = Arc::new(AclQueryResolver::new(lib.clone()));
-            if !chain.insert_before("hccn_conf", acl.clone()) {
-                chain = chain.with(acl);
-            }
-        }
+        let chain = with_acl_link(ctx.resolvers.clone(), Arc::new(AclQueryResolver::new(lib.clone())));
         let query = ResolveQuery::local(Some(ctx.segment_name.clone()), ctx.config.local_rank);
         let resolution =
             chain.resolve(&query).await.map_err(|e| e.context(format!("ascend transport: {}", e.message())))?;
