@@ -129,6 +129,74 @@ async fn the_server_answers_bad_requests_with_the_right_status() {
     assert!(e.message().contains("mooncake/ram/broken"), "{e}");
 }
 
+/// Sends `raw` on one connection and reads until the server closes it.
+async fn exchange(addr: &str, raw: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(raw.as_bytes()).await.unwrap();
+    let mut out = Vec::new();
+    tokio::time::timeout(std::time::Duration::from_secs(10), s.read_to_end(&mut out)).await.unwrap().unwrap();
+    String::from_utf8(out).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pipelined_requests_are_answered_in_order() {
+    let (url, _stop) = http_server(Store::in_memory(), Limits::default()).await;
+    let addr = url.trim_start_matches("http://").trim_end_matches("/metadata").to_owned();
+    // Three requests in one write (HTTP/1.1 pipelining), the last closing the connection.
+    let raw = format!(
+        "GET /metadata?key=p HTTP/1.1\r\nHost: {addr}\r\n\r\n\
+         PUT /metadata?key=p HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 7\r\n\r\n{{\"v\":1}}\
+         GET /metadata?key=p HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    );
+    let answer = exchange(&addr, &raw).await;
+    let statuses: Vec<&str> = answer.match_indices("HTTP/1.1 ").map(|(at, _)| &answer[at..at + 12]).collect();
+    assert_eq!(statuses, ["HTTP/1.1 404", "HTTP/1.1 200", "HTTP/1.1 200"], "{answer}");
+    let (missing, updated, value) = (
+        answer.find("metadata not found").unwrap(),
+        answer.find("metadata updated").unwrap(),
+        answer.rfind(r#"{"v":1}"#).unwrap(),
+    );
+    assert!(missing < updated && updated < value, "answers out of order: {answer}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopping_server_finishes_requests_closes_idle_connections_and_returns() {
+    use tokio::io::AsyncWriteExt;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(serve(listener, Arc::new(Store::in_memory()), Limits::default(), async move {
+        let _ = stopped.await;
+    }));
+    // An idle keep-alive connection, and a request whose body is still arriving when the stop
+    // comes.
+    let c = reqwest::Client::new();
+    assert_eq!(c.get(format!("http://{addr}/health")).send().await.unwrap().status().as_u16(), 200);
+    let mut slow = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    slow.write_all(
+        format!("PUT /metadata?key=s HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 7\r\n\r\n{{\"v\"").as_bytes(),
+    )
+    .await
+    .unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    stop.send(()).unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    slow.write_all(b":2}").await.unwrap();
+    // The answer comes, then the server closes the connection (read_to_string ends).
+    let mut answer = String::new();
+    tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        tokio::io::AsyncReadExt::read_to_string(&mut slow, &mut answer),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200 OK") && answer.contains("metadata updated"), "{answer}");
+    tokio::time::timeout(std::time::Duration::from_secs(10), server).await.expect("serve returns").unwrap().unwrap();
+    assert!(tokio::net::TcpStream::connect(&addr).await.is_err(), "the listener is closed");
+}
+
 #[tokio::test]
 async fn p2p_backend_keeps_its_form_of_the_contract() {
     use ferry_metadata_p2p::P2pMetadata;
