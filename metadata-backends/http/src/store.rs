@@ -5,6 +5,9 @@
 //! little-endian; the checksum covers everything before it). A write is acknowledged only after
 //! its record reached the disk (`fdatasync`). On open the log is replayed up to the first torn or
 //! corrupt record (what a crash mid-write leaves), cut there, and compacted when mostly stale.
+//! A running store compacts too, whenever the log holds more than twice as many records as there
+//! are keys (plus 64): the live entries go to a new file that atomically replaces the log, so a
+//! server whose engines re-publish for months keeps a log the size of its data.
 
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
@@ -23,10 +26,36 @@ struct Log {
     path: PathBuf,
     /// Bytes of intact records: what a failed append is cut back to.
     len: u64,
+    /// Records in the log (live or stale): compaction is due when they far outnumber the keys.
+    records: usize,
     /// Set when the log could not be brought back to a known state: no more writes.
     poisoned: bool,
     /// Held for the store's lifetime: one server per data directory.
     _lock: File,
+}
+
+impl Log {
+    /// Replaces the log by the live entries of `map` (which every acknowledged write has
+    /// reached). A failure leaves the old log in use and is only logged: the write that
+    /// triggered it is already durable.
+    fn compact(&mut self, map: &HashMap<String, Value>) {
+        let Some(dir) = self.path.parent().map(Path::to_path_buf) else { return };
+        if let Err(e) = write_compacted(&dir, &self.path, map) {
+            tracing::warn!(path = %self.path.display(), error = %e, "metadata log compaction failed; the log keeps growing");
+            return;
+        }
+        // The old file handle now points at the replaced log: appends must go to the new one.
+        match OpenOptions::new().append(true).open(&self.path).and_then(|f| Ok((f.metadata()?.len(), f))) {
+            Ok((len, file)) => {
+                tracing::debug!(path = %self.path.display(), dropped = self.records - map.len(), "metadata log compacted");
+                (self.file, self.len, self.records) = (file, len, map.len());
+            }
+            Err(e) => {
+                tracing::error!(path = %self.path.display(), error = %e, "cannot reopen the compacted metadata log; refusing writes");
+                self.poisoned = true;
+            }
+        }
+    }
 }
 
 /// Key/value store of the metadata server.
@@ -52,6 +81,30 @@ fn record(key: &str, value: Option<&[u8]>) -> Vec<u8> {
     let crc = crc32fast::hash(&r);
     r.extend_from_slice(&crc.to_le_bytes());
     r
+}
+
+/// Whether a log of `records` records for `keys` live keys is mostly stale.
+fn compaction_due(records: usize, keys: usize) -> bool {
+    records > 2 * keys + 64
+}
+
+/// Writes `map` as a new log and atomically puts it in place of the log at `path` (whose
+/// directory is `dir`). A crash at any point leaves either the old log or the new one.
+fn write_compacted(dir: &Path, path: &Path, map: &HashMap<String, Value>) -> io::Result<()> {
+    let tmp = dir.join(format!("{LOG}.tmp"));
+    let written = (|| {
+        let mut f = File::create(&tmp)?;
+        for (k, v) in map {
+            f.write_all(&record(k, Some(v)))?;
+        }
+        f.sync_all()
+    })();
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
+    }
+    std::fs::rename(&tmp, path)?;
+    File::open(dir)?.sync_all()
 }
 
 /// Replays `bytes`; returns the map, the length of the valid prefix and the record count.
@@ -107,22 +160,17 @@ impl Store {
         }
         // Compact when most records are stale (or the tail was cut): write the live entries to a
         // new file and atomically replace the log.
-        if valid < bytes.len() || records > 2 * map.len() + 64 {
-            let tmp = dir.join(format!("{LOG}.tmp"));
-            let mut f = File::create(&tmp)?;
-            for (k, v) in &map {
-                f.write_all(&record(k, Some(v)))?;
-            }
-            f.sync_all()?;
-            std::fs::rename(&tmp, &path)?;
-            File::open(dir)?.sync_all()?;
+        let mut records = records;
+        if valid < bytes.len() || compaction_due(records, map.len()) {
+            write_compacted(dir, &path, &map)?;
+            records = map.len();
         }
         let file = OpenOptions::new().create(true).append(true).open(&path)?;
         // The file's directory entry must be durable too, or a power loss could lose the file.
         File::open(dir)?.sync_all()?;
         let len = file.metadata()?.len();
         tracing::info!(path = %path.display(), keys = map.len(), "metadata store opened");
-        let log = Log { file, path, len, poisoned: false, _lock: lock };
+        let log = Log { file, path, len, records, poisoned: false, _lock: lock };
         Ok(Self { map: RwLock::new(map), log: Some(Mutex::new(log)) })
     }
 
@@ -179,7 +227,12 @@ impl Store {
                     return Err(io::Error::new(e.kind(), format!("{}: {e}", log.path.display())));
                 }
                 log.len += rec.len() as u64;
+                log.records += 1;
                 apply();
+                let map = self.map.read().unwrap_or_else(|p| p.into_inner());
+                if compaction_due(log.records, map.len()) {
+                    log.compact(&map);
+                }
                 Ok(())
             }
         }
@@ -232,6 +285,34 @@ mod tests {
         assert_eq!(s.len(), 2);
         let e = Store::open(&d).unwrap_err();
         assert!(e.to_string().contains("in use by another metadata server"), "{e}");
+    }
+
+    #[test]
+    fn a_running_store_compacts_its_log_and_keeps_every_value() {
+        let d = dir("compact");
+        let s = Store::open(&d).unwrap();
+        for round in 0..1000u32 {
+            s.put(&format!("k{}", round % 10), &round.to_le_bytes()).unwrap();
+            if round % 100 == 99 {
+                assert!(s.delete("k0").unwrap());
+            }
+        }
+        // 1000 puts and 10 deletes of 10 keys: without compaction the log would hold 1010
+        // records; with it, never more than 2 x 10 + 64 + 1.
+        let size = std::fs::metadata(d.join(LOG)).unwrap().len();
+        let one = record("k0", Some(&0u32.to_le_bytes())).len() as u64;
+        assert!(size <= (2 * 10 + 65) * one, "log is {size} bytes, {} records", size / one);
+        assert!(!d.join(format!("{LOG}.tmp")).exists());
+        // Writes after a compaction go to the new log, and a reopen sees them all.
+        s.put("after", b"x").unwrap();
+        drop(s);
+        let s = Store::open(&d).unwrap();
+        assert_eq!(s.get("after").as_deref(), Some(&b"x"[..]));
+        assert_eq!(s.get("k0"), None, "deleted in the last round");
+        for k in 1..10u32 {
+            assert_eq!(s.get(&format!("k{k}")).as_deref(), Some(&(990 + k).to_le_bytes()[..]), "k{k}");
+        }
+        assert_eq!(s.len(), 10);
     }
 
     proptest! {
