@@ -643,6 +643,9 @@ enum Ensure {
 
 enum JobResult<R> {
     Finished(std::result::Result<R, AscendError>, Pending),
+    /// The job succeeded and the device thread completed the requests itself (asked for with
+    /// `complete_on_device`): the caller wakes without a hop through the driver.
+    CompletedOnDevice,
     /// Deadline or shutdown came first: the requests were reported and are released when the
     /// device job ends.
     Abandoned,
@@ -719,11 +722,14 @@ impl Driver {
     }
 
     /// Runs `f` on the peer's device thread for `pending`, bounded by the deadline and shutdown.
+    /// With `complete_on_device`, a job that succeeds completes the requests on the device thread
+    /// (the caller is woken from there; one thread hand-off fewer per batch).
     async fn job<R: Send + 'static>(
         &mut self,
         f: impl FnOnce(&Device, &mut PeerState) -> std::result::Result<R, AscendError> + Send + 'static,
         deadline: Instant,
         pending: Pending,
+        complete_on_device: bool,
     ) -> JobResult<R> {
         let worker = match self.peer.worker().await {
             Ok(w) => w.clone(),
@@ -732,22 +738,47 @@ impl Driver {
                 return JobResult::Abandoned;
             }
         };
+        // Whoever finishes the requests takes them: the device thread on success (when asked),
+        // else the driver. A timeout reported meanwhile stays what the caller sees: a request's
+        // first outcome wins; completing only releases it.
+        let slot = Arc::new(Mutex::new(Some(pending)));
+        let take = |slot: &Mutex<Option<Pending>>| slot.lock().unwrap_or_else(|p| p.into_inner()).take();
         let (tx, mut rx) = oneshot::channel();
+        let on_device = slot.clone();
         if let Err(e) = worker.submit(move |d, s| {
-            let _ = tx.send(f(d, s));
+            let r = f(d, s);
+            if complete_on_device
+                && r.is_ok()
+                && let Some(p) = take(&on_device)
+            {
+                p.complete_all(&Ok(()));
+            }
+            let _ = tx.send(r);
         }) {
-            return JobResult::Finished(Err(e), pending);
+            return match take(&slot) {
+                Some(p) => JobResult::Finished(Err(e), p),
+                None => JobResult::Abandoned,
+            };
         }
         let gone = || AscendError::Thread { name: worker.name().to_owned(), reason: "the job did not finish".into() };
         let interrupt = tokio::select! {
-            r = &mut rx => return JobResult::Finished(r.unwrap_or_else(|_| Err(gone())), pending),
+            r = &mut rx => {
+                return match take(&slot) {
+                    Some(p) => JobResult::Finished(r.unwrap_or_else(|_| Err(gone())), p),
+                    None => JobResult::CompletedOnDevice,
+                };
+            }
             _ = tokio::time::sleep_until(deadline.into()) => self.timeout_error(),
             _ = stopped(&mut self.stop) => shutdown_error(),
         };
-        pending.report_all(&interrupt);
+        if let Some(p) = slot.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
+            p.report_all(&interrupt);
+        }
         self.shared.runtime.spawn(async move {
             let _ = rx.await;
-            pending.complete_all(&Err(interrupt));
+            if let Some(p) = take(&slot) {
+                p.complete_all(&Err(interrupt));
+            }
         });
         JobResult::Abandoned
     }
@@ -945,6 +976,11 @@ impl Driver {
                     st.stream.synchronize(Some(wait))
                 })();
                 counters::device_time(started);
+                if result.is_ok() {
+                    // Counted before the requests complete (on this thread), so a caller that
+                    // saw its batch finish also sees it counted.
+                    bump(&counters::ONE_SIDED_BATCHES);
+                }
                 if let Err(e) = &result {
                     // The requests are released as soon as this job returns (also when the
                     // driver already reported a timeout): nothing queued may still touch their
@@ -958,9 +994,9 @@ impl Driver {
                 }
                 result
             };
-            match self.job(job, deadline, pending).await {
+            match self.job(job, deadline, pending, true).await {
+                JobResult::CompletedOnDevice => return None,
                 JobResult::Finished(Ok(()), p) => {
-                    bump(&counters::ONE_SIDED_BATCHES);
                     p.complete_all(&Ok(()));
                     return None;
                 }
@@ -1191,9 +1227,11 @@ impl Driver {
             }
             result
         };
-        let (local_result, chunk) = match self.job(job, deadline, chunk).await {
+        let (local_result, chunk) = match self.job(job, deadline, chunk, false).await {
             JobResult::Finished(r, c) => (r, c),
-            JobResult::Abandoned => {
+            // Not asked for here (the peer's `Done` decides); were it to happen, the requests
+            // are complete and only the reply is left unread: start a fresh connection.
+            JobResult::CompletedOnDevice | JobResult::Abandoned => {
                 self.conn = None;
                 return None;
             }
