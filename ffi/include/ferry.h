@@ -226,6 +226,25 @@ int32_t ferry_open_segment(FerryEngine engine, const char *name, uint64_t *out_s
 int32_t ferry_close_segment(FerryEngine engine, uint64_t segment);
 
 /**
+ * Reads the buffers an opened segment publishes: stores their number in `*out_count` and the
+ * first `cap` of them in `addrs[i]` / `lengths[i]`, in the order its descriptor lists them
+ * (a Mooncake engine lists them in registration order, a Ferry engine in address order). These
+ * are the remote addresses a transfer to that segment may name. Call with `cap = 0` (and null
+ * arrays) to learn the count.
+ *
+ * The list is the segment's descriptor as this engine last fetched it (when the segment was
+ * opened, or refreshed after the peer re-published); buffers the peer registered since may be
+ * missing until then.
+ *
+ * Returns `FERRY_E_NOT_FOUND` for a segment handle this engine did not open (or closed).
+ *
+ * # Safety
+ * `addrs` and `lengths` are each NULL (then `cap` must be 0) or valid for writing `cap`
+ * `uint64_t`s; `out_count` is valid for writing one `size_t`.
+ */
+int32_t ferry_segment_buffers(FerryEngine engine, uint64_t segment, uint64_t *addrs, uint64_t *lengths, size_t cap, size_t *out_count);
+
+/**
  * Submits `count` requests to the engine and stores the batch's handle in `*out`.
  *
  * Each request moves `length` bytes between local address `local_addr` (inside memory

@@ -3,7 +3,8 @@
 
   mooncake_peer.py target SIZE SEED
       Serves a SIZE-byte buffer filled with pattern SEED over P2PHANDSHAKE + tcp. Prints one JSON
-      line {"segment", "addr", "size"}, then answers stdin commands:
+      line {"segment", "addr", "size", "first"} ("first": get_first_buffer_address of its own
+      segment), then answers stdin commands:
         check OFFSET LENGTH SEED   -> "ok" or "mismatch at N"
         notifies                   -> JSON list of the notifications received (waits up to 5 s)
         quit
@@ -55,7 +56,9 @@ def target(size, seed):
     if not addr:
         raise SystemExit("allocate_managed_buffer failed")
     fill(e, addr, size, seed)
-    print(json.dumps({"segment": f"127.0.0.1:{e.get_rpc_port()}", "addr": addr, "size": size}), flush=True)
+    segment = f"127.0.0.1:{e.get_rpc_port()}"
+    first = e.get_first_buffer_address(segment)
+    print(json.dumps({"segment": segment, "addr": addr, "size": size, "first": first}), flush=True)
     for line in sys.stdin:
         words = line.split()
         if not words:

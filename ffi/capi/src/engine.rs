@@ -6,7 +6,7 @@ use std::ffi::c_char;
 use ferry::{Config, Error, ErrorKind, HostnameResolver, Location, SegmentHandle, TransferEngine};
 
 use crate::FerryEngine;
-use crate::errors::{CResult, Out, copy_str, guard, invalid, opt_str_arg, str_arg};
+use crate::errors::{CResult, Out, OutArray, copy_str, guard, invalid, opt_str_arg, str_arg};
 use crate::handles::{ENGINE_TAG, HandleTable};
 
 /// Every live engine of the process.
@@ -294,5 +294,48 @@ pub extern "C" fn ferry_close_segment(engine: FerryEngine, segment: u64) -> i32 
         let e = self::engine(engine)?;
         e.close_segment(SegmentHandle(segment))
             .map_err(|err| Error::new(ErrorKind::NotFound, format!("engine `{}`: {}", e.segment_name(), err.message())))
+    })
+}
+
+/// Reads the buffers an opened segment publishes: stores their number in `*out_count` and the
+/// first `cap` of them in `addrs[i]` / `lengths[i]`, in the order its descriptor lists them
+/// (a Mooncake engine lists them in registration order, a Ferry engine in address order). These
+/// are the remote addresses a transfer to that segment may name. Call with `cap = 0` (and null
+/// arrays) to learn the count.
+///
+/// The list is the segment's descriptor as this engine last fetched it (when the segment was
+/// opened, or refreshed after the peer re-published); buffers the peer registered since may be
+/// missing until then.
+///
+/// Returns `FERRY_E_NOT_FOUND` for a segment handle this engine did not open (or closed).
+///
+/// # Safety
+/// `addrs` and `lengths` are each NULL (then `cap` must be 0) or valid for writing `cap`
+/// `uint64_t`s; `out_count` is valid for writing one `size_t`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ferry_segment_buffers(
+    engine: FerryEngine,
+    segment: u64,
+    addrs: *mut u64,
+    lengths: *mut u64,
+    cap: usize,
+    out_count: *mut usize,
+) -> i32 {
+    guard("ferry_segment_buffers", || {
+        // SAFETY: the caller promises `out_count` is valid for one write (this function's
+        // contract).
+        let count = unsafe { Out::new(out_count, "out_count") }?;
+        // SAFETY: the caller promises each array is NULL with `cap == 0` or valid for `cap`
+        // writes (this function's contract).
+        let (addr_out, len_out) =
+            unsafe { (OutArray::new(addrs, cap, "addrs")?, OutArray::new(lengths, cap, "lengths")?) };
+        let e = self::engine(engine)?;
+        let seg = e.segment(SegmentHandle(segment))?;
+        let buffers = &seg.descriptor().buffers;
+        count.write(buffers.len());
+        let listed = &buffers[..buffers.len().min(addr_out.len())];
+        addr_out.fill(&listed.iter().map(|b| b.addr).collect::<Vec<_>>());
+        len_out.fill(&listed.iter().map(|b| b.length).collect::<Vec<_>>());
+        Ok(())
     })
 }

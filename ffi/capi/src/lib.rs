@@ -47,7 +47,7 @@ pub use batch::{
 pub use engine::{
     ferry_close_segment, ferry_engine_create, ferry_engine_create_from_env, ferry_engine_create_from_file,
     ferry_engine_destroy, ferry_engine_rpc_port, ferry_engine_segment_name, ferry_open_segment, ferry_register_memory,
-    ferry_unregister_memory,
+    ferry_segment_buffers, ferry_unregister_memory,
 };
 pub use ferry_abi::{FerryTransferRequest, FerryTransferStatus};
 pub use kv::{ferry_kv_layout_register, ferry_kv_layout_unregister, ferry_kv_submit_blocks};

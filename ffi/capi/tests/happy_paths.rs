@@ -67,10 +67,47 @@ fn submit_poll_wait_free_moves_the_bytes() {
     assert!(src.bytes()[100..1100].iter().all(|&x| x == 0xC3));
     assert_eq!(src.bytes()[99], Buffer::pattern(100, 17).bytes()[99], "bytes around the range are untouched");
 
+    // The segment's buffers, as the descriptor publishes them: count first, then the list.
+    let second = Buffer::zeroed(4096);
+    register(prefill, &second);
+    let (mut count, mut addrs, mut lens) = (usize::MAX, [0u64; 4], [0u64; 4]);
+    // SAFETY: null arrays with cap 0; a valid out-pointer.
+    ok(unsafe { ferry_segment_buffers(decode, peer, null_mut(), null_mut(), 0, &mut count) });
+    assert_eq!(count, 1, "opened before `second` was registered: the descriptor as fetched then");
+    // SAFETY: the arrays hold 4 entries each.
+    ok(unsafe { ferry_segment_buffers(decode, peer, addrs.as_mut_ptr(), lens.as_mut_ptr(), 4, &mut count) });
+    assert_eq!((count, addrs[0], lens[0], addrs[1]), (1, src.addr(), 64 * 1024, 0));
+    let fresh = open(prefill, &name(prefill));
+    // SAFETY: the arrays hold 4 entries each; only the first entry is asked for.
+    ok(unsafe { ferry_segment_buffers(prefill, fresh, addrs.as_mut_ptr(), lens.as_mut_ptr(), 1, &mut count) });
+    let lowest = src.addr().min(second.addr());
+    assert_eq!((count, addrs[0]), (2, lowest), "both counted, a Ferry segment lists the lowest address first");
+    assert_eq!(lens[0], if lowest == src.addr() { 64 * 1024 } else { 4096 });
+    assert_eq!(addrs[1], 0, "nothing written past `cap`");
+
     ok(ferry_close_segment(decode, peer));
     fails(ferry_close_segment(decode, peer), FERRY_E_NOT_FOUND, &[]);
+    // SAFETY: a valid out-pointer.
+    fails(
+        unsafe { ferry_segment_buffers(decode, peer, null_mut(), null_mut(), 0, &mut count) },
+        FERRY_E_NOT_FOUND,
+        &[],
+    );
+    // SAFETY: `cap` says 4 but the arrays are null: refused before anything is written.
+    fails(
+        unsafe { ferry_segment_buffers(prefill, fresh, null_mut(), lens.as_mut_ptr(), 4, &mut count) },
+        FERRY_E_INVALID_ARGUMENT,
+        &["`addrs` is null but its count is 4"],
+    );
+    // SAFETY: a null out-pointer is refused.
+    fails(
+        unsafe { ferry_segment_buffers(prefill, fresh, null_mut(), null_mut(), 0, null_mut()) },
+        FERRY_E_INVALID_ARGUMENT,
+        &["`out_count` is null"],
+    );
     destroy(decode);
     destroy(prefill);
+    drop(second);
 }
 
 #[test]

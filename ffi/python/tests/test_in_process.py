@@ -261,3 +261,23 @@ def test_engines_on_the_embedded_store_and_from_config(host_buffer):
     finally:
         a.close()
         b.close()
+
+
+def test_get_first_buffer_address_finds_the_peers_buffer(pair, host_buffer):
+    initiator, target = pair
+    remote = host_buffer(64 * 1024, pattern(0, 64 * 1024, 5))
+    local = host_buffer(4096)
+    assert target.register_memory(remote.addr, remote.size) == 0
+    assert initiator.register_memory(local.addr, local.size) == 0
+    peer = target.get_local_segment_name()
+    # The Mooncake pattern: learn the remote address from the segment, then read from it.
+    first = initiator.get_first_buffer_address(peer)
+    assert first == remote.addr
+    assert initiator.transfer_sync_read(peer, local.addr, first + 4096, 4096) == 0
+    assert local.bytes() == pattern(4096, 4096, 5)
+
+    assert initiator.get_first_buffer_address("127.0.0.1:1") == 0, "no such segment"
+    assert "get_first_buffer_address" in initiator.last_error() and "127.0.0.1:1" in initiator.last_error()
+    assert target.get_first_buffer_address(initiator.get_local_segment_name()) == local.addr
+    with pytest.raises(TypeError):
+        initiator.get_first_buffer_address(1234)

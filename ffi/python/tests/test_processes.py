@@ -156,6 +156,9 @@ def test_ferry_python_and_the_mooncake_wheel(make_engine, host_buffer, child_fac
     e = make_engine()
     local = e.allocate_managed_buffer(size)
     assert local
+    # The Mooncake engine's own answer (its first registered buffer: the wheel registers a
+    # buffer pool at start, so not `remote`).
+    assert e.get_first_buffer_address(peer) == info["first"] != 0
     for n in (1, 7, 4096, 65_537, 1 << 20, size):
         assert e.transfer_sync_read(peer, local, remote, n) == 0, e.last_error()
         assert e.read_bytes_from_buffer(local, n) == pattern(0, n, 13), f"read of {n} bytes"
@@ -216,6 +219,7 @@ def test_a_script_written_for_mooncake_runs_on_ferry(tmp_path, child_factory):
     size = 4 << 20
     target = child_factory(Child([sys.executable, str(script), "target", str(size), "31"]))
     info = target.read_json()
+    assert info["first"] == info["addr"], "its one buffer, from its own published descriptor"
     sizes = [1, 4096, 1 << 20]
     mc = child_factory(
         Child(

@@ -69,6 +69,10 @@ _PROTOTYPES = {
     "ferry_unregister_memory": (c_int32, [c_uint64, c_uint64]),
     "ferry_open_segment": (c_int32, [c_uint64, c_char_p, POINTER(c_uint64)]),
     "ferry_close_segment": (c_int32, [c_uint64, c_uint64]),
+    "ferry_segment_buffers": (
+        c_int32,
+        [c_uint64, c_uint64, POINTER(c_uint64), POINTER(c_uint64), c_size_t, POINTER(c_size_t)],
+    ),
     "ferry_submit": (c_int32, [c_uint64, POINTER(TransferRequest), c_size_t, POINTER(c_uint64)]),
     "ferry_batch_poll": (c_int32, [c_uint64, POINTER(TransferStatus), c_size_t, POINTER(c_size_t)]),
     "ferry_batch_wait": (c_int32, [c_uint64, c_uint64]),

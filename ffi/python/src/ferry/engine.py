@@ -421,6 +421,27 @@ class TransferEngine:
             return -1
         return port.value
 
+    def get_first_buffer_address(self, segment_name: str) -> int:
+        """The address of the first buffer ``segment_name``'s descriptor lists (a Mooncake
+        engine's first registered buffer, a Ferry engine's lowest-addressed one): a remote address
+        for transfers to that segment. Returns 0 on failure (no such segment, or it published no
+        buffer when this engine opened it); :meth:`last_error` says why."""
+        name = _text(segment_name, "segment_name")
+        handle = self._live("get_first_buffer_address")
+        seg = self._segment(name, "get_first_buffer_address") if handle else 0
+        if not seg:
+            return 0
+        addr, length, count = c_uint64(), c_uint64(), c_size_t()
+        rc = _capi.lib.ferry_segment_buffers(handle, seg, byref(addr), byref(length), 1, byref(count))
+        if rc != OK:
+            self._fail(rc, "get_first_buffer_address")
+            return 0
+        if count.value == 0:
+            msg = f"segment `{name}` published no buffer when this engine opened it"
+            self._fail(E_NOT_FOUND, "get_first_buffer_address", msg)
+            return 0
+        return addr.value
+
     def get_local_segment_name(self) -> str:
         """This engine's segment name (``ip:port``): what peers pass as ``target_hostname``.
         Raises :class:`ferry.FerryError` on failure."""
