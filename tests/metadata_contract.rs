@@ -97,7 +97,8 @@ async fn an_unreachable_or_unparsable_server_is_named_at_start() {
 
 #[tokio::test]
 async fn the_server_answers_bad_requests_with_the_right_status() {
-    let (url, _stop) = http_server(Store::in_memory(), Limits { max_key: 64, max_body: 1024 }).await;
+    let (url, _stop) =
+        http_server(Store::in_memory(), Limits { max_key: 64, max_body: 1024, ..Limits::default() }).await;
     let c = reqwest::Client::new();
     let base = url.trim_end_matches("/metadata").to_owned();
     let st = |r: reqwest::Response| r.status().as_u16();
@@ -160,41 +161,74 @@ async fn pipelined_requests_are_answered_in_order() {
     assert!(missing < updated && updated < value, "answers out of order: {answer}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_stopping_server_finishes_requests_closes_idle_connections_and_returns() {
-    use tokio::io::AsyncWriteExt;
+/// A server on a loopback port with `limits`, its address, its stop sender and its task.
+async fn stoppable(
+    limits: Limits,
+) -> (String, tokio::sync::oneshot::Sender<()>, tokio::task::JoinHandle<std::io::Result<()>>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap().to_string();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(serve(listener, Arc::new(Store::in_memory()), Limits::default(), async move {
+    let server = tokio::spawn(serve(listener, Arc::new(Store::in_memory()), limits, async move {
         let _ = stopped.await;
     }));
-    // An idle keep-alive connection, and a request whose body is still arriving when the stop
-    // comes.
+    (addr, stop, server)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopping_server_finishes_requests_closes_idle_connections_and_returns() {
+    use std::time::{Duration, Instant};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    // A drain bound far above what the test waits: `serve` returning in time shows the idle
+    // connection was closed, not waited out.
+    let (addr, stop, server) = stoppable(Limits { drain_timeout: Duration::from_secs(60), ..Limits::default() }).await;
     let c = reqwest::Client::new();
     assert_eq!(c.get(format!("http://{addr}/health")).send().await.unwrap().status().as_u16(), 200);
+    // A request in progress when the stop comes: headers read (the server asked for the body
+    // with `100 Continue`), body not sent yet.
     let mut slow = tokio::net::TcpStream::connect(&addr).await.unwrap();
     slow.write_all(
-        format!("PUT /metadata?key=s HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 7\r\n\r\n{{\"v\"").as_bytes(),
+        format!("PUT /metadata?key=s HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 7\r\nExpect: 100-continue\r\n\r\n")
+            .as_bytes(),
     )
     .await
     .unwrap();
-    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    let mut interim = [0u8; 25];
+    tokio::time::timeout(Duration::from_secs(10), slow.read_exact(&mut interim)).await.unwrap().unwrap();
+    assert_eq!(&interim, b"HTTP/1.1 100 Continue\r\n\r\n");
+    let stopped = Instant::now();
     stop.send(()).unwrap();
-    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    slow.write_all(b":2}").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    slow.write_all(br#"{"v":2}"#).await.unwrap();
     // The answer comes, then the server closes the connection (read_to_string ends).
     let mut answer = String::new();
-    tokio::time::timeout(
-        std::time::Duration::from_secs(10),
-        tokio::io::AsyncReadExt::read_to_string(&mut slow, &mut answer),
-    )
-    .await
-    .unwrap()
-    .unwrap();
+    tokio::time::timeout(Duration::from_secs(10), slow.read_to_string(&mut answer)).await.unwrap().unwrap();
     assert!(answer.starts_with("HTTP/1.1 200 OK") && answer.contains("metadata updated"), "{answer}");
-    tokio::time::timeout(std::time::Duration::from_secs(10), server).await.expect("serve returns").unwrap().unwrap();
+    tokio::time::timeout(Duration::from_secs(20), server).await.expect("serve returns").unwrap().unwrap();
+    assert!(stopped.elapsed() < Duration::from_secs(20), "waited {:?}", stopped.elapsed());
     assert!(tokio::net::TcpStream::connect(&addr).await.is_err(), "the listener is closed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_never_finishes_its_headers_holds_a_stopping_server_only_for_the_drain_bound() {
+    use std::time::{Duration, Instant};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let limits = Limits {
+        header_read_timeout: Duration::from_secs(120),
+        drain_timeout: Duration::from_millis(500),
+        ..Limits::default()
+    };
+    let (addr, stop, server) = stoppable(limits).await;
+    let mut stuck = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    stuck.write_all(b"GET /metadata?key=s HTTP/1.1\r\nHost: x\r\n").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let stopped = Instant::now();
+    stop.send(()).unwrap();
+    tokio::time::timeout(Duration::from_secs(30), server).await.expect("serve returns").unwrap().unwrap();
+    assert!(stopped.elapsed() < Duration::from_secs(30), "waited {:?}", stopped.elapsed());
+    // Its connection was dropped: the client reads the end of the stream, no answer.
+    let mut rest = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), stuck.read_to_end(&mut rest)).await.unwrap().unwrap();
+    assert!(rest.is_empty(), "{}", String::from_utf8_lossy(&rest));
 }
 
 #[tokio::test]

@@ -33,7 +33,7 @@ pub(crate) async fn run(args: ServerArgs) -> Result<std::process::ExitCode> {
     let listener =
         tokio::net::TcpListener::bind(&args.addr).await.with_context(|| format!("listening on {}", args.addr))?;
     println!("metadata server listening on {}", listener.local_addr()?);
-    let limits = Limits { max_key: args.max_key_bytes, max_body: args.max_body_bytes };
+    let limits = Limits { max_key: args.max_key_bytes, max_body: args.max_body_bytes, ..Limits::default() };
     serve(listener, Arc::new(store), limits, async {
         let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
             Ok(t) => t,

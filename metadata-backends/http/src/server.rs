@@ -29,11 +29,22 @@ pub struct Limits {
     pub max_key: usize,
     /// Largest body accepted (bytes); larger ones get 413.
     pub max_body: usize,
+    /// Time a client has to send a request's headers, also while its connection is idle
+    /// between requests: a keep-alive connection idle this long is closed.
+    pub header_read_timeout: Duration,
+    /// Time a stopping server lets requests in progress finish; connections still open then
+    /// are dropped.
+    pub drain_timeout: Duration,
 }
 
 impl Default for Limits {
     fn default() -> Self {
-        Self { max_key: 4096, max_body: 16 << 20 }
+        Self {
+            max_key: 4096,
+            max_body: 16 << 20,
+            header_read_timeout: Duration::from_secs(30),
+            drain_timeout: Duration::from_secs(10),
+        }
     }
 }
 
@@ -126,19 +137,18 @@ pub fn router(store: Arc<Store>, limits: Limits) -> Router {
         .with_state(App { store, limits })
 }
 
-/// How long a stopping server lets requests in progress finish.
-const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
-/// How long a client may take to send a request's headers.
-const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// Serves on `listener` until `shutdown` completes, then finishes the requests in progress
-/// (for at most 10 s).
+/// Serves on `listener` until `shutdown` completes, then stops accepting, closes idle
+/// connections, lets requests in progress finish for up to `limits.drain_timeout` and drops the
+/// connections still open after that.
 ///
-/// Connections are served by hyper directly rather than through `axum::serve` for two settings
-/// it does not expose: `TCP_NODELAY` and pipelined flushing. Without them a client that
-/// pipelines requests waits for its own delayed ACK (40 ms) before every second response, and
-/// each response costs a system call of its own. (hyper calls `pipeline_flush` experimental;
-/// `tests/metadata_contract.rs` checks pipelined answers come complete and in order.)
+/// Connections are served by hyper directly rather than through `axum::serve` for the settings
+/// it does not expose: a header read timeout (a client that never finishes its headers would
+/// otherwise hold a connection, and a stopping server, forever) and a bound on the drain.
+/// `TCP_NODELAY` is set: without it a client that pipelines requests waits for its own delayed
+/// ACK (40 ms) before every second response. hyper's `pipeline_flush` (responses to pipelined
+/// requests written together) is deliberately off: with it hyper buffers responses without
+/// bound while unread requests wait, so one client pipelining GETs of a large value and never
+/// reading could exhaust the server's memory.
 pub async fn serve(
     listener: TcpListener,
     store: Arc<Store>,
@@ -147,10 +157,12 @@ pub async fn serve(
 ) -> std::io::Result<()> {
     let addr: SocketAddr = listener.local_addr()?;
     tracing::info!(%addr, "metadata server listening");
+    let (header_read_timeout, drain_timeout) = (limits.header_read_timeout, limits.drain_timeout);
     let service = TowerToHyperService::new(router(store, limits));
     let mut builder = ConnectionBuilder::new(TokioExecutor::new());
-    builder.http1().timer(TokioTimer::new()).header_read_timeout(HEADER_READ_TIMEOUT).pipeline_flush(true);
+    builder.http1().timer(TokioTimer::new()).header_read_timeout(header_read_timeout);
     let graceful = GracefulShutdown::new();
+    let mut connections = tokio::task::JoinSet::new();
     tokio::pin!(shutdown);
     loop {
         let (tcp, peer) = tokio::select! {
@@ -166,20 +178,26 @@ pub async fn serve(
             },
             () = &mut shutdown => break,
         };
+        while connections.try_join_next().is_some() {}
         if let Err(e) = tcp.set_nodelay(true) {
             tracing::debug!(%peer, error = %e, "cannot set TCP_NODELAY on a metadata connection");
         }
         let connection = builder.serve_connection_with_upgrades(TokioIo::new(tcp), service.clone());
         let connection = graceful.watch(connection.into_owned());
-        tokio::spawn(async move {
+        connections.spawn(async move {
             if let Err(e) = connection.await {
                 tracing::debug!(%peer, error = %e, "metadata connection ended with an error");
             }
         });
     }
     drop(listener);
-    if tokio::time::timeout(DRAIN_TIMEOUT, graceful.shutdown()).await.is_err() {
-        tracing::warn!("metadata server stopped with requests still in progress after {DRAIN_TIMEOUT:?}");
+    if tokio::time::timeout(drain_timeout, graceful.shutdown()).await.is_err() {
+        tracing::warn!(
+            open = connections.len(),
+            "metadata server: connections still open {drain_timeout:?} after the stop are dropped"
+        );
     }
+    connections.abort_all();
+    while connections.join_next().await.is_some() {}
     Ok(())
 }
