@@ -28,6 +28,9 @@ struct Log {
     len: u64,
     /// Records in the log (live or stale): compaction is due when they far outnumber the keys.
     records: usize,
+    /// Record count below which no compaction is tried: raised after a failed attempt, so a
+    /// failing disk does not cost a full rewrite on every write.
+    retry_after: usize,
     /// Set when the log could not be brought back to a known state: no more writes.
     poisoned: bool,
     /// Held for the store's lifetime: one server per data directory.
@@ -36,21 +39,33 @@ struct Log {
 
 impl Log {
     /// Replaces the log by the live entries of `map` (which every acknowledged write has
-    /// reached). A failure leaves the old log in use and is only logged: the write that
-    /// triggered it is already durable.
+    /// reached). A failure before the replace leaves the old log in use and is only logged (the
+    /// write that triggered it is already durable); the next attempt waits until the log has
+    /// grown by as much again. After the replace, appends must go to the new file: if it cannot
+    /// be opened, or the replace cannot be made durable (a crash could bring the old log back
+    /// without the writes that follow), the store refuses writes.
     fn compact(&mut self, map: &HashMap<String, Value>) {
         let Some(dir) = self.path.parent().map(Path::to_path_buf) else { return };
-        if let Err(e) = write_compacted(&dir, &self.path, map) {
-            tracing::warn!(path = %self.path.display(), error = %e, "metadata log compaction failed; the log keeps growing");
-            return;
-        }
-        // The old file handle now points at the replaced log: appends must go to the new one.
-        match OpenOptions::new().append(true).open(&self.path).and_then(|f| Ok((f.metadata()?.len(), f))) {
-            Ok((len, file)) => {
+        let synced = match write_compacted(&dir, &self.path, map) {
+            Ok(()) => Ok(()),
+            Err(CompactionError::OldLogInPlace(e)) => {
+                tracing::warn!(path = %self.path.display(), error = %e, "metadata log compaction failed; the log keeps growing");
+                self.retry_after = self.records + map.len() + 64;
+                return;
+            }
+            Err(CompactionError::Renamed(e)) => Err(e),
+        };
+        let reopened = OpenOptions::new().append(true).open(&self.path).and_then(|f| Ok((f.metadata()?.len(), f)));
+        match (reopened, synced) {
+            (Ok((len, file)), Ok(())) => {
                 tracing::debug!(path = %self.path.display(), dropped = self.records - map.len(), "metadata log compacted");
                 (self.file, self.len, self.records) = (file, len, map.len());
             }
-            Err(e) => {
+            (Ok((len, file)), Err(e)) => {
+                tracing::error!(path = %self.path.display(), error = %e, "the compacted metadata log's directory cannot be synced; refusing writes");
+                (self.file, self.len, self.records, self.poisoned) = (file, len, map.len(), true);
+            }
+            (Err(e), _) => {
                 tracing::error!(path = %self.path.display(), error = %e, "cannot reopen the compacted metadata log; refusing writes");
                 self.poisoned = true;
             }
@@ -88,23 +103,31 @@ fn compaction_due(records: usize, keys: usize) -> bool {
     records > 2 * keys + 64
 }
 
+/// Why a compaction failed.
+enum CompactionError {
+    /// Before the new log took the old one's name: the old log is intact and still in place.
+    OldLogInPlace(io::Error),
+    /// After: the new log has the name, but the rename may not be durable yet.
+    Renamed(io::Error),
+}
+
 /// Writes `map` as a new log and atomically puts it in place of the log at `path` (whose
 /// directory is `dir`). A crash at any point leaves either the old log or the new one.
-fn write_compacted(dir: &Path, path: &Path, map: &HashMap<String, Value>) -> io::Result<()> {
+fn write_compacted(dir: &Path, path: &Path, map: &HashMap<String, Value>) -> Result<(), CompactionError> {
     let tmp = dir.join(format!("{LOG}.tmp"));
     let written = (|| {
-        let mut f = File::create(&tmp)?;
+        let mut f = io::BufWriter::new(File::create(&tmp)?);
         for (k, v) in map {
             f.write_all(&record(k, Some(v)))?;
         }
-        f.sync_all()
+        f.into_inner().map_err(io::IntoInnerError::into_error)?.sync_all()?;
+        std::fs::rename(&tmp, path)
     })();
     if let Err(e) = written {
         let _ = std::fs::remove_file(&tmp);
-        return Err(e);
+        return Err(CompactionError::OldLogInPlace(e));
     }
-    std::fs::rename(&tmp, path)?;
-    File::open(dir)?.sync_all()
+    File::open(dir).and_then(|d| d.sync_all()).map_err(CompactionError::Renamed)
 }
 
 /// Replays `bytes`; returns the map, the length of the valid prefix and the record count.
@@ -162,7 +185,8 @@ impl Store {
         // new file and atomically replace the log.
         let mut records = records;
         if valid < bytes.len() || compaction_due(records, map.len()) {
-            write_compacted(dir, &path, &map)?;
+            write_compacted(dir, &path, &map)
+                .map_err(|(CompactionError::OldLogInPlace(e) | CompactionError::Renamed(e))| e)?;
             records = map.len();
         }
         let file = OpenOptions::new().create(true).append(true).open(&path)?;
@@ -170,7 +194,7 @@ impl Store {
         File::open(dir)?.sync_all()?;
         let len = file.metadata()?.len();
         tracing::info!(path = %path.display(), keys = map.len(), "metadata store opened");
-        let log = Log { file, path, len, records, poisoned: false, _lock: lock };
+        let log = Log { file, path, len, records, retry_after: 0, poisoned: false, _lock: lock };
         Ok(Self { map: RwLock::new(map), log: Some(Mutex::new(log)) })
     }
 
@@ -230,7 +254,7 @@ impl Store {
                 log.records += 1;
                 apply();
                 let map = self.map.read().unwrap_or_else(|p| p.into_inner());
-                if compaction_due(log.records, map.len()) {
+                if log.records >= log.retry_after && compaction_due(log.records, map.len()) {
                     log.compact(&map);
                 }
                 Ok(())
@@ -313,6 +337,31 @@ mod tests {
             assert_eq!(s.get(&format!("k{k}")).as_deref(), Some(&(990 + k).to_le_bytes()[..]), "k{k}");
         }
         assert_eq!(s.len(), 10);
+    }
+
+    #[test]
+    fn a_failed_compaction_keeps_the_old_log_and_every_write() {
+        let d = dir("compact-fails");
+        let s = Store::open(&d).unwrap();
+        // The new log cannot be created (its name is taken by a directory): every compaction
+        // attempt fails before touching the log.
+        std::fs::create_dir_all(d.join(format!("{LOG}.tmp"))).unwrap();
+        for round in 0..500u32 {
+            s.put(&format!("k{}", round % 5), &round.to_le_bytes()).unwrap();
+        }
+        let one = record("k0", Some(&0u32.to_le_bytes())).len() as u64;
+        assert_eq!(std::fs::metadata(d.join(LOG)).unwrap().len(), 500 * one, "every write appended, nothing cut");
+        // Once the obstacle is gone the next attempt (after the back-off) compacts.
+        std::fs::remove_dir(d.join(format!("{LOG}.tmp"))).unwrap();
+        for round in 500..1200u32 {
+            s.put(&format!("k{}", round % 5), &round.to_le_bytes()).unwrap();
+        }
+        assert!(std::fs::metadata(d.join(LOG)).unwrap().len() < 500 * one, "compacted after the failure");
+        drop(s);
+        let s = Store::open(&d).unwrap();
+        for k in 0..5u32 {
+            assert_eq!(s.get(&format!("k{k}")).as_deref(), Some(&(1195 + k).to_le_bytes()[..]), "k{k}");
+        }
     }
 
     proptest! {
