@@ -7,8 +7,8 @@ same load, in one run: wrk GETs of one 1 KiB descriptor over 64 connections, in 
 
 For each server it prints requests/s, p50 and p99 latency, and the CPU time per request of the
 server process and of wrk (from /proc and getrusage), then the ratio of requests/s. When nginx
-is installed (`--nginx`, default: found on PATH) it also serves the same 1 KiB as a static file:
-a ceiling for what any HTTP server can answer with this load generator on this machine.
+is installed (`--nginx`, default: found on PATH) it also serves the same 1 KiB as a static file
+with its default settings: a familiar reference point (not tuned, so not a ceiling).
 
 Usage (repository root, after `cargo build --release -p ferry-cli`; Debian packages `wrk`, and
 optionally `nginx-light`):
@@ -119,7 +119,7 @@ http {{
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--mooncake-server", default=os.path.join(ROOT, ".venv-mooncake", "bin", "mooncake_http_metadata_server"))
-    ap.add_argument("--nginx", default=shutil.which("nginx") or "", help="nginx binary for the ceiling ('' to skip)")
+    ap.add_argument("--nginx", default=shutil.which("nginx") or "", help="nginx binary for the reference row ('' to skip)")
     ap.add_argument("--seconds", type=int, default=10)
     ap.add_argument("--connections", type=int, default=64)
     a = ap.parse_args()
