@@ -92,6 +92,12 @@ pub fn default_transports() -> TransportRegistry {
     registry
 }
 
+#[cfg(feature = "p2p")]
+#[allow(dead_code)] // unused when no store backend is compiled in
+fn notifying<F: MetadataFactory + 'static>(store: F) -> std::sync::Arc<dyn MetadataFactory> {
+    std::sync::Arc::new(ferry_metadata_p2p::NotifyingStoreFactory::new(store))
+}
+
 /// A metadata registry holding every metadata backend compiled in (the embedded in-process
 /// backend is always available).
 pub fn default_metadata() -> MetadataRegistry {
@@ -99,11 +105,19 @@ pub fn default_metadata() -> MetadataRegistry {
     let mut registry = MetadataRegistry::new();
     #[cfg(feature = "p2p")]
     registry.install(std::sync::Arc::new(ferry_metadata_p2p::P2pMetadataFactory));
-    #[cfg(feature = "http")]
+    // Store backends get Mooncake's handshake listener beside them (notifications), as Mooncake
+    // engines on a store run one. It needs the p2p crate, which speaks the handshake.
+    #[cfg(all(feature = "http", feature = "p2p"))]
+    registry.install(notifying(ferry_metadata_http::HttpMetadataFactory));
+    #[cfg(all(feature = "http", not(feature = "p2p")))]
     registry.install(std::sync::Arc::new(ferry_metadata_http::HttpMetadataFactory));
-    #[cfg(feature = "redis")]
+    #[cfg(all(feature = "redis", feature = "p2p"))]
+    registry.install(notifying(ferry_metadata_redis::RedisMetadataFactory));
+    #[cfg(all(feature = "redis", not(feature = "p2p")))]
     registry.install(std::sync::Arc::new(ferry_metadata_redis::RedisMetadataFactory));
-    #[cfg(feature = "etcd")]
+    #[cfg(all(feature = "etcd", feature = "p2p"))]
+    registry.install(notifying(ferry_metadata_etcd::EtcdMetadataFactory));
+    #[cfg(all(feature = "etcd", not(feature = "p2p")))]
     registry.install(std::sync::Arc::new(ferry_metadata_etcd::EtcdMetadataFactory));
     registry
 }

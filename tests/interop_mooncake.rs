@@ -287,3 +287,70 @@ async fn ferry_engines_work_against_mooncakes_own_http_metadata_server() {
     let _ = child.kill();
     let _ = child.wait();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn notifications_cross_both_ways_with_mooncake_on_an_http_metadata_server() {
+    // On a store backend both sides send notifications to the port the other's `rpc_meta`
+    // entry names, where its handshake listener runs.
+    let (url, _stop) = ferry_metadata_server().await;
+    let u = url.clone();
+    let mut mc = tokio::task::spawn_blocking(move || {
+        let mut p = Peer::spawn(&["target".into(), (1u64 << 20).to_string(), "3".into(), u]);
+        let info = p.json();
+        (p, info)
+    })
+    .await
+    .unwrap();
+    let (segment, addr) = (mc.1["segment"].as_str().unwrap().to_owned(), mc.1["addr"].as_u64().unwrap());
+    let name = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        format!("127.0.0.1:{}", l.local_addr().unwrap().port())
+    };
+    let ferry = common::tcp_engine_on(&url, &name).await;
+    let buf = pattern_buffer(1 << 20, 11);
+    unsafe { ferry.register_memory(buf.addr(), buf.len(), Location::Cpu(0)).await }.unwrap();
+
+    // Ferry -> Mooncake: a write, then the notification.
+    let peer = ferry.open_segment(&segment).await.unwrap();
+    ferry
+        .transfer_with_notification(
+            &[TransferRequest {
+                opcode: Opcode::Write,
+                source: buf.addr(),
+                target: peer,
+                target_offset: addr,
+                length: 4096,
+            }],
+            "kv-ready:7",
+        )
+        .await
+        .unwrap();
+    let notes = tokio::task::block_in_place(|| {
+        mc.0.say("notifies");
+        mc.0.json()
+    });
+    let text = notes.to_string();
+    assert!(text.contains("kv-ready:7") && text.contains(&name), "Mooncake received {text}");
+
+    // Mooncake -> Ferry: Mooncake writes 16 bytes into Ferry's buffer with a notification.
+    let rc = tokio::task::block_in_place(|| {
+        mc.0.say(&format!("write-notify {name} {} decode-done:7", buf.addr() + 4096));
+        mc.0.line()
+    });
+    assert_eq!(rc, "0", "Mooncake's transfer_sync with a notification");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let note = loop {
+        if let Some(n) = ferry.get_notifications().into_iter().find(|n| n.notify_msg == "decode-done:7") {
+            break n;
+        }
+        assert!(std::time::Instant::now() < deadline, "Ferry never received Mooncake's notification");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(note.name, "mooncake", "the name Mooncake's sender put in its notification");
+    // Mooncake sent the start of its buffer, which holds what Ferry wrote there above (pattern
+    // 11 from offset 0), over Ferry's own pattern at 4096.
+    let landed = &buf.bytes()[4096..4096 + 16];
+    assert!(landed.iter().enumerate().all(|(k, &b)| b == pattern(k as u64, 11)), "Mooncake's bytes: {landed:?}");
+    assert_ne!(landed[0], pattern(4096, 11), "the bytes were replaced");
+    ferry.shutdown().await.unwrap();
+}

@@ -64,6 +64,8 @@ async fn engines_meet(url: &str) {
     let b = common::tcp_engine_on(url, "127.0.0.1:40002").await;
     assert_eq!(a.metadata_backend(), "http");
     common::read_across(&a, &b).await;
+    common::notify_across(&a, &b, "a to b").await;
+    common::notify_across(&b, &a, "b to a").await;
     a.shutdown().await.unwrap();
     let m = HttpMetadata::new(url).unwrap();
     assert_eq!(m.get("mooncake/ram/127.0.0.1:40001").await.unwrap(), None, "a clean shutdown unpublishes");
@@ -75,6 +77,39 @@ async fn engines_meet(url: &str) {
 async fn engines_find_each_other_through_ferry_metadata_server() {
     let (url, _stop) = http_server(Store::in_memory(), Limits::default()).await;
     engines_meet(&url).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_rpc_entry_names_the_handshake_listener_which_is_freed_at_shutdown() {
+    let (url, _stop) = http_server(Store::in_memory(), Limits::default()).await;
+    let m = HttpMetadata::new(&url).unwrap();
+    // A name without a port: the listener takes a free one and the rpc entry says which.
+    let a = common::tcp_engine_on(&url, "127.0.0.1").await;
+    let rpc: serde_json::Value =
+        serde_json::from_slice(&m.get("mooncake/rpc_meta/127.0.0.1").await.unwrap().unwrap()).unwrap();
+    let port = rpc["rpc_port"].as_u64().unwrap() as u16;
+    assert!(port != 0 && rpc["ip_or_host_name"] == "127.0.0.1", "{rpc}");
+    assert!(std::net::TcpStream::connect(("127.0.0.1", port)).is_ok(), "someone listens on {port}");
+    a.shutdown().await.unwrap();
+    drop(a);
+    // A name with a port: that port. Once shut down, the port is free at once, so an engine of
+    // the same name starts again in the same process.
+    let name = format!("127.0.0.1:{port}");
+    let b = common::tcp_engine_on(&url, &name).await;
+    let rpc: serde_json::Value =
+        serde_json::from_slice(&m.get(&format!("mooncake/rpc_meta/{name}")).await.unwrap().unwrap()).unwrap();
+    assert_eq!(rpc["rpc_port"], port, "{rpc}");
+    b.shutdown().await.unwrap();
+    let again = common::tcp_engine_on(&url, &name).await;
+    // Held by `again` now: a second engine of that name is refused, naming the port.
+    let cfg = ferry::Config::from_json_str(
+        &format!(r#"{{"local_hostname": "{name}", "metadata_server": "{url}", "protocol": "tcp"}}"#),
+        None,
+    )
+    .unwrap();
+    let e = ferry::builder().config(cfg).build().await.unwrap_err();
+    assert!(e.message().contains(&port.to_string()) && e.message().contains("notifications"), "{e}");
+    again.shutdown().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

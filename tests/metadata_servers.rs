@@ -94,6 +94,8 @@ async fn engines_meet_through_redis_and_etcd() {
         let a = engine(&url, &format!("127.0.0.1:{}", 41000 + i * 10)).await;
         let b = engine(&url, &format!("127.0.0.1:{}", 41001 + i * 10)).await;
         common::read_across(&a, &b).await;
+        common::notify_across(&a, &b, &format!("a to b over {url}")).await;
+        common::notify_across(&b, &a, &format!("b to a over {url}")).await;
         b.shutdown().await.unwrap();
         a.shutdown().await.unwrap();
     }

@@ -438,8 +438,14 @@ impl EngineInner {
     /// Publishes the `rpc_meta` entry (once, at start: it never changes, and Mooncake's Python
     /// metadata servers refuse a second PUT of it).
     async fn publish_rpc(&self) -> Result<()> {
-        if let Some(id) = HostnameResolver::parse(&self.name) {
-            let rpc = RpcMeta { ip_or_host_name: id.host.unwrap_or_default(), rpc_port: id.port.unwrap_or(0) };
+        // The handshake listener's port when the backend runs one, else the name's port; a name
+        // without a port (`host`) is its own host part.
+        let (host, port) = match HostnameResolver::parse(&self.name) {
+            Some(id) => (id.host.unwrap_or_default(), self.metadata.rpc_port().or(id.port)),
+            None => (self.name.clone(), self.metadata.rpc_port()),
+        };
+        if let Some(port) = port {
+            let rpc = RpcMeta { ip_or_host_name: host, rpc_port: port };
             let body = serde_json::to_vec(&rpc).expect("serialisable");
             self.metadata.put(&self.keys.rpc(&self.name), &body).await?;
         }
@@ -1231,6 +1237,7 @@ impl TransferEngine {
                 first_err.get_or_insert(e);
             }
         }
+        self.inner.metadata.close().await;
         first_err.map_or(Ok(()), Err)
     }
 

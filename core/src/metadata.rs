@@ -80,6 +80,13 @@ pub trait MetadataBackend: Send + Sync + 'static {
         None
     }
 
+    /// The port of this engine's handshake listener (Mooncake's RPC port, published in the
+    /// `rpc_meta` entry), when the backend runs one. `None`: the port of the segment name is
+    /// published.
+    fn rpc_port(&self) -> Option<u16> {
+        None
+    }
+
     /// Sends a notification to the owner of `segment` over the backend's control channel.
     /// Backends without one answer [`ErrorKind::Unsupported`](crate::ErrorKind::Unsupported).
     async fn notify(&self, segment: &str, notification: &Notification) -> Result<()> {
@@ -94,6 +101,11 @@ pub trait MetadataBackend: Send + Sync + 'static {
     fn drain_notifications(&self) -> Vec<Notification> {
         Vec::new()
     }
+
+    /// Releases what the backend holds for its engine (a listening socket, for example), once
+    /// the engine has unpublished itself at shutdown. When it returns, the resources are free
+    /// (an engine of the same name can start at once).
+    async fn close(&self) {}
 }
 
 /// A notification: a short message from one engine to another, delivered over the control

@@ -120,7 +120,9 @@ pub async fn tcp_engine_on(url: &str, name: &str) -> TransferEngine {
     )
     .unwrap();
     let mut metadata = ferry::default_metadata();
-    metadata.install(Arc::new(ferry_metadata_etcd::EtcdMetadataFactory));
+    metadata.install(Arc::new(ferry::metadata_backends::p2p::NotifyingStoreFactory::new(
+        ferry_metadata_etcd::EtcdMetadataFactory,
+    )));
     ferry::builder().config(cfg).transports(tcp_only()).metadata_registry(metadata).build().await.unwrap()
 }
 
@@ -145,4 +147,22 @@ pub async fn read_across(a: &TransferEngine, b: &TransferEngine) {
     assert_eq!(dst.bytes(), src.bytes());
     b.unregister_memory(dst.addr()).await.unwrap();
     a.unregister_memory(src.addr()).await.unwrap();
+}
+
+/// `a` notifies `b` by segment name (over `b`'s handshake listener, found through `b`'s rpc
+/// entry) and `b` receives it, naming `a` as the sender.
+pub async fn notify_across(a: &TransferEngine, b: &TransferEngine, message: &str) {
+    a.send_notification(b.segment_name(), message)
+        .await
+        .unwrap_or_else(|e| panic!("{} -> {}: {e}", a.segment_name(), b.segment_name()));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let got = b.get_notifications();
+        if let Some(n) = got.iter().find(|n| n.notify_msg == message) {
+            assert_eq!(n.name, a.segment_name(), "the sender is named");
+            return;
+        }
+        assert!(std::time::Instant::now() < deadline, "{} never received {message:?} (got {got:?})", b.segment_name());
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
 }

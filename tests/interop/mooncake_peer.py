@@ -1,12 +1,16 @@
 #!/usr/bin/env python3
 """A Mooncake Transfer Engine peer (PyPI wheel) for Ferry's interop tests.
 
-  mooncake_peer.py target SIZE SEED
-      Serves a SIZE-byte buffer filled with pattern SEED over P2PHANDSHAKE + tcp. Prints one JSON
+  mooncake_peer.py target SIZE SEED [METADATA_URL]
+      Serves a SIZE-byte buffer filled with pattern SEED over tcp, on P2PHANDSHAKE or, with
+      METADATA_URL, on that HTTP metadata server (named 127.0.0.1:<free port>). Prints one JSON
       line {"segment", "addr", "size", "first"} ("first": get_first_buffer_address of its own
       segment), then answers stdin commands:
         check OFFSET LENGTH SEED   -> "ok" or "mismatch at N"
         notifies                   -> JSON list of the notifications received (waits up to 5 s)
+        write-notify SEGMENT ADDR MSG
+                                   -> writes 16 bytes of its buffer to ADDR of SEGMENT with the
+                                      notification TransferNotify("mooncake", MSG); prints the rc
         quit
   mooncake_peer.py http-pair URL SIZE
       Two Mooncake engines on the HTTP metadata server URL; one reads SIZE bytes from the other.
@@ -30,14 +34,31 @@ def pattern(offset, length, seed):
     return (BASE * reps)[start:start + length]
 
 
-def engine():
+def free_port():
+    import socket
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    p = s.getsockname()[1]
+    s.close()
+    return p
+
+
+def engine(metadata_url=None):
+    """A tcp engine on P2PHANDSHAKE, or on the HTTP metadata server at metadata_url. Returns the
+    engine and its segment name."""
     from mooncake.engine import TransferEngine
 
     e = TransferEngine()
-    rc = e.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "")
+    if metadata_url:
+        name = f"127.0.0.1:{free_port()}"
+        rc = e.initialize(name, metadata_url, "tcp", "")
+    else:
+        rc = e.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "")
+        name = f"127.0.0.1:{e.get_rpc_port()}"
     if rc != 0:
         raise SystemExit(f"mooncake initialize failed: {rc}")
-    return e
+    return e, name
 
 
 def fill(e, addr, size, seed):
@@ -50,13 +71,12 @@ def fill(e, addr, size, seed):
         off += n
 
 
-def target(size, seed):
-    e = engine()
+def target(size, seed, metadata_url=None):
+    e, segment = engine(metadata_url)
     addr = e.allocate_managed_buffer(size)
     if not addr:
         raise SystemExit("allocate_managed_buffer failed")
     fill(e, addr, size, seed)
-    segment = f"127.0.0.1:{e.get_rpc_port()}"
     first = e.get_first_buffer_address(segment)
     print(json.dumps({"segment": segment, "addr": addr, "size": size, "first": first}), flush=True)
     for line in sys.stdin:
@@ -74,6 +94,13 @@ def target(size, seed):
                 time.sleep(0.1)
             print(json.dumps(got), flush=True)
             continue
+        if words[0] == "write-notify":
+            from mooncake.engine import TransferNotify, TransferOpcode
+
+            peer, remote, msg = words[1], int(words[2]), words[3]
+            rc = e.transfer_sync(peer, addr, remote, 16, TransferOpcode.Write, TransferNotify("mooncake", msg))
+            print(rc, flush=True)
+            continue
         if words[0] == "check":
             off, n, s = int(words[1]), int(words[2]), int(words[3])
             got = e.read_bytes_from_buffer(addr + off, n)
@@ -86,7 +113,7 @@ def target(size, seed):
 
 
 def initiator(segment, remote_addr, remote_seed, write_offset, write_seed, sizes):
-    e = engine()
+    e, _ = engine()
     size = max(sizes)
     local = e.allocate_managed_buffer(size)
     if not local:
@@ -107,15 +134,7 @@ def initiator(segment, remote_addr, remote_seed, write_offset, write_seed, sizes
 
 def http_pair(url, size):
     """Two Mooncake engines registered with the HTTP metadata server at URL; B reads A."""
-    import socket
     from mooncake.engine import TransferEngine
-
-    def free_port():
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        p = s.getsockname()[1]
-        s.close()
-        return p
 
     names = [f"127.0.0.1:{free_port()}" for _ in range(2)]
     engines = []
@@ -136,7 +155,7 @@ def http_pair(url, size):
 def main():
     mode = sys.argv[1]
     if mode == "target":
-        target(int(sys.argv[2]), int(sys.argv[3]))
+        target(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] if len(sys.argv) > 4 else None)
     elif mode == "http-pair":
         http_pair(sys.argv[2], int(sys.argv[3]))
     elif mode == "initiator":

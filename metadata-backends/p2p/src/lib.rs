@@ -6,6 +6,11 @@
 //! and exchanging Metadata frames. The same socket carries notifications (Notify frames) and
 //! probes, so Mooncake peers can notify Ferry engines and the other way round.
 //!
+//! With a store backend (HTTP, etcd, Redis) Mooncake engines run the same listener on their RPC
+//! port (published as `rpc_meta`) and send notifications to the port a peer's `rpc_meta` names.
+//! [`NotifyingStore`] adds exactly that to any store backend (the facade installs it), so
+//! notifications work on every backend and with Mooncake peers on any of them.
+//!
 //! Limits: frames above 1 MiB or of length zero are refused, every frame must arrive within the
 //! handshake timeout (10 s), and each connection serves one request, so a slow or hostile client
 //! holds a single task for at most that long.
@@ -20,11 +25,12 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use ferry_core::{
-    Config, Error, ErrorKind, HostnameResolver, MetadataBackend, MetadataFactory, MetadataServer, Notification, Result,
+    Config, Error, ErrorKind, HostnameResolver, MetadataBackend, MetadataFactory, MetadataKeys, MetadataServer,
+    Notification, Result, RpcMeta, WatchEvent,
 };
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 
 use crate::frame::{DEFAULT_MAX_FRAME, FrameType, read_frame, write_frame};
 
@@ -63,24 +69,33 @@ struct Shared {
     notifications: Mutex<VecDeque<Notification>>,
 }
 
-/// The P2P handshake backend of one engine.
-pub struct P2pMetadata {
+/// Mooncake's handshake listener on an engine's RPC port: answers Metadata frames with the
+/// engine's descriptor, takes in notifications, answers probes. Stops when dropped.
+pub struct HandshakeListener {
     host: String,
     port: u16,
     shared: Arc<Shared>,
     stop: watch::Sender<bool>,
+    /// The accept loop (it owns the listening socket).
+    task: Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
-impl std::fmt::Debug for P2pMetadata {
+impl std::fmt::Debug for HandshakeListener {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("P2pMetadata").field("host", &self.host).field("port", &self.port).finish_non_exhaustive()
+        f.debug_struct("HandshakeListener").field("host", &self.host).field("port", &self.port).finish_non_exhaustive()
     }
 }
 
-impl Drop for P2pMetadata {
+impl Drop for HandshakeListener {
     fn drop(&mut self) {
         let _ = self.stop.send(true);
     }
+}
+
+/// The P2P handshake backend of one engine.
+#[derive(Debug)]
+pub struct P2pMetadata {
+    listener: HandshakeListener,
 }
 
 fn random_port() -> u16 {
@@ -90,7 +105,7 @@ fn random_port() -> u16 {
     RPC_PORT_RANGE.start + (mix >> 40) as u16 % (RPC_PORT_RANGE.end - RPC_PORT_RANGE.start)
 }
 
-impl P2pMetadata {
+impl HandshakeListener {
     /// Binds the RPC port (config `rpc_port`, else the port of `local_hostname`, else a free port
     /// in 15000..17000) and starts answering handshakes.
     pub async fn start(config: &Config) -> Result<Self> {
@@ -132,9 +147,21 @@ impl P2pMetadata {
             .port();
         let shared = Arc::new(Shared::default());
         let (stop, stop_rx) = watch::channel(false);
-        tokio::spawn(serve(listener, shared.clone(), stop_rx));
+        let task = Mutex::new(Some(tokio::spawn(serve(listener, shared.clone(), stop_rx))));
         tracing::info!(%host, port, "P2P handshake listening");
-        Ok(Self { host, port, shared, stop })
+        Ok(Self { host, port, shared, stop, task })
+    }
+
+    /// Stops answering and closes the listening socket; returns when the port is free (or after
+    /// the handshake timeout, should the accept loop not finish).
+    pub async fn close(&self) {
+        let _ = self.stop.send(true);
+        let task = self.task.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(task) = task
+            && tokio::time::timeout(HANDSHAKE_TIMEOUT, task).await.is_err()
+        {
+            tracing::warn!(port = self.port, "P2P handshake listener did not stop in time");
+        }
     }
 
     /// The RPC port.
@@ -142,36 +169,92 @@ impl P2pMetadata {
         self.port
     }
 
+    /// The host part of the engine's name.
+    pub fn host(&self) -> &str {
+        &self.host
+    }
+
+    /// Sets the descriptor answered to Metadata frames (`None`: refuse them).
+    fn serve_descriptor(&self, descriptor: Option<Vec<u8>>) {
+        *self.shared.served.lock().unwrap_or_else(|p| p.into_inner()) = descriptor;
+    }
+
+    /// Takes the notifications received so far (oldest first).
+    pub fn drain_notifications(&self) -> Vec<Notification> {
+        self.shared.notifications.lock().unwrap_or_else(|p| p.into_inner()).drain(..).collect()
+    }
+}
+
+/// Sends `notification` to the handshake listener at `host:port` and checks it was accepted.
+pub async fn send_notification(host: &str, port: u16, notification: &Notification) -> Result<()> {
+    let body = serde_json::to_vec(notification).expect("json");
+    let reply = exchange(host, port, FrameType::Notify, &body).await?;
+    let ok = serde_json::from_slice::<Notification>(&reply).map(|n| n.notify_msg == "success").unwrap_or(false);
+    if !ok {
+        return Err(Error::new(
+            ErrorKind::Transport,
+            format!(
+                "handshake listener {host}:{port} did not accept the notification (reply {:?})",
+                String::from_utf8_lossy(&reply)
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// One request/reply exchange with the handshake listener at `host:port`.
+async fn exchange(host: &str, port: u16, kind: FrameType, payload: &[u8]) -> Result<Vec<u8>> {
+    let talk = async {
+        let mut s = TcpStream::connect((host, port)).await?;
+        s.set_nodelay(true)?;
+        write_frame(&mut s, kind, payload).await?;
+        let reply = read_frame(&mut s, DEFAULT_MAX_FRAME, HANDSHAKE_TIMEOUT).await?;
+        Ok::<_, std::io::Error>(reply)
+    };
+    match tokio::time::timeout(HANDSHAKE_TIMEOUT, talk).await {
+        Ok(Ok(reply)) if reply.kind == kind => Ok(reply.payload),
+        Ok(Ok(reply)) => Err(Error::transport(format!(
+            "P2P handshake with {host}:{port}: answered a {kind:?} frame with a {:?} frame",
+            reply.kind
+        ))),
+        Ok(Err(e)) => Err(Error::unreachable(format!("P2P handshake with {host}:{port} failed: {e}")).with_source(e)),
+        Err(_) => {
+            Err(Error::timeout(format!("P2P handshake with {host}:{port} did not finish in {HANDSHAKE_TIMEOUT:?}")))
+        }
+    }
+}
+
+impl P2pMetadata {
+    /// Binds the RPC port (config `rpc_port`, else the port of `local_hostname`, else a free port
+    /// in 15000..17000) and starts answering handshakes.
+    pub async fn start(config: &Config) -> Result<Self> {
+        Ok(Self { listener: HandshakeListener::start(config).await? })
+    }
+
+    /// The RPC port.
+    pub fn rpc_port(&self) -> u16 {
+        self.listener.port
+    }
+
+    fn own_name(&self) -> String {
+        format!("{}:{}", self.listener.host, self.listener.port)
+    }
+
     fn peer_of<'a>(&self, key: &'a str) -> Option<&'a str> {
         key.rsplit_once("ram/").map(|(_, name)| name)
     }
 
     async fn exchange(&self, segment: &str, kind: FrameType, payload: &[u8]) -> Result<Vec<u8>> {
-        let id = HostnameResolver::parse(segment)
-            .filter(|id| id.port.is_some())
-            .ok_or_else(|| Error::invalid(format!("P2P handshake: segment name `{segment}` is not host:port")))?;
-        let (host, port) = (id.host.unwrap_or_default(), id.port.unwrap_or_default());
-        let talk = async {
-            let mut s = TcpStream::connect((host.as_str(), port)).await?;
-            s.set_nodelay(true)?;
-            write_frame(&mut s, kind, payload).await?;
-            let reply = read_frame(&mut s, DEFAULT_MAX_FRAME, HANDSHAKE_TIMEOUT).await?;
-            Ok::<_, std::io::Error>(reply)
-        };
-        match tokio::time::timeout(HANDSHAKE_TIMEOUT, talk).await {
-            Ok(Ok(reply)) if reply.kind == kind => Ok(reply.payload),
-            Ok(Ok(reply)) => Err(Error::transport(format!(
-                "P2P handshake with {host}:{port}: answered a {kind:?} frame with a {:?} frame",
-                reply.kind
-            ))),
-            Ok(Err(e)) => {
-                Err(Error::unreachable(format!("P2P handshake with {host}:{port} failed: {e}")).with_source(e))
-            }
-            Err(_) => {
-                Err(Error::timeout(format!("P2P handshake with {host}:{port} did not finish in {HANDSHAKE_TIMEOUT:?}")))
-            }
-        }
+        let (host, port) = host_port(segment)?;
+        exchange(&host, port, kind, payload).await
     }
+}
+
+/// `host:port` of a P2P segment name.
+fn host_port(segment: &str) -> Result<(String, u16)> {
+    HostnameResolver::parse(segment)
+        .and_then(|id| Some((id.host?, id.port?)))
+        .ok_or_else(|| Error::invalid(format!("P2P handshake: segment name `{segment}` is not host:port")))
 }
 
 #[async_trait]
@@ -181,7 +264,7 @@ impl MetadataBackend for P2pMetadata {
     }
 
     async fn get(&self, key: &str) -> Result<Option<Vec<u8>>> {
-        if let Some(v) = self.shared.local.lock().unwrap_or_else(|p| p.into_inner()).get(key) {
+        if let Some(v) = self.listener.shared.local.lock().unwrap_or_else(|p| p.into_inner()).get(key) {
             return Ok(Some(v.clone()));
         }
         if let Some((_, name)) = key.rsplit_once("rpc_meta/") {
@@ -193,11 +276,17 @@ impl MetadataBackend for P2pMetadata {
         let Some(segment) = self.peer_of(key) else {
             return Ok(None);
         };
-        if segment == format!("{}:{}", self.host, self.port) {
+        if segment == self.own_name() {
             return Ok(None); // our own descriptor, not published (yet, or any more)
         }
-        let ours =
-            self.shared.served.lock().unwrap_or_else(|p| p.into_inner()).clone().unwrap_or_else(|| b"{}".to_vec());
+        let ours = self
+            .listener
+            .shared
+            .served
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+            .unwrap_or_else(|| b"{}".to_vec());
         self.exchange(segment, FrameType::Metadata, &ours).await.map(Some)
     }
 
@@ -205,45 +294,171 @@ impl MetadataBackend for P2pMetadata {
         if key.is_empty() {
             return Err(Error::invalid("metadata key is empty"));
         }
-        let own = format!("{}:{}", self.host, self.port);
-        if self.peer_of(key) == Some(own.as_str()) {
-            *self.shared.served.lock().unwrap_or_else(|p| p.into_inner()) = Some(value.to_vec());
+        if self.peer_of(key) == Some(self.own_name().as_str()) {
+            self.listener.serve_descriptor(Some(value.to_vec()));
         }
-        self.shared.local.lock().unwrap_or_else(|p| p.into_inner()).insert(key.to_owned(), value.to_vec());
+        self.listener.shared.local.lock().unwrap_or_else(|p| p.into_inner()).insert(key.to_owned(), value.to_vec());
         Ok(())
     }
 
     async fn delete(&self, key: &str) -> Result<()> {
-        let own = format!("{}:{}", self.host, self.port);
-        if self.peer_of(key) == Some(own.as_str()) {
-            *self.shared.served.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        if self.peer_of(key) == Some(self.own_name().as_str()) {
+            self.listener.serve_descriptor(None);
         }
-        self.shared.local.lock().unwrap_or_else(|p| p.into_inner()).remove(key);
+        self.listener.shared.local.lock().unwrap_or_else(|p| p.into_inner()).remove(key);
         Ok(())
     }
 
     fn segment_name_hint(&self) -> Option<String> {
-        Some(format!("{}:{}", self.host, self.port))
+        Some(self.own_name())
+    }
+
+    fn rpc_port(&self) -> Option<u16> {
+        Some(self.listener.port)
     }
 
     async fn notify(&self, segment: &str, notification: &Notification) -> Result<()> {
-        let body = serde_json::to_vec(notification).expect("json");
-        let reply = self.exchange(segment, FrameType::Notify, &body).await?;
-        let ok = serde_json::from_slice::<Notification>(&reply).map(|n| n.notify_msg == "success").unwrap_or(false);
-        if !ok {
-            return Err(Error::new(
-                ErrorKind::Transport,
-                format!(
-                    "P2P handshake: {segment} did not accept the notification (reply {:?})",
-                    String::from_utf8_lossy(&reply)
-                ),
-            ));
+        let (host, port) = host_port(segment)?;
+        send_notification(&host, port, notification).await
+    }
+
+    fn drain_notifications(&self) -> Vec<Notification> {
+        self.listener.drain_notifications()
+    }
+
+    async fn close(&self) {
+        self.listener.close().await;
+    }
+}
+
+/// A store backend (HTTP, etcd, Redis, …) with Mooncake's handshake listener beside it, as a
+/// Mooncake engine on a store runs one: the listener on the engine's RPC port takes in
+/// notifications, and [`notify`](MetadataBackend::notify) sends to the port a peer's `rpc_meta`
+/// entry names. Everything else is the store's.
+pub struct NotifyingStore {
+    store: Arc<dyn MetadataBackend>,
+    keys: MetadataKeys,
+    /// The engine's own descriptor key (its Metadata-frame answer mirrors what is published).
+    own_key: Option<String>,
+    listener: HandshakeListener,
+}
+
+impl std::fmt::Debug for NotifyingStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NotifyingStore").field("store", &self.store.name()).field("listener", &self.listener).finish()
+    }
+}
+
+impl NotifyingStore {
+    /// Starts the handshake listener for an engine configured by `config` (RPC port: config
+    /// `rpc_port`, else the port of `local_hostname`, else a free port in 15000..17000) beside
+    /// `store`. A port that cannot be bound is an error naming it: peers would send this
+    /// engine's notifications to whoever holds it.
+    pub async fn start(store: Arc<dyn MetadataBackend>, config: &Config) -> Result<Self> {
+        let listener = HandshakeListener::start(config).await.map_err(|e| {
+            let msg = format!("{} (the RPC port where peers send this engine's notifications)", e.message());
+            e.context(msg)
+        })?;
+        let keys = MetadataKeys::new(config.cluster_id());
+        let own_key = config.local_hostname.as_deref().map(|name| keys.segment(name));
+        Ok(Self { store, keys, own_key, listener })
+    }
+
+    /// The RPC port the listener holds.
+    pub fn rpc_port(&self) -> u16 {
+        self.listener.port
+    }
+}
+
+#[async_trait]
+impl MetadataBackend for NotifyingStore {
+    fn name(&self) -> &str {
+        self.store.name()
+    }
+
+    async fn get(&self, key: &str) -> Result<Option<Vec<u8>>> {
+        self.store.get(key).await
+    }
+
+    async fn put(&self, key: &str, value: &[u8]) -> Result<()> {
+        self.store.put(key, value).await?;
+        if self.own_key.as_deref() == Some(key) {
+            self.listener.serve_descriptor(Some(value.to_vec()));
         }
         Ok(())
     }
 
+    async fn delete(&self, key: &str) -> Result<()> {
+        if self.own_key.as_deref() == Some(key) {
+            self.listener.serve_descriptor(None);
+        }
+        self.store.delete(key).await
+    }
+
+    async fn watch(&self, prefix: &str) -> Result<Option<mpsc::Receiver<WatchEvent>>> {
+        self.store.watch(prefix).await
+    }
+
+    fn segment_name_hint(&self) -> Option<String> {
+        self.store.segment_name_hint()
+    }
+
+    fn rpc_port(&self) -> Option<u16> {
+        Some(self.listener.port)
+    }
+
+    async fn notify(&self, segment: &str, notification: &Notification) -> Result<()> {
+        let key = self.keys.rpc(segment);
+        let entry = self.store.get(&key).await?.ok_or_else(|| {
+            Error::not_found(format!(
+                "segment `{segment}` has no rpc entry in the {} metadata (key {key}): nowhere to send a notification",
+                self.store.name()
+            ))
+        })?;
+        let rpc: RpcMeta = serde_json::from_slice(&entry).map_err(|e| {
+            Error::invalid(format!("the rpc entry of `{segment}` (key {key}) is not valid: {e}")).with_source(e)
+        })?;
+        if rpc.rpc_port == 0 || rpc.ip_or_host_name.is_empty() {
+            return Err(Error::invalid(format!(
+                "the rpc entry of `{segment}` (key {key}) names no listener: {:?}:{}",
+                rpc.ip_or_host_name, rpc.rpc_port
+            )));
+        }
+        send_notification(&rpc.ip_or_host_name, rpc.rpc_port, notification).await
+    }
+
     fn drain_notifications(&self) -> Vec<Notification> {
-        self.shared.notifications.lock().unwrap_or_else(|p| p.into_inner()).drain(..).collect()
+        self.listener.drain_notifications()
+    }
+
+    async fn close(&self) {
+        self.listener.close().await;
+        self.store.close().await;
+    }
+}
+
+/// Wraps a store backend's factory so that every backend it builds is a [`NotifyingStore`].
+#[derive(Debug, Clone)]
+pub struct NotifyingStoreFactory<F> {
+    store: F,
+}
+
+impl<F> NotifyingStoreFactory<F> {
+    /// Wraps `store`.
+    pub fn new(store: F) -> Self {
+        Self { store }
+    }
+}
+
+#[async_trait]
+impl<F: MetadataFactory> MetadataFactory for NotifyingStoreFactory<F> {
+    fn kind(&self) -> &'static str {
+        self.store.kind()
+    }
+
+    async fn connect(&self, server: &MetadataServer, config: &Config) -> Result<Arc<dyn MetadataBackend>> {
+        let store = self.store.connect(server, config).await?;
+        Ok(Arc::new(NotifyingStore::start(store, config).await?))
     }
 }
 
