@@ -59,7 +59,7 @@ impl Log {
         match (reopened, synced) {
             (Ok((len, file)), Ok(())) => {
                 tracing::debug!(path = %self.path.display(), dropped = self.records - map.len(), "metadata log compacted");
-                (self.file, self.len, self.records) = (file, len, map.len());
+                (self.file, self.len, self.records, self.retry_after) = (file, len, map.len(), 0);
             }
             (Ok((len, file)), Err(e)) => {
                 tracing::error!(path = %self.path.display(), error = %e, "the compacted metadata log's directory cannot be synced; refusing writes");
@@ -357,10 +357,16 @@ mod tests {
             s.put(&format!("k{}", round % 5), &round.to_le_bytes()).unwrap();
         }
         assert!(std::fs::metadata(d.join(LOG)).unwrap().len() < 500 * one, "compacted after the failure");
+        // After a success the usual bound applies again (the back-off is forgotten).
+        for round in 1200..1500u32 {
+            s.put(&format!("k{}", round % 5), &round.to_le_bytes()).unwrap();
+        }
+        let size = std::fs::metadata(d.join(LOG)).unwrap().len();
+        assert!(size <= (2 * 5 + 65) * one, "log is {} records", size / one);
         drop(s);
         let s = Store::open(&d).unwrap();
         for k in 0..5u32 {
-            assert_eq!(s.get(&format!("k{k}")).as_deref(), Some(&(1195 + k).to_le_bytes()[..]), "k{k}");
+            assert_eq!(s.get(&format!("k{k}")).as_deref(), Some(&(1495 + k).to_le_bytes()[..]), "k{k}");
         }
     }
 
