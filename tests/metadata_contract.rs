@@ -266,6 +266,35 @@ async fn a_client_that_never_finishes_its_headers_holds_a_stopping_server_only_f
     assert!(rest.is_empty(), "{}", String::from_utf8_lossy(&rest));
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_that_go_quiet_are_closed_after_the_idle_timeout() {
+    use std::time::Duration;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let limits = Limits {
+        header_read_timeout: Duration::from_secs(120),
+        idle_timeout: Duration::from_millis(300),
+        ..Limits::default()
+    };
+    let (addr, _stop, _server) = stoppable(limits).await;
+    let cases: [(&str, &[u8]); 4] = [
+        ("says nothing", b""),
+        ("half an HTTP/2 preface", b"PRI * HTTP/2.0\r\n"),
+        ("the whole HTTP/2 preface, then nothing", b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"),
+        ("stalls in the middle of a body", b"PUT /metadata?key=k HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\nab"),
+    ];
+    for (what, sent) in cases {
+        let mut s = tokio::net::TcpStream::connect(&addr).await.unwrap();
+        s.write_all(sent).await.unwrap();
+        // The server closes it (end of stream, or a reset) long before the 120 s header limit.
+        let mut rest = Vec::new();
+        let closed = tokio::time::timeout(Duration::from_secs(15), s.read_to_end(&mut rest)).await;
+        assert!(closed.is_ok(), "a client that {what} is still connected");
+    }
+    // An active client is not affected.
+    let c = reqwest::Client::new();
+    assert_eq!(c.get(format!("http://{addr}/health")).send().await.unwrap().status().as_u16(), 200);
+}
+
 #[tokio::test]
 async fn p2p_backend_keeps_its_form_of_the_contract() {
     use ferry_metadata_p2p::P2pMetadata;

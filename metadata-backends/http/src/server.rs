@@ -19,6 +19,7 @@ use hyper_util::server::conn::auto::Builder as ConnectionBuilder;
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
+use tokio_io_timeout::TimeoutStream;
 
 use crate::store::Store;
 
@@ -32,6 +33,11 @@ pub struct Limits {
     /// Time a client has to send a request's headers, also while its connection is idle
     /// between requests: a keep-alive connection idle this long is closed.
     pub header_read_timeout: Duration,
+    /// A connection on which nothing arrives while the server waits to read, or nothing can be
+    /// sent while it waits to write, for this long is closed: a client that connects and says
+    /// nothing (or half an HTTP/2 preface), stalls in the middle of a body, keeps an HTTP/2
+    /// connection idle, or stops reading responses.
+    pub idle_timeout: Duration,
     /// Time a stopping server lets requests in progress finish; connections still open then
     /// are dropped.
     pub drain_timeout: Duration,
@@ -43,6 +49,7 @@ impl Default for Limits {
             max_key: 4096,
             max_body: 16 << 20,
             header_read_timeout: Duration::from_secs(30),
+            idle_timeout: Duration::from_secs(30),
             drain_timeout: Duration::from_secs(10),
         }
     }
@@ -142,8 +149,9 @@ pub fn router(store: Arc<Store>, limits: Limits) -> Router {
 /// connections still open after that.
 ///
 /// Connections are served by hyper directly rather than through `axum::serve` for the settings
-/// it does not expose: a header read timeout (a client that never finishes its headers would
-/// otherwise hold a connection, and a stopping server, forever) and a bound on the drain.
+/// it does not expose: header-read and I/O idle timeouts (a client that never finishes its
+/// headers, or says nothing at all, would otherwise hold a connection, and a stopping server,
+/// forever) and a bound on the drain.
 /// `TCP_NODELAY` is set: without it a client that pipelines requests waits for its own delayed
 /// ACK (40 ms) before every second response. hyper's `pipeline_flush` (responses to pipelined
 /// requests written together) is deliberately off: with it hyper buffers responses without
@@ -157,7 +165,8 @@ pub async fn serve(
 ) -> std::io::Result<()> {
     let addr: SocketAddr = listener.local_addr()?;
     tracing::info!(%addr, "metadata server listening");
-    let (header_read_timeout, drain_timeout) = (limits.header_read_timeout, limits.drain_timeout);
+    let (header_read_timeout, idle_timeout, drain_timeout) =
+        (limits.header_read_timeout, limits.idle_timeout, limits.drain_timeout);
     let service = TowerToHyperService::new(router(store, limits));
     let mut builder = ConnectionBuilder::new(TokioExecutor::new());
     builder.http1().timer(TokioTimer::new()).header_read_timeout(header_read_timeout);
@@ -182,7 +191,12 @@ pub async fn serve(
         if let Err(e) = tcp.set_nodelay(true) {
             tracing::debug!(%peer, error = %e, "cannot set TCP_NODELAY on a metadata connection");
         }
-        let connection = builder.serve_connection_with_upgrades(TokioIo::new(tcp), service.clone());
+        // hyper's header timeout only starts once it knows the connection is HTTP/1, and HTTP/2
+        // and request bodies have none: every read and write is bounded here instead.
+        let mut io = TimeoutStream::new(tcp);
+        io.set_read_timeout(Some(idle_timeout));
+        io.set_write_timeout(Some(idle_timeout));
+        let connection = builder.serve_connection_with_upgrades(TokioIo::new(Box::pin(io)), service.clone());
         let connection = graceful.watch(connection.into_owned());
         connections.spawn(async move {
             if let Err(e) = connection.await {
