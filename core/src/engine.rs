@@ -400,7 +400,7 @@ impl EngineInner {
         let mut d = SegmentDescriptor::new(self.name.clone(), self.primary.protocol());
         d.buffers = self
             .memory
-            .regions()
+            .regions_in_registration_order()
             .iter()
             .map(|r| BufferDesc {
                 addr: r.addr(),

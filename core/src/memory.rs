@@ -67,7 +67,12 @@ pub struct Region {
     addr: u64,
     len: u64,
     location: Location,
+    /// When it was registered, relative to the other regions of the process.
+    seq: u64,
 }
+
+/// Registration order across the process (descriptors list buffers in it, as Mooncake does).
+static NEXT_REGION_SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 impl Region {
     /// Start address.
@@ -161,7 +166,8 @@ impl MemoryRegistry {
         {
             return Err(overlap(addr, len, next));
         }
-        let region = Arc::new(Region { addr, len, location });
+        let seq = NEXT_REGION_SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let region = Arc::new(Region { addr, len, location, seq });
         map.insert(addr, region.clone());
         Ok(region)
     }
@@ -314,6 +320,14 @@ impl MemoryRegistry {
         map.values().map(|r| Region::clone(r)).collect()
     }
 
+    /// Snapshot of all regions in the order they were registered (oldest first): the order a
+    /// segment descriptor lists its buffers in, as Mooncake's does.
+    pub fn regions_in_registration_order(&self) -> Vec<Region> {
+        let mut regions = self.regions();
+        regions.sort_by_key(|r| r.seq);
+        regions
+    }
+
     /// Number of registered regions.
     pub fn len(&self) -> usize {
         self.regions.read().unwrap_or_else(|p| p.into_inner()).len()
@@ -349,6 +363,23 @@ mod tests {
     fn reg_batch(r: &MemoryRegistry, regions: &[(u64, u64, Location)]) -> Result<Vec<Arc<Region>>> {
         // SAFETY: as in `reg`.
         unsafe { r.register_batch(regions) }
+    }
+
+    #[test]
+    fn regions_are_listed_by_address_or_by_registration() {
+        let r = MemoryRegistry::new();
+        for addr in [0x9000u64, 0x1000, 0x5000] {
+            reg(&r, addr, 0x100, Location::Any).unwrap();
+        }
+        let by_addr: Vec<u64> = r.regions().iter().map(Region::addr).collect();
+        assert_eq!(by_addr, [0x1000, 0x5000, 0x9000]);
+        let registered: Vec<u64> = r.regions_in_registration_order().iter().map(Region::addr).collect();
+        assert_eq!(registered, [0x9000, 0x1000, 0x5000]);
+        // A region registered again after its removal is the newest.
+        r.unregister(0x9000).unwrap();
+        reg(&r, 0x9000, 0x100, Location::Any).unwrap();
+        let registered: Vec<u64> = r.regions_in_registration_order().iter().map(Region::addr).collect();
+        assert_eq!(registered, [0x1000, 0x5000, 0x9000]);
     }
 
     #[test]

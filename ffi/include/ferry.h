@@ -228,13 +228,13 @@ int32_t ferry_close_segment(FerryEngine engine, uint64_t segment);
 /**
  * Reads the buffers an opened segment publishes: stores their number in `*out_count` and the
  * first `cap` of them in `addrs[i]` / `lengths[i]`, in the order its descriptor lists them
- * (a Mooncake engine lists them in registration order, a Ferry engine in address order). These
+ * (registration order, oldest first, for Ferry and Mooncake engines alike). These
  * are the remote addresses a transfer to that segment may name. Call with `cap = 0` (and null
  * arrays) to learn the count.
  *
- * The list is the segment's descriptor as this engine last fetched it (when the segment was
- * opened, or refreshed after the peer re-published); buffers the peer registered since may be
- * missing until then.
+ * For another engine's segment the list is its descriptor as this engine last fetched it (when
+ * the segment was opened, or refreshed after the peer re-published); buffers the peer
+ * registered since may be missing until then. For this engine's own segment it is the live list.
  *
  * Returns `FERRY_E_NOT_FOUND` for a segment handle this engine did not open (or closed).
  *

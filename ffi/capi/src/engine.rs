@@ -299,13 +299,13 @@ pub extern "C" fn ferry_close_segment(engine: FerryEngine, segment: u64) -> i32 
 
 /// Reads the buffers an opened segment publishes: stores their number in `*out_count` and the
 /// first `cap` of them in `addrs[i]` / `lengths[i]`, in the order its descriptor lists them
-/// (a Mooncake engine lists them in registration order, a Ferry engine in address order). These
+/// (registration order, oldest first, for Ferry and Mooncake engines alike). These
 /// are the remote addresses a transfer to that segment may name. Call with `cap = 0` (and null
 /// arrays) to learn the count.
 ///
-/// The list is the segment's descriptor as this engine last fetched it (when the segment was
-/// opened, or refreshed after the peer re-published); buffers the peer registered since may be
-/// missing until then.
+/// For another engine's segment the list is its descriptor as this engine last fetched it (when
+/// the segment was opened, or refreshed after the peer re-published); buffers the peer
+/// registered since may be missing until then. For this engine's own segment it is the live list.
 ///
 /// Returns `FERRY_E_NOT_FOUND` for a segment handle this engine did not open (or closed).
 ///
@@ -331,7 +331,10 @@ pub unsafe extern "C" fn ferry_segment_buffers(
             unsafe { (OutArray::new(addrs, cap, "addrs")?, OutArray::new(lengths, cap, "lengths")?) };
         let e = self::engine(engine)?;
         let seg = e.segment(SegmentHandle(segment))?;
-        let buffers = &seg.descriptor().buffers;
+        // The engine's own segment is answered from its live registrations, not from the copy
+        // fetched when it was opened.
+        let own = (seg.name() == e.segment_name()).then(|| e.local_descriptor());
+        let buffers = &own.as_ref().unwrap_or_else(|| seg.descriptor()).buffers;
         count.write(buffers.len());
         let listed = &buffers[..buffers.len().min(addr_out.len())];
         addr_out.fill(&listed.iter().map(|b| b.addr).collect::<Vec<_>>());

@@ -80,10 +80,14 @@ fn submit_poll_wait_free_moves_the_bytes() {
     let fresh = open(prefill, &name(prefill));
     // SAFETY: the arrays hold 4 entries each; only the first entry is asked for.
     ok(unsafe { ferry_segment_buffers(prefill, fresh, addrs.as_mut_ptr(), lens.as_mut_ptr(), 1, &mut count) });
-    let lowest = src.addr().min(second.addr());
-    assert_eq!((count, addrs[0]), (2, lowest), "both counted, a Ferry segment lists the lowest address first");
-    assert_eq!(lens[0], if lowest == src.addr() { 64 * 1024 } else { 4096 });
+    assert_eq!((count, addrs[0], lens[0]), (2, src.addr(), 64 * 1024), "both counted, in registration order");
     assert_eq!(addrs[1], 0, "nothing written past `cap`");
+    // Its own segment is answered live: a third registration shows at once.
+    let third = Buffer::zeroed(4096);
+    register(prefill, &third);
+    // SAFETY: the arrays hold 4 entries each.
+    ok(unsafe { ferry_segment_buffers(prefill, fresh, addrs.as_mut_ptr(), lens.as_mut_ptr(), 4, &mut count) });
+    assert_eq!((count, &addrs[..3]), (3, &[src.addr(), second.addr(), third.addr()][..]));
 
     ok(ferry_close_segment(decode, peer));
     fails(ferry_close_segment(decode, peer), FERRY_E_NOT_FOUND, &[]);
@@ -107,7 +111,7 @@ fn submit_poll_wait_free_moves_the_bytes() {
     );
     destroy(decode);
     destroy(prefill);
-    drop(second);
+    drop((second, third));
 }
 
 #[test]

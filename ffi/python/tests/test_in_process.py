@@ -281,3 +281,16 @@ def test_get_first_buffer_address_finds_the_peers_buffer(pair, host_buffer):
     assert target.get_first_buffer_address(initiator.get_local_segment_name()) == local.addr
     with pytest.raises(TypeError):
         initiator.get_first_buffer_address(1234)
+
+
+def test_get_first_buffer_address_follows_registration_order_and_is_live_for_itself(pair, host_buffer):
+    initiator, target = pair
+    me = target.get_local_segment_name()
+    assert target.get_first_buffer_address(me) == 0, "nothing registered yet"
+    low, high = sorted([host_buffer(4096), host_buffer(4096)], key=lambda b: b.addr)
+    assert target.register_memory(high.addr, high.size) == 0
+    assert target.register_memory(low.addr, low.size) == 0
+    assert target.get_first_buffer_address(me) == high.addr, "the first registered, not the lowest"
+    assert initiator.get_first_buffer_address(me) == high.addr
+    assert target.unregister_memory(high.addr) == 0
+    assert target.get_first_buffer_address(me) == low.addr

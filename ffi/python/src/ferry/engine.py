@@ -422,10 +422,11 @@ class TransferEngine:
         return port.value
 
     def get_first_buffer_address(self, segment_name: str) -> int:
-        """The address of the first buffer ``segment_name``'s descriptor lists (a Mooncake
-        engine's first registered buffer, a Ferry engine's lowest-addressed one): a remote address
-        for transfers to that segment. Returns 0 on failure (no such segment, or it published no
-        buffer when this engine opened it); :meth:`last_error` says why."""
+        """The address of the first buffer ``segment_name``'s descriptor lists: its first
+        registered buffer still registered (Ferry and Mooncake engines both list them in
+        registration order), a remote address for transfers to that segment. A peer's list is
+        the one fetched when this engine first opened the segment; this engine's own is live.
+        Returns 0 on failure (no such segment, or no buffer); :meth:`last_error` says why."""
         name = _text(segment_name, "segment_name")
         handle = self._live("get_first_buffer_address")
         seg = self._segment(name, "get_first_buffer_address") if handle else 0
@@ -437,7 +438,7 @@ class TransferEngine:
             self._fail(rc, "get_first_buffer_address")
             return 0
         if count.value == 0:
-            msg = f"segment `{name}` published no buffer when this engine opened it"
+            msg = f"segment `{name}` publishes no buffer (as this engine last fetched its descriptor)"
             self._fail(E_NOT_FOUND, "get_first_buffer_address", msg)
             return 0
         return addr.value
