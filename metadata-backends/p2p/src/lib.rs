@@ -43,6 +43,43 @@ pub const MAX_CONNECTIONS: usize = 1024;
 /// Notifications kept before the oldest are dropped (a target that never drains them must not
 /// grow without bound).
 pub const MAX_PENDING_NOTIFICATIONS: usize = 65536;
+/// Bytes of notifications (sender names and messages) kept before the oldest are dropped: a
+/// frame may carry up to 1 MiB, so the count alone would let peers pin 64 GiB.
+pub const MAX_PENDING_NOTIFICATION_BYTES: usize = 64 << 20;
+
+/// Received notifications not drained yet, bounded by count and by bytes.
+#[derive(Default)]
+struct PendingNotifications {
+    queue: VecDeque<Notification>,
+    bytes: usize,
+}
+
+impl PendingNotifications {
+    fn size(n: &Notification) -> usize {
+        n.name.len() + n.notify_msg.len()
+    }
+
+    /// Keeps `n`, dropping the oldest while either bound would be exceeded. A notification
+    /// larger than the byte bound on its own is dropped (and logged).
+    fn push(&mut self, n: Notification) {
+        let size = Self::size(&n);
+        if size > MAX_PENDING_NOTIFICATION_BYTES {
+            tracing::warn!(from = %n.name, bytes = size, "notification larger than the pending limit dropped");
+            return;
+        }
+        while self.queue.len() >= MAX_PENDING_NOTIFICATIONS || self.bytes + size > MAX_PENDING_NOTIFICATION_BYTES {
+            let Some(old) = self.queue.pop_front() else { break };
+            self.bytes -= Self::size(&old);
+        }
+        self.bytes += size;
+        self.queue.push_back(n);
+    }
+
+    fn drain(&mut self) -> Vec<Notification> {
+        self.bytes = 0;
+        self.queue.drain(..).collect()
+    }
+}
 
 /// Factory for the P2P handshake backend.
 #[derive(Debug, Default, Clone, Copy)]
@@ -66,7 +103,7 @@ struct Shared {
     local: Mutex<HashMap<String, Vec<u8>>>,
     /// The descriptor served to peers.
     served: Mutex<Option<Vec<u8>>>,
-    notifications: Mutex<VecDeque<Notification>>,
+    notifications: Mutex<PendingNotifications>,
 }
 
 /// Mooncake's handshake listener on an engine's RPC port: answers Metadata frames with the
@@ -181,7 +218,7 @@ impl HandshakeListener {
 
     /// Takes the notifications received so far (oldest first).
     pub fn drain_notifications(&self) -> Vec<Notification> {
-        self.shared.notifications.lock().unwrap_or_else(|p| p.into_inner()).drain(..).collect()
+        self.shared.notifications.lock().unwrap_or_else(|p| p.into_inner()).drain()
     }
 }
 
@@ -509,13 +546,7 @@ async fn answer(mut s: TcpStream, shared: &Shared) -> std::io::Result<()> {
             FrameType::Notify => {
                 let n: Notification = serde_json::from_slice(&req.payload)
                     .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
-                {
-                    let mut q = shared.notifications.lock().unwrap_or_else(|p| p.into_inner());
-                    if q.len() >= MAX_PENDING_NOTIFICATIONS {
-                        q.pop_front();
-                    }
-                    q.push_back(n);
-                }
+                shared.notifications.lock().unwrap_or_else(|p| p.into_inner()).push(n);
                 let ok = Notification { name: String::new(), notify_msg: "success".into() };
                 write_frame(&mut s, FrameType::Notify, &serde_json::to_vec(&ok).expect("json")).await?;
             }
@@ -532,4 +563,38 @@ async fn answer(mut s: TcpStream, shared: &Shared) -> std::io::Result<()> {
     tokio::time::timeout(HANDSHAKE_TIMEOUT, work)
         .await
         .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "handshake not completed in time"))?
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn note(i: usize, len: usize) -> Notification {
+        Notification { name: format!("p{i}"), notify_msg: "x".repeat(len) }
+    }
+
+    #[test]
+    fn pending_notifications_are_bounded_by_count_and_by_bytes() {
+        let mut p = PendingNotifications::default();
+        // By bytes: 1 MiB messages, 64 MiB bound: the oldest go first.
+        for i in 0..100 {
+            p.push(note(i, 1 << 20));
+            assert!(p.bytes <= MAX_PENDING_NOTIFICATION_BYTES);
+        }
+        let kept = p.drain();
+        assert!(kept.len() < 64 && kept.len() > 60, "{}", kept.len());
+        assert_eq!(kept.last().unwrap().name, "p99", "the newest are kept");
+        assert_eq!(p.bytes, 0);
+        // By count.
+        for i in 0..MAX_PENDING_NOTIFICATIONS + 10 {
+            p.push(note(i, 1));
+        }
+        let kept = p.drain();
+        assert_eq!(kept.len(), MAX_PENDING_NOTIFICATIONS);
+        assert_eq!(kept[0].name, "p10");
+        // One too large on its own is not kept, and evicts nothing.
+        p.push(note(0, 10));
+        p.push(note(1, MAX_PENDING_NOTIFICATION_BYTES + 1));
+        assert_eq!(p.drain().len(), 1);
+    }
 }
