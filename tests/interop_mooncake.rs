@@ -280,9 +280,13 @@ async fn ferry_engines_work_against_mooncakes_own_http_metadata_server() {
     common::read_across(&a, &b).await;
     b.shutdown().await.unwrap();
     // `a` "crashes" (no clean shutdown: its entries stay) and restarts under the same name: the
-    // Python server refuses the second PUT of its rpc entry, which holds the same value.
+    // Python server refuses the second PUT of its rpc entry, which now names another RPC port;
+    // the stale entry is replaced.
     drop(a);
     let again = common::tcp_engine_on(&url, "127.0.0.1:40101").await;
+    let entry = c.get(format!("{url}?key=mooncake/rpc_meta/127.0.0.1:40101")).send().await.unwrap();
+    let entry: serde_json::Value = serde_json::from_slice(&entry.bytes().await.unwrap()).unwrap();
+    assert_eq!(entry["rpc_port"], again.rpc_port().unwrap(), "{entry}");
     again.shutdown().await.unwrap();
     let _ = child.kill();
     let _ = child.wait();

@@ -79,35 +79,51 @@ async fn engines_find_each_other_through_ferry_metadata_server() {
     engines_meet(&url).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_rpc_entry_names_the_handshake_listener_which_is_freed_at_shutdown() {
-    let (url, _stop) = http_server(Store::in_memory(), Limits::default()).await;
-    let m = HttpMetadata::new(&url).unwrap();
-    // A name without a port: the listener takes a free one and the rpc entry says which.
-    let a = common::tcp_engine_on(&url, "127.0.0.1").await;
-    let rpc: serde_json::Value =
-        serde_json::from_slice(&m.get("mooncake/rpc_meta/127.0.0.1").await.unwrap().unwrap()).unwrap();
-    let port = rpc["rpc_port"].as_u64().unwrap() as u16;
-    assert!(port != 0 && rpc["ip_or_host_name"] == "127.0.0.1", "{rpc}");
-    assert!(std::net::TcpStream::connect(("127.0.0.1", port)).is_ok(), "someone listens on {port}");
-    a.shutdown().await.unwrap();
-    drop(a);
-    // A name with a port: that port. Once shut down, the port is free at once, so an engine of
-    // the same name starts again in the same process.
-    let name = format!("127.0.0.1:{port}");
-    let b = common::tcp_engine_on(&url, &name).await;
-    let rpc: serde_json::Value =
-        serde_json::from_slice(&m.get(&format!("mooncake/rpc_meta/{name}")).await.unwrap().unwrap()).unwrap();
-    assert_eq!(rpc["rpc_port"], port, "{rpc}");
-    b.shutdown().await.unwrap();
-    let again = common::tcp_engine_on(&url, &name).await;
-    // Held by `again` now: a second engine of that name is refused, naming the port.
+/// The `rpc_meta` entry of `name` on the HTTP metadata server at `url`.
+async fn rpc_entry(url: &str, name: &str) -> serde_json::Value {
+    let m = HttpMetadata::new(url).unwrap();
+    serde_json::from_slice(&m.get(&format!("mooncake/rpc_meta/{name}")).await.unwrap().unwrap()).unwrap()
+}
+
+/// An engine named `name` on `url` whose handshake listener must use `rpc_port`.
+async fn engine_with_rpc_port(url: &str, name: &str, rpc_port: u16) -> ferry::Result<ferry::TransferEngine> {
     let cfg = ferry::Config::from_json_str(
-        &format!(r#"{{"local_hostname": "{name}", "metadata_server": "{url}", "protocol": "tcp"}}"#),
+        &format!(
+            r#"{{"local_hostname": "{name}", "metadata_server": "{url}", "protocol": "tcp", "rpc_port": {rpc_port}}}"#
+        ),
         None,
     )
     .unwrap();
-    let e = ferry::builder().config(cfg).build().await.unwrap_err();
+    ferry::builder().config(cfg).build().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_rpc_entry_names_the_handshake_listener_which_is_freed_at_shutdown() {
+    let (url, _stop) = http_server(Store::in_memory(), Limits::default()).await;
+    // Without `rpc_port` the listener takes a free port in 15000..17000, whether the name has a
+    // port or not (as a Mooncake engine on a store does), and the rpc entry says which.
+    for name in ["127.0.0.1", "127.0.0.1:40011"] {
+        let a = common::tcp_engine_on(&url, name).await;
+        let rpc = rpc_entry(&url, name).await;
+        let port = rpc["rpc_port"].as_u64().unwrap() as u16;
+        assert!((15000..17000).contains(&port) && rpc["ip_or_host_name"] == "127.0.0.1", "{name}: {rpc}");
+        assert_eq!(a.rpc_port(), Some(port), "what get_rpc_port reports");
+        assert!(std::net::TcpStream::connect(("127.0.0.1", port)).is_ok(), "someone listens on {port}");
+        a.shutdown().await.unwrap();
+    }
+    // With `rpc_port`, that port. Once shut down it is free at once: an engine of the same name
+    // starts again in the same process.
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let name = "127.0.0.1:40012";
+    let b = engine_with_rpc_port(&url, name, port).await.unwrap();
+    assert_eq!(rpc_entry(&url, name).await["rpc_port"], port);
+    b.shutdown().await.unwrap();
+    let again = engine_with_rpc_port(&url, name, port).await.unwrap();
+    // Held by `again` now: another engine wanting that port is refused, naming it.
+    let e = engine_with_rpc_port(&url, "127.0.0.1:40013", port).await.unwrap_err();
     assert!(e.message().contains(&port.to_string()) && e.message().contains("notifications"), "{e}");
     again.shutdown().await.unwrap();
 }

@@ -682,6 +682,13 @@ impl TransferEngine {
         &self.inner.name
     }
 
+    /// The RPC port this engine publishes in its `rpc_meta` entry (where its handshake
+    /// listener takes notifications): the metadata backend's listener port, else the port of a
+    /// `host:port` segment name. `None` when it publishes no rpc entry.
+    pub fn rpc_port(&self) -> Option<u16> {
+        self.inner.metadata.rpc_port().or_else(|| HostnameResolver::parse(&self.inner.name).and_then(|id| id.port))
+    }
+
     /// This engine instance's unique id (published as `ferry_instance`).
     pub fn instance_id(&self) -> &str {
         &self.inner.instance

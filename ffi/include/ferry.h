@@ -159,12 +159,13 @@ int32_t ferry_engine_destroy(FerryEngine engine);
 int32_t ferry_engine_segment_name(FerryEngine engine, char *buf, size_t cap, size_t *len);
 
 /**
- * Stores in `*out` the RPC port this engine publishes in its `rpc_meta` entry: the port of its
- * `host:port` segment name (with `P2PHANDSHAKE`, the port peers handshake with), as Mooncake's
- * `get_rpc_port` reports.
+ * Stores in `*out` the RPC port this engine publishes in its `rpc_meta` entry, as Mooncake's
+ * `get_rpc_port` reports: the port of its handshake listener (with `P2PHANDSHAKE` the port of
+ * its `host:port` name; with HTTP, Redis or etcd metadata the config's `rpc_port` or a free
+ * port), else the port of a `host:port` name.
  *
- * Returns `FERRY_E_NOT_FOUND` when the segment name is not `host:port` (the embedded default
- * names engines `ferry-<pid>-<n>`, and publishes no RPC entry).
+ * Returns `FERRY_E_NOT_FOUND` when it publishes no RPC entry (the embedded default names
+ * engines `ferry-<pid>-<n>` and runs no listener).
  *
  * # Safety
  * `out` is valid for writing one `uint16_t`.

@@ -3,7 +3,7 @@
 
 use std::ffi::c_char;
 
-use ferry::{Config, Error, ErrorKind, HostnameResolver, Location, SegmentHandle, TransferEngine};
+use ferry::{Config, Error, ErrorKind, Location, SegmentHandle, TransferEngine};
 
 use crate::FerryEngine;
 use crate::errors::{CResult, Out, OutArray, copy_str, guard, invalid, opt_str_arg, str_arg};
@@ -177,12 +177,13 @@ pub unsafe extern "C" fn ferry_engine_segment_name(
     })
 }
 
-/// Stores in `*out` the RPC port this engine publishes in its `rpc_meta` entry: the port of its
-/// `host:port` segment name (with `P2PHANDSHAKE`, the port peers handshake with), as Mooncake's
-/// `get_rpc_port` reports.
+/// Stores in `*out` the RPC port this engine publishes in its `rpc_meta` entry, as Mooncake's
+/// `get_rpc_port` reports: the port of its handshake listener (with `P2PHANDSHAKE` the port of
+/// its `host:port` name; with HTTP, Redis or etcd metadata the config's `rpc_port` or a free
+/// port), else the port of a `host:port` name.
 ///
-/// Returns `FERRY_E_NOT_FOUND` when the segment name is not `host:port` (the embedded default
-/// names engines `ferry-<pid>-<n>`, and publishes no RPC entry).
+/// Returns `FERRY_E_NOT_FOUND` when it publishes no RPC entry (the embedded default names
+/// engines `ferry-<pid>-<n>` and runs no listener).
 ///
 /// # Safety
 /// `out` is valid for writing one `uint16_t`.
@@ -192,9 +193,9 @@ pub unsafe extern "C" fn ferry_engine_rpc_port(engine: FerryEngine, out: *mut u1
         // SAFETY: the caller promises `out` is valid for one write (this function's contract).
         let out = unsafe { Out::new(out, "out") }?;
         let e = self::engine(engine)?;
-        let port = HostnameResolver::parse(e.segment_name()).and_then(|id| id.port).ok_or_else(|| {
+        let port = e.rpc_port().ok_or_else(|| {
             Error::not_found(format!(
-                "engine `{}` publishes no RPC entry: its segment name is not host:port",
+                "engine `{}` publishes no RPC entry: no handshake listener, and its segment name is not host:port",
                 e.segment_name()
             ))
         })?;

@@ -241,3 +241,43 @@ def test_a_script_written_for_mooncake_runs_on_ferry(tmp_path, child_factory):
     assert all(w["rc"] == 0 for w in result["writes"]), result
     assert target.ask(f"check {2 << 20} {1 << 20} 37") == "ok"
     assert target.ask(f"check {2 << 20} {1 << 20} 38") != "ok"
+
+
+def test_notifications_and_rpc_port_on_an_http_metadata_server(make_engine, host_buffer, child_factory):
+    """Mooncake-style engines on `ferry metadata-server` (HTTP metadata, not P2PHANDSHAKE): each
+    runs a handshake listener on the RPC port its rpc entry names, so notifications arrive."""
+    import socket
+    import urllib.request
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    child_factory(Child([str(ferry_bin()), "metadata-server", "--addr", f"127.0.0.1:{port}"], quit=None))
+    url = f"http://127.0.0.1:{port}/metadata"
+    assert wait_until(lambda: _answers(f"http://127.0.0.1:{port}/health"), timeout=30)
+    a, b = make_engine("127.0.0.1:40201", url), make_engine("127.0.0.1:40202", url)
+    for e in (a, b):
+        rpc_port = e.get_rpc_port()
+        assert rpc_port > 0, e.last_error()
+        key = f"mooncake/rpc_meta/{e.get_local_segment_name()}"
+        entry = json.loads(urllib.request.urlopen(f"{url}?key={key}", timeout=5).read())
+        assert entry == {"ip_or_host_name": "127.0.0.1", "rpc_port": rpc_port}
+    src, dst = host_buffer(4096, pattern(0, 4096, 9)), host_buffer(4096)
+    assert a.register_memory(src.addr, 4096) == 0
+    assert b.register_memory(dst.addr, 4096) == 0
+    rc = a.transfer_sync(b.get_local_segment_name(), src.addr, dst.addr, 4096, TransferOpcode.Write, TransferNotify("", "kv-ready"))
+    assert rc == 0, a.last_error()
+    assert dst.bytes() == src.bytes()
+    got = []
+    assert wait_until(lambda: got.extend(b.get_notifies()) or got, timeout=10)
+    assert [(n.name, n.msg) for n in got] == [(a.get_local_segment_name(), "kv-ready")]
+
+
+def _answers(url: str) -> bool:
+    import urllib.request
+
+    try:
+        return urllib.request.urlopen(url, timeout=1).status == 200
+    except OSError:
+        return False

@@ -137,10 +137,20 @@ impl MetadataBackend for HttpMetadata {
         match self.send(reqwest::Method::PUT, key, Some(value)).await? {
             (200, _) => Ok(()),
             // Mooncake's Python servers answer 400 to a second PUT of an rpc_meta key (its
-            // issues 2296, 863): when the stored value is already what we write, the
-            // re-publication has in effect succeeded (an engine restarted after a crash).
+            // issues 2296, 863), which an engine restarted after a crash (its entries left
+            // behind) must make. When the stored value is already what we write, the
+            // re-publication has in effect succeeded; when it differs (a new RPC port), the
+            // stale entry is removed and written again.
             (400, body) => match self.get(key).await {
                 Ok(Some(stored)) if stored == value => Ok(()),
+                Ok(Some(_)) => {
+                    tracing::info!(key, "the metadata server refused to overwrite a stale entry; replacing it");
+                    self.delete(key).await?;
+                    match self.send(reqwest::Method::PUT, key, Some(value)).await? {
+                        (200, _) => Ok(()),
+                        (status, body) => Err(self.unexpected("PUT", key, status, &body)),
+                    }
+                }
                 _ => Err(self.unexpected("PUT", key, 400, &body)),
             },
             (status, body) => Err(self.unexpected("PUT", key, status, &body)),

@@ -142,14 +142,34 @@ fn random_port() -> u16 {
     RPC_PORT_RANGE.start + (mix >> 40) as u16 % (RPC_PORT_RANGE.end - RPC_PORT_RANGE.start)
 }
 
+/// Where a handshake listener's port comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RpcPortChoice {
+    /// Config `rpc_port`, else the port of the engine's `host:port` name, else a free port: the
+    /// P2P handshake, where the name is `host:rpc_port`.
+    NameOrFree,
+    /// Config `rpc_port`, else a free port (published in the rpc entry): beside a store, as a
+    /// Mooncake engine on a store does; the port in its name is not the RPC port.
+    ConfiguredOrFree,
+}
+
 impl HandshakeListener {
-    /// Binds the RPC port (config `rpc_port`, else the port of `local_hostname`, else a free port
-    /// in 15000..17000) and starts answering handshakes.
-    pub async fn start(config: &Config) -> Result<Self> {
-        let configured = config.local_hostname.as_deref().unwrap_or("127.0.0.1");
-        let parsed = HostnameResolver::parse(configured);
-        let host = parsed.as_ref().and_then(|id| id.host.clone()).unwrap_or_else(|| configured.to_owned());
-        let fixed = config.rpc_port.or(parsed.and_then(|id| id.port)).filter(|p| *p != 0);
+    /// Binds the RPC port `choice` says and starts answering handshakes. A free port is drawn
+    /// from 15000..17000; a configured one that cannot be bound is an error naming it.
+    pub async fn start(config: &Config, choice: RpcPortChoice) -> Result<Self> {
+        let configured = config
+            .local_segment_name()
+            .ok()
+            .flatten()
+            .or_else(|| config.local_hostname.clone())
+            .unwrap_or_else(|| "127.0.0.1".to_owned());
+        let parsed = HostnameResolver::parse(&configured);
+        let host = parsed.as_ref().and_then(|id| id.host.clone()).unwrap_or_else(|| configured.clone());
+        let from_name = match choice {
+            RpcPortChoice::NameOrFree => parsed.and_then(|id| id.port),
+            RpcPortChoice::ConfiguredOrFree => None,
+        };
+        let fixed = config.rpc_port.or(from_name).filter(|p| *p != 0);
         let listener = match fixed {
             Some(port) => TcpListener::bind(("0.0.0.0", port)).await.map_err(|e| {
                 Error::config(format!("P2P handshake: cannot listen on RPC port {port}")).with_source(e)
@@ -265,7 +285,7 @@ impl P2pMetadata {
     /// Binds the RPC port (config `rpc_port`, else the port of `local_hostname`, else a free port
     /// in 15000..17000) and starts answering handshakes.
     pub async fn start(config: &Config) -> Result<Self> {
-        Ok(Self { listener: HandshakeListener::start(config).await? })
+        Ok(Self { listener: HandshakeListener::start(config, RpcPortChoice::NameOrFree).await? })
     }
 
     /// The RPC port.
@@ -387,17 +407,17 @@ impl std::fmt::Debug for NotifyingStore {
 }
 
 impl NotifyingStore {
-    /// Starts the handshake listener for an engine configured by `config` (RPC port: config
-    /// `rpc_port`, else the port of `local_hostname`, else a free port in 15000..17000) beside
-    /// `store`. A port that cannot be bound is an error naming it: peers would send this
-    /// engine's notifications to whoever holds it.
+    /// Starts the handshake listener for an engine configured by `config` beside `store`. Its
+    /// RPC port is the config's `rpc_port`, else a free port in 15000..17000 (as a Mooncake
+    /// engine on a store picks one; the engine publishes it in its rpc entry). A configured port
+    /// that cannot be bound is an error naming it.
     pub async fn start(store: Arc<dyn MetadataBackend>, config: &Config) -> Result<Self> {
-        let listener = HandshakeListener::start(config).await.map_err(|e| {
+        let listener = HandshakeListener::start(config, RpcPortChoice::ConfiguredOrFree).await.map_err(|e| {
             let msg = format!("{} (the RPC port where peers send this engine's notifications)", e.message());
             e.context(msg)
         })?;
         let keys = MetadataKeys::new(config.cluster_id());
-        let own_key = config.local_hostname.as_deref().map(|name| keys.segment(name));
+        let own_key = config.local_segment_name().ok().flatten().map(|name| keys.segment(&name));
         Ok(Self { store, keys, own_key, listener })
     }
 
