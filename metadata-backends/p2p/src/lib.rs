@@ -226,11 +226,6 @@ impl HandshakeListener {
         self.port
     }
 
-    /// The host part of the engine's name.
-    pub fn host(&self) -> &str {
-        &self.host
-    }
-
     /// Sets the descriptor answered to Metadata frames (`None`: refuse them).
     fn serve_descriptor(&self, descriptor: Option<Vec<u8>>) {
         *self.shared.served.lock().unwrap_or_else(|p| p.into_inner()) = descriptor;
@@ -419,11 +414,6 @@ impl NotifyingStore {
         let keys = MetadataKeys::new(config.cluster_id());
         let own_key = config.local_segment_name().ok().flatten().map(|name| keys.segment(&name));
         Ok(Self { store, keys, own_key, listener })
-    }
-
-    /// The RPC port the listener holds.
-    pub fn rpc_port(&self) -> u16 {
-        self.listener.port
     }
 }
 
