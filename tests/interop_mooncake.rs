@@ -306,10 +306,7 @@ async fn notifications_cross_both_ways_with_mooncake_on_an_http_metadata_server(
     .await
     .unwrap();
     let (segment, addr) = (mc.1["segment"].as_str().unwrap().to_owned(), mc.1["addr"].as_u64().unwrap());
-    let name = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        format!("127.0.0.1:{}", l.local_addr().unwrap().port())
-    };
+    let name = format!("127.0.0.1:{}", common::free_port());
     let ferry = common::tcp_engine_on(&url, &name).await;
     let buf = pattern_buffer(1 << 20, 11);
     unsafe { ferry.register_memory(buf.addr(), buf.len(), Location::Cpu(0)).await }.unwrap();
@@ -342,14 +339,7 @@ async fn notifications_cross_both_ways_with_mooncake_on_an_http_metadata_server(
         mc.0.line()
     });
     assert_eq!(rc, "0", "Mooncake's transfer_sync with a notification");
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    let note = loop {
-        if let Some(n) = ferry.get_notifications().into_iter().find(|n| n.notify_msg == "decode-done:7") {
-            break n;
-        }
-        assert!(std::time::Instant::now() < deadline, "Ferry never received Mooncake's notification");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let note = common::await_notification(&ferry, "decode-done:7").await;
     assert_eq!(note.name, "mooncake", "the name Mooncake's sender put in its notification");
     // Mooncake sent the start of its buffer, which holds what Ferry wrote there above (pattern
     // 11 from offset 0), over Ferry's own pattern at 4096.

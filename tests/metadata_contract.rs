@@ -16,13 +16,22 @@ use ferry_metadata_http::store::Store;
 
 /// A `ferry metadata-server` on a loopback port; stops when the returned sender drops.
 async fn http_server(store: Store, limits: Limits) -> (String, tokio::sync::oneshot::Sender<()>) {
+    let (addr, stop, _task) = stoppable(store, limits).await;
+    (format!("http://{addr}/metadata"), stop)
+}
+
+/// A server on a loopback port with `limits`: its address, its stop sender and its task.
+async fn stoppable(
+    store: Store,
+    limits: Limits,
+) -> (String, tokio::sync::oneshot::Sender<()>, tokio::task::JoinHandle<std::io::Result<()>>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}/metadata", listener.local_addr().unwrap());
-    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(serve(listener, Arc::new(store), limits, async move {
-        let _ = rx.await;
+    let addr = listener.local_addr().unwrap().to_string();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(serve(listener, Arc::new(store), limits, async move {
+        let _ = stopped.await;
     }));
-    (url, tx)
+    (addr, stop, server)
 }
 
 /// The contract every backend keeps.
@@ -113,10 +122,7 @@ async fn the_rpc_entry_names_the_handshake_listener_which_is_freed_at_shutdown()
     }
     // With `rpc_port`, that port. Once shut down it is free at once: an engine of the same name
     // starts again in the same process.
-    let port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
-    };
+    let port = common::free_port();
     let name = "127.0.0.1:40012";
     let b = engine_with_rpc_port(&url, name, port).await.unwrap();
     assert_eq!(rpc_entry(&url, name).await["rpc_port"], port);
@@ -212,26 +218,14 @@ async fn pipelined_requests_are_answered_in_order() {
     assert!(missing < updated && updated < value, "answers out of order: {answer}");
 }
 
-/// A server on a loopback port with `limits`, its address, its stop sender and its task.
-async fn stoppable(
-    limits: Limits,
-) -> (String, tokio::sync::oneshot::Sender<()>, tokio::task::JoinHandle<std::io::Result<()>>) {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap().to_string();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(serve(listener, Arc::new(Store::in_memory()), limits, async move {
-        let _ = stopped.await;
-    }));
-    (addr, stop, server)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stopping_server_finishes_requests_closes_idle_connections_and_returns() {
     use std::time::{Duration, Instant};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     // A drain bound far above what the test waits: `serve` returning in time shows the idle
     // connection was closed, not waited out.
-    let (addr, stop, server) = stoppable(Limits { drain_timeout: Duration::from_secs(60), ..Limits::default() }).await;
+    let (addr, stop, server) =
+        stoppable(Store::in_memory(), Limits { drain_timeout: Duration::from_secs(60), ..Limits::default() }).await;
     let c = reqwest::Client::new();
     assert_eq!(c.get(format!("http://{addr}/health")).send().await.unwrap().status().as_u16(), 200);
     // A request in progress when the stop comes: headers read (the server asked for the body
@@ -268,7 +262,7 @@ async fn a_client_that_never_finishes_its_headers_holds_a_stopping_server_only_f
         drain_timeout: Duration::from_millis(500),
         ..Limits::default()
     };
-    let (addr, stop, server) = stoppable(limits).await;
+    let (addr, stop, server) = stoppable(Store::in_memory(), limits).await;
     let mut stuck = tokio::net::TcpStream::connect(&addr).await.unwrap();
     stuck.write_all(b"GET /metadata?key=s HTTP/1.1\r\nHost: x\r\n").await.unwrap();
     tokio::time::sleep(Duration::from_millis(100)).await;
@@ -291,7 +285,7 @@ async fn connections_that_go_quiet_are_closed_after_the_idle_timeout() {
         idle_timeout: Duration::from_millis(300),
         ..Limits::default()
     };
-    let (addr, _stop, _server) = stoppable(limits).await;
+    let (addr, _stop, _server) = stoppable(Store::in_memory(), limits).await;
     let cases: [(&str, &[u8]); 4] = [
         ("says nothing", b""),
         ("half an HTTP/2 preface", b"PRI * HTTP/2.0\r\n"),

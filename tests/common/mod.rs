@@ -7,6 +7,11 @@ pub mod servers;
 
 use ferry::{EngineBuilder, InProcessMetadata, MetadataBackend, TransferEngine};
 
+/// A loopback port nothing listens on (free when this returns; good enough for tests).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
 /// A heap buffer whose address is registered with an engine. Kept alive for the test.
 pub struct Buffer {
     data: Vec<u8>,
@@ -155,14 +160,19 @@ pub async fn notify_across(a: &TransferEngine, b: &TransferEngine, message: &str
     a.send_notification(b.segment_name(), message)
         .await
         .unwrap_or_else(|e| panic!("{} -> {}: {e}", a.segment_name(), b.segment_name()));
+    let n = await_notification(b, message).await;
+    assert_eq!(n.name, a.segment_name(), "the sender is named");
+}
+
+/// The notification carrying `message` that `e` receives within 10 s (others are drained too).
+pub async fn await_notification(e: &TransferEngine, message: &str) -> ferry::Notification {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     loop {
-        let got = b.get_notifications();
+        let got = e.get_notifications();
         if let Some(n) = got.iter().find(|n| n.notify_msg == message) {
-            assert_eq!(n.name, a.segment_name(), "the sender is named");
-            return;
+            return n.clone();
         }
-        assert!(std::time::Instant::now() < deadline, "{} never received {message:?} (got {got:?})", b.segment_name());
+        assert!(std::time::Instant::now() < deadline, "{} never received {message:?} (got {got:?})", e.segment_name());
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
 }

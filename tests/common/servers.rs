@@ -7,16 +7,14 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use super::free_port;
+
 /// A server process, killed when dropped.
 pub struct Server {
     child: Option<Child>,
     pub port: u16,
     dir: PathBuf,
     kind: &'static str,
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
 fn need(bin: &str, package: &str) {
