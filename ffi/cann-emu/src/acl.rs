@@ -455,6 +455,24 @@ pub unsafe extern "C" fn aclrtSynchronizeStreamWithTimeout(stream: AclrtStream, 
     )
 }
 
+/// Aborts the work on `stream` (NULL = the default stream): queued operations are discarded, the
+/// running one is waited for; the next synchronize returns `ACL_ERROR_RT_STREAM_ABORT` (107023).
+///
+/// # Safety
+/// No memory is dereferenced; the handle is looked up in a registry.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn aclrtStreamAbort(stream: AclrtStream) -> i32 {
+    entry(
+        Api::Acl,
+        "aclrtStreamAbort",
+        || format!("{stream:p}"),
+        || {
+            acl_stream(stream)?.abort();
+            Ok(())
+        },
+    )
+}
+
 /// Creates a context on user device `device_id` and makes it current for the calling thread.
 ///
 /// # Safety
@@ -544,39 +562,51 @@ pub unsafe extern "C" fn aclrtGetVersion(major: *mut i32, minor: *mut i32, patch
     )
 }
 
-fn phy_id(name: &'static str, user: i32, phy: *mut i32) -> i32 {
+/// One id-mapping call: `map` turns the input id into the answer; `what` names the out-parameter.
+fn map_id(name: &'static str, id: i32, what: &str, answer: *mut i32, map: fn(i32) -> EmuResult<u32>) -> i32 {
     entry(
         Api::Acl,
         name,
-        || format!("{user}, {phy:p}"),
+        || format!("{id}, {answer:p}"),
         || {
-            if phy.is_null() {
-                return Err(null("phyDevId"));
+            if answer.is_null() {
+                return Err(null(what));
             }
-            let p = device::physical_id(user)?;
+            let v = map(id)?;
             // SAFETY: non-null; the exported callers pass it on from their own contract.
-            unsafe { out(phy, p as i32) };
+            unsafe { out(answer, v as i32) };
             Ok(())
         },
     )
 }
 
-/// Physical id of user device `user_dev_id` (107001 when out of range).
+/// Physical id of user device `user_dev_id` (107001 when out of range). CITE:rule4_phy_user
 ///
 /// # Safety
 /// `phy_dev_id` is NULL or valid for writing an `int32_t`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn aclrtGetPhyDevIdByUserDevId(user_dev_id: i32, phy_dev_id: *mut i32) -> i32 {
-    phy_id("aclrtGetPhyDevIdByUserDevId", user_dev_id, phy_dev_id)
+    map_id("aclrtGetPhyDevIdByUserDevId", user_dev_id, "phyDevId", phy_dev_id, device::physical_id)
 }
 
-/// Physical id of a device; as in CANN the argument is really the user id.
+/// Physical id of a device; as CANN documents it, the argument is the *user* id (the id
+/// `aclrtSetDevice` takes), whatever its name says. CITE:rule4_phy_logic
 ///
 /// # Safety
 /// `phy_dev_id` is NULL or valid for writing an `int32_t`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn aclrtGetPhyDevIdByLogicDevId(logic_dev_id: i32, phy_dev_id: *mut i32) -> i32 {
-    phy_id("aclrtGetPhyDevIdByLogicDevId", logic_dev_id, phy_dev_id)
+    map_id("aclrtGetPhyDevIdByLogicDevId", logic_dev_id, "phyDevId", phy_dev_id, device::physical_id)
+}
+
+/// Logical id (the entry of `ASCEND_RT_VISIBLE_DEVICES`) of user device `user_dev_id`.
+/// CITE:rule4_logic_user
+///
+/// # Safety
+/// `logic_dev_id` is NULL or valid for writing an `int32_t`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn aclrtGetLogicDevIdByUserDevId(user_dev_id: i32, logic_dev_id: *mut i32) -> i32 {
+    map_id("aclrtGetLogicDevIdByUserDevId", user_dev_id, "logicDevId", logic_dev_id, device::logical_id)
 }
 
 /// Where `ptr` lives: `ACL_MEM_LOCATION_TYPE_DEVICE` with the device's user id for emulated
@@ -623,13 +653,20 @@ pub unsafe extern "C" fn aclrtPointerGetAttributes(ptr: *const c_void, attr: *mu
     )
 }
 
-/// The emulated SoC name ([`EMULATED_SOC_NAME`]); static, never freed.
+/// The emulated SoC name: `FERRY_CANN_EMU_SOC`, else [`EMULATED_SOC_NAME`] (an Atlas A2 part;
+/// `Ascend910_93xx` names an Atlas A3 one); static, never freed.
 ///
 /// # Safety
 /// No arguments.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn aclrtGetSocName() -> *const c_char {
-    entry_ptr("aclrtGetSocName", || EMULATED_SOC_NAME.as_ptr())
+    static NAME: std::sync::OnceLock<std::ffi::CString> = std::sync::OnceLock::new();
+    entry_ptr("aclrtGetSocName", || {
+        NAME.get_or_init(|| {
+            std::ffi::CString::new(config().soc_name.clone()).unwrap_or_else(|_| EMULATED_SOC_NAME.into())
+        })
+        .as_ptr()
+    })
 }
 
 /// The calling thread's most recent error text, or NULL if there is none; reading it clears it.

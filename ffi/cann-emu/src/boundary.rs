@@ -118,6 +118,12 @@ pub(crate) fn entry(
         } else if let Some((n, code)) = f.injected_failure(name) {
             Err(err(code, format!("{name}: injected failure of call #{n} (FERRY_CANN_EMU_FAIL)")))
         } else {
+            // A call HCCL does not allow to overlap holds the process's lifecycle section for
+            // its whole duration, its injected delay included.
+            let _section = match enter_lifecycle(name) {
+                Ok(s) => s,
+                Err(e) => return finish(name, args, Err(e)),
+            };
             if !ASYNC_SYMBOLS.contains(&name)
                 && let Some(delay) = f.delay(name)
             {
@@ -131,22 +137,65 @@ pub(crate) fn entry(
                 )),
             }
         };
-        let code = match &result {
-            Ok(()) => 0,
-            Err(e) => {
-                set_recent_error(&e.message);
-                e.code
-            }
-        };
-        if let Some(args) = args {
-            match &result {
-                Ok(()) => log_line(&format!("{name}({args}) -> 0")),
-                Err(e) => log_line(&format!("{name}({args}) -> {} ({})", e.code, e.message)),
-            }
-        }
-        code
+        finish(name, args, result)
     }));
     outcome.unwrap_or_else(|_| api.internal_code())
+}
+
+/// Records the error text, logs, and turns the result into a code.
+fn finish(name: &str, args: Option<String>, result: EmuResult<()>) -> i32 {
+    let code = match &result {
+        Ok(()) => 0,
+        Err(e) => {
+            set_recent_error(&e.message);
+            e.code
+        }
+    };
+    if let Some(args) = args {
+        match &result {
+            Ok(()) => log_line(&format!("{name}({args}) -> 0")),
+            Err(e) => log_line(&format!("{name}({args}) -> {} ({})", e.code, e.message)),
+        }
+    }
+    code
+}
+
+/// HCCL calls that change unlocked process globals and so must never run at the same time in
+/// one process. CITE:rule1
+pub(crate) const LIFECYCLE_SYMBOLS: &[&str] = &["HcclCommInitClusterInfoMemConfig", "HcclCommDestroy"];
+
+static LIFECYCLE: Mutex<Option<&'static str>> = Mutex::new(None);
+
+/// Holds the lifecycle section while a [`LIFECYCLE_SYMBOLS`] call runs.
+pub(crate) struct LifecycleSection(bool);
+
+impl Drop for LifecycleSection {
+    fn drop(&mut self) {
+        if self.0 {
+            *lock(&LIFECYCLE) = None;
+        }
+    }
+}
+
+/// Enters the lifecycle section for `name` (a no-op for other calls). A call that finds another
+/// one inside fails with `HCCL_E_INTERNAL` and a log line on stderr: real HCCL would corrupt
+/// its globals silently; the emulator makes the overlap visible.
+fn enter_lifecycle(name: &'static str) -> EmuResult<LifecycleSection> {
+    if !LIFECYCLE_SYMBOLS.contains(&name) {
+        return Ok(LifecycleSection(false));
+    }
+    let mut held = lock(&LIFECYCLE);
+    if let Some(other) = *held {
+        let message = format!(
+            "{name} was called while {other} is still running on another thread of this process: HCCL's \
+             communicator init and destroy are not thread-safe (unlocked process globals); serialise them with \
+             one process-wide lock, as HIXL does"
+        );
+        eprintln!("[ferry-cann-emu {}] error: {message}", std::process::id());
+        return Err(err(HCCL_E_INTERNAL, message));
+    }
+    *held = Some(name);
+    Ok(LifecycleSection(true))
 }
 
 /// Runs one exported function that returns a pointer: an injected failure or a panic gives NULL.

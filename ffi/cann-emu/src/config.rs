@@ -34,8 +34,17 @@ const DEFAULT_EXEC_TIMEOUT_S: u64 = 1800;
 pub(crate) struct Config {
     /// Number of emulated physical devices (ids `0..physical_devices`).
     pub(crate) physical_devices: u32,
+    /// Physical id of each logical id (index = logical id): the cards a container mounts
+    /// (`FERRY_CANN_EMU_MOUNTED`), else every card (bare metal: logical = physical).
+    pub(crate) mounted: Vec<u32>,
+    /// Logical id of each user id (index = user id), from `ASCEND_RT_VISIBLE_DEVICES`.
+    pub(crate) visible_logical: Vec<u32>,
     /// Physical id of each user id (index = user id).
     pub(crate) visible: Vec<u32>,
+    /// What `aclrtGetSocName` answers (`FERRY_CANN_EMU_SOC`).
+    pub(crate) soc_name: String,
+    /// `HCCL_INTRA_ROCE_ENABLE=1`: ranks of one server talk over RoCE, not HCCS IPC.
+    pub(crate) intra_roce: bool,
     /// `HCCL_CONNECT_TIMEOUT`.
     pub(crate) connect_timeout: Duration,
     /// `HCCL_EXEC_TIMEOUT`.
@@ -78,6 +87,34 @@ pub fn parse_visible_devices(value: &str, physical: u32) -> Vec<u32> {
     out
 }
 
+/// What `aclrtGetSocName` answers by default (an Atlas A2 part).
+pub(crate) const DEFAULT_SOC: &str = "Ascend910B3";
+
+/// Parses `FERRY_CANN_EMU_MOUNTED`: the physical ids of the cards a container mounts, in the
+/// order the container numbers them (its logical ids 0, 1, …). Each must be a physical id below
+/// `physical` and appear once.
+///
+/// ```
+/// use ferry_cann_emu::parse_mounted;
+/// assert_eq!(parse_mounted("6,7", 8), Ok(vec![6, 7]));
+/// assert!(parse_mounted("6,6", 8).is_err());
+/// assert!(parse_mounted("8", 8).is_err());
+/// ```
+pub fn parse_mounted(value: &str, physical: u32) -> Result<Vec<u32>, String> {
+    let mut out = Vec::new();
+    for entry in value.split(',') {
+        let id: u32 = entry.trim().parse().map_err(|_| format!("{entry:?} is not a physical device id"))?;
+        if id >= physical {
+            return Err(format!("physical device {id} does not exist ({physical} emulated)"));
+        }
+        if out.contains(&id) {
+            return Err(format!("physical device {id} is listed twice"));
+        }
+        out.push(id);
+    }
+    Ok(out)
+}
+
 fn warn(message: &str) {
     eprintln!("[ferry-cann-emu] warning: {message}");
 }
@@ -108,9 +145,31 @@ fn load() -> Config {
         },
         Err(_) => DEFAULT_DEVICES,
     };
-    let visible = match std::env::var("ASCEND_RT_VISIBLE_DEVICES") {
-        Ok(v) => parse_visible_devices(&v, physical_devices),
+    let mounted = match std::env::var("FERRY_CANN_EMU_MOUNTED") {
+        Ok(v) => match parse_mounted(&v, physical_devices) {
+            Ok(m) => m,
+            Err(why) => {
+                warn(&format!("FERRY_CANN_EMU_MOUNTED={v:?}: {why}; treating the machine as bare metal"));
+                (0..physical_devices).collect()
+            }
+        },
         Err(_) => (0..physical_devices).collect(),
+    };
+    // The variable lists logical ids, checked against the number of cards the process can see
+    // (the mounted ones) (CITE:rule4).
+    let logical_count = mounted.len() as u32;
+    let visible_logical = match std::env::var("ASCEND_RT_VISIBLE_DEVICES") {
+        Ok(v) => parse_visible_devices(&v, logical_count),
+        Err(_) => (0..logical_count).collect(),
+    };
+    let visible = visible_logical.iter().map(|&l| mounted[l as usize]).collect();
+    let soc_name = match std::env::var("FERRY_CANN_EMU_SOC") {
+        Ok(v) if !v.is_empty() && v.len() < 64 && v.bytes().all(|b| b.is_ascii_graphic()) => v,
+        Ok(v) => {
+            warn(&format!("FERRY_CANN_EMU_SOC={v:?} is not a SoC name; using {DEFAULT_SOC}"));
+            DEFAULT_SOC.to_owned()
+        }
+        Err(_) => DEFAULT_SOC.to_owned(),
     };
     let if_ip = match std::env::var("HCCL_IF_IP") {
         Ok(v) => match v.trim().parse::<IpAddr>() {
@@ -124,7 +183,11 @@ fn load() -> Config {
     };
     Config {
         physical_devices,
+        mounted,
+        visible_logical,
         visible,
+        soc_name,
+        intra_roce: std::env::var("HCCL_INTRA_ROCE_ENABLE").is_ok_and(|v| v.trim() == "1"),
         connect_timeout: seconds_var("HCCL_CONNECT_TIMEOUT", DEFAULT_CONNECT_TIMEOUT_S),
         exec_timeout: seconds_var("HCCL_EXEC_TIMEOUT", DEFAULT_EXEC_TIMEOUT_S),
         if_ip,

@@ -96,17 +96,32 @@ pub(crate) fn physical_id(user_id: i32) -> EmuResult<u32> {
         err(
             ACL_ERROR_RT_INVALID_DEVICEID,
             format!(
-                "invalid device id {user_id}: this process sees {} of the {} emulated device(s) (user ids 0..{}){}",
+                "invalid device id {user_id}: this process sees {} of the {} emulated device(s) (user ids 0..{}){}{}",
                 visible.len(),
                 config().physical_devices,
                 visible.len(),
                 match std::env::var("ASCEND_RT_VISIBLE_DEVICES") {
                     Ok(v) => format!(", ASCEND_RT_VISIBLE_DEVICES={v:?}"),
                     Err(_) => String::new(),
+                },
+                if config().mounted.len() as u32 == config().physical_devices {
+                    String::new()
+                } else {
+                    format!(
+                        ", the container mounts physical cards {:?} (its logical ids 0..{})",
+                        config().mounted,
+                        config().mounted.len()
+                    )
                 }
             ),
         )
     })
+}
+
+/// Logical id of a user id (`ACL_ERROR_RT_INVALID_DEVICEID` when out of range).
+pub(crate) fn logical_id(user_id: i32) -> EmuResult<u32> {
+    physical_id(user_id)?;
+    Ok(config().visible_logical[user_id as usize])
 }
 
 /// `aclInit`: true the first time (until `aclFinalize`).

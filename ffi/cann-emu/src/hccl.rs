@@ -162,8 +162,8 @@ pub(crate) fn hccl_stream(name: &str, ptr: *const c_void, comm: &Comm) -> EmuRes
     Ok(s)
 }
 
-/// Destroys a communicator: its links close (operations still queued on them fail), memory
-/// bound to it is unbound.
+/// Destroys a communicator: its links close (operations still queued on them fail). A
+/// one-sided communicator that still has memory bound is refused with `HCCL_E_PARA` and stays.
 ///
 /// # Safety
 /// No memory is dereferenced; the handle is looked up in a registry.
@@ -175,6 +175,16 @@ pub unsafe extern "C" fn HcclCommDestroy(comm: HcclComm) -> i32 {
         || format!("{comm:p}"),
         || {
             let c = lookup(comm)?;
+            // A one-sided communicator with memory still bound is refused and kept (CITE:rule2_destroy).
+            #[cfg(feature = "onesided")]
+            if let Some(os) = &c.one_sided
+                && os.has_bound()
+            {
+                return Err(err(
+                    HCCL_E_PARA,
+                    "HcclCommDestroy: memories still bound to the communicator: call HcclCommUnbindMem for each first",
+                ));
+            }
             lock(&COMMS).remove(&c.handle);
             c.teardown();
             Ok(())

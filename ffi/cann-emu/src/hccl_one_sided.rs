@@ -64,6 +64,8 @@ pub(crate) struct GlobalMem {
     handle: u64,
     addr: usize,
     size: usize,
+    /// `CommMem.type`: what the caller says the memory is (checked only at Prepare).
+    mem_type: i32,
     _alloc: Option<Arc<Allocation>>,
     state: Mutex<MemState>,
 }
@@ -73,7 +75,52 @@ impl GlobalMem {
         let (start, end) = (self.addr as u64, self.addr as u64 + self.size as u64);
         addr >= start && addr.checked_add(len).is_some_and(|e| e <= end)
     }
+
+    fn overlaps(&self, addr: usize, size: usize) -> bool {
+        addr < self.addr + self.size && self.addr < addr + size
+    }
+
+    /// Whether Prepare can register this memory with the device (CITE:rule5): device memory
+    /// must be emulated device memory of the communicator's device; host memory must come from
+    /// `aclrtMallocHost` (Prepare hands it to `aclrtHostRegister`, which refuses anything else).
+    fn check_registrable(&self, name: &str, user_id: u32) -> EmuResult<()> {
+        let (addr, size) = (self.addr, self.size);
+        let found = memory::find(addr, size);
+        match (self.mem_type, found.as_ref().map(|a| a.kind)) {
+            (HCCL_MEM_TYPE_DEVICE, Some(memory::MemKind::Device { user_id: u, .. })) if u == user_id => Ok(()),
+            (HCCL_MEM_TYPE_DEVICE, Some(memory::MemKind::Device { user_id: u, .. })) => Err(err(
+                PREPARE_REGISTER_FAILED,
+                format!(
+                    "{name}: device memory {addr:#x}..+{size} belongs to device {u}, not to this communicator's device {user_id}"
+                ),
+            )),
+            (HCCL_MEM_TYPE_DEVICE, _) => Err(err(
+                PREPARE_REGISTER_FAILED,
+                format!("{name}: {addr:#x}..+{size} was registered as device memory (type 0) but is not device memory"),
+            )),
+            (_, Some(memory::MemKind::Host)) => Ok(()),
+            (_, Some(memory::MemKind::Device { .. })) => Err(err(
+                PREPARE_REGISTER_FAILED,
+                format!(
+                    "{name}: aclrtHostRegister failed: {addr:#x}..+{size} was registered as host memory (type 1) but is device memory"
+                ),
+            )),
+            (_, None) => Err(err(
+                PREPARE_REGISTER_FAILED,
+                format!(
+                    "{name}: aclrtHostRegister failed for host memory {addr:#x}..+{size}: only memory allocated with \
+                     aclrtMallocHost can be registered with the device"
+                ),
+            )),
+        }
+    }
 }
+
+/// What `HcclCommPrepare` returns when bound memory cannot be registered with the device or
+/// exchanged with a peer (CITE:prepare_code).
+const PREPARE_REGISTER_FAILED: i32 = HCCL_E_RUNTIME;
+/// Alignment HCCS IPC needs of device memory shared with a rank on the same server (CITE:rule6).
+pub const IPC_ALIGNMENT: usize = 2 << 20;
 
 static MEMS: LazyLock<Mutex<HashMap<u64, Arc<GlobalMem>>>> = LazyLock::new(Default::default);
 
@@ -85,10 +132,14 @@ struct Peer {
     /// by Prepare when this is the higher rank of the pair, on first use otherwise. Held only
     /// while one request is on it, never while connecting.
     conn: Mutex<Option<TcpStream>>,
-    /// What the peer bound, as of Prepare or the last `RANGES` answer.
+    /// What the peer registered and exchanged at Prepare.
     ranges: RwLock<Vec<(u64, u64)>>,
     /// The pair met in Prepare (changed under `OneSided::prepare_entered`, see `prepare_cv`).
     prepared: AtomicBool,
+    /// The peer's rank is on this rank's server (same `server_id`): HCCS IPC, not RoCE.
+    same_server: bool,
+    /// The peer's Atlas A3 super-pod fields are in the table (`super_device_id`, `super_pod_id`).
+    super_fields: bool,
 }
 
 impl Peer {
@@ -121,6 +172,15 @@ impl Peer {
 #[derive(Debug)]
 pub(crate) struct OneSided {
     bound: RwLock<Vec<Arc<GlobalMem>>>,
+    /// What Prepare registered and exchanged (set once, by the first successful Prepare):
+    /// only this memory is reachable, locally and by the peers (CITE:rule3).
+    exported: RwLock<Option<Vec<Arc<GlobalMem>>>>,
+    /// Whether a Prepare of this communicator succeeded (later calls are no-ops).
+    prepared: AtomicBool,
+    /// Whether this rank's own entry has the A3 super-pod fields.
+    super_fields: bool,
+    /// The table's version (`"1.0"`/`"1.2"`).
+    version: String,
     /// Whether this rank called `HcclCommPrepare`; also the mutex of `prepare_cv`, held while a
     /// peer's `prepared` flag is set.
     prepare_entered: Mutex<bool>,
@@ -133,10 +193,11 @@ pub(crate) struct OneSided {
 impl OneSided {
     /// The state of a new communicator (peers from its rank table).
     pub(crate) fn new(comm: &Comm) -> OneSided {
-        let peers = comm
-            .table
+        let ranks = comm.table.as_ref().map(|t| t.ranks.as_slice()).unwrap_or_default();
+        let me = ranks.iter().find(|r| r.rank == comm.rank);
+        let has_super = |r: &crate::rank_table::RankEntry| r.super_device_id.is_some() && r.super_pod_id.is_some();
+        let peers = ranks
             .iter()
-            .flat_map(|t| t.ranks.iter())
             .filter(|r| r.rank != comm.rank)
             .map(|r| {
                 let p = Peer {
@@ -145,20 +206,40 @@ impl OneSided {
                     conn: Mutex::new(None),
                     ranges: RwLock::new(Vec::new()),
                     prepared: AtomicBool::new(false),
+                    same_server: me.is_some_and(|m| m.server_id == r.server_id),
+                    super_fields: has_super(r),
                 };
                 (r.rank, Arc::new(p))
             })
             .collect();
         OneSided {
             bound: RwLock::new(Vec::new()),
+            exported: RwLock::new(None),
+            prepared: AtomicBool::new(false),
+            super_fields: me.is_some_and(has_super),
+            version: comm.table.as_ref().map(|t| t.version.clone()).unwrap_or_default(),
             prepare_entered: Mutex::new(false),
             prepare_cv: Condvar::new(),
             peers,
         }
     }
 
-    fn bound_ranges(&self) -> Vec<(u64, u64)> {
-        read(&self.bound).iter().map(|m| (m.addr as u64, m.size as u64)).collect()
+    /// The ranges Prepare exchanged (empty before Prepare).
+    fn exported_ranges(&self) -> Vec<(u64, u64)> {
+        read(&self.exported).iter().flatten().map(|m| (m.addr as u64, m.size as u64)).collect()
+    }
+
+    /// Whether `[addr, addr + len)` lies in memory Prepare registered that is still `bound`.
+    fn reachable_in(&self, bound: &[Arc<GlobalMem>], addr: u64, len: u64) -> bool {
+        read(&self.exported)
+            .iter()
+            .flatten()
+            .any(|m| m.contains(addr, len) && bound.iter().any(|b| b.handle == m.handle))
+    }
+
+    /// Whether any memory is still bound (`HcclCommDestroy` refuses then).
+    pub(crate) fn has_bound(&self) -> bool {
+        !read(&self.bound).is_empty()
     }
 
     /// Records that `peer` met this rank in Prepare, with the ranges it bound.
@@ -224,34 +305,36 @@ pub unsafe extern "C" fn HcclRegisterGlobalMem(mem: *const CommMem, mem_handle: 
                 return Err(err(HCCL_E_PARA, format!("HcclRegisterGlobalMem: invalid range {addr:#x}..+{size}")));
             }
             let size = size as usize;
-            let alloc = match m.mem_type {
-                HCCL_MEM_TYPE_DEVICE => Some(memory::find_device(addr, size).ok_or_else(|| {
-                    err(
-                        HCCL_E_PARA,
-                        format!(
-                            "HcclRegisterGlobalMem: {addr:#x}..+{size} is not inside emulated device memory (type 0)"
-                        ),
-                    )
-                })?),
-                HCCL_MEM_TYPE_HOST => {
-                    if memory::is_device(addr) {
-                        return Err(err(
-                            HCCL_E_PARA,
-                            format!("HcclRegisterGlobalMem: {addr:#x} is device memory but the type says host (1)"),
-                        ));
-                    }
-                    memory::find(addr, size)
-                }
-                t => return Err(err(HCCL_E_PARA, format!("HcclRegisterGlobalMem: unknown memory type {t}"))),
-            };
+            if m.mem_type != HCCL_MEM_TYPE_DEVICE && m.mem_type != HCCL_MEM_TYPE_HOST {
+                return Err(err(HCCL_E_PARA, format!("HcclRegisterGlobalMem: unknown memory type {}", m.mem_type)));
+            }
+            // Only recorded here: whether the device can use the memory is found out by
+            // HcclCommPrepare (CITE:rule2_register). The same range again is the same handle;
+            // a different range overlapping a registered one is refused.
+            let mut mems = lock(&MEMS);
+            if let Some(same) = mems.values().find(|g| g.addr == addr && g.size == size && g.mem_type == m.mem_type) {
+                // SAFETY: non-null, valid per this function's contract.
+                unsafe { mem_handle.write_unaligned(handles::to_ptr(same.handle)) };
+                return Ok(());
+            }
+            if let Some(other) = mems.values().find(|g| g.overlaps(addr, size)) {
+                return Err(err(
+                    HCCL_E_PARA,
+                    format!(
+                        "HcclRegisterGlobalMem: {addr:#x}..+{size} overlaps the registered range {:#x}..+{} (type {})",
+                        other.addr, other.size, other.mem_type
+                    ),
+                ));
+            }
             let g = Arc::new(GlobalMem {
                 handle: handles::new_handle(Kind::GlobalMem),
                 addr,
                 size,
-                _alloc: alloc,
+                mem_type: m.mem_type,
+                _alloc: memory::find(addr, size),
                 state: Mutex::new(MemState::default()),
             });
-            lock(&MEMS).insert(g.handle, Arc::clone(&g));
+            mems.insert(g.handle, Arc::clone(&g));
             // SAFETY: non-null, valid per this function's contract.
             unsafe { mem_handle.write_unaligned(handles::to_ptr(g.handle)) };
             Ok(())
@@ -272,6 +355,7 @@ pub unsafe extern "C" fn HcclDeregisterGlobalMem(mem_handle: *mut c_void) -> i32
         || {
             let m = lookup_mem(mem_handle)?;
             let mut st = lock(&m.state);
+            // CITE:rule2_dereg
             if !st.bound.is_empty() {
                 return Err(err(
                     HCCL_E_PARA,
@@ -413,14 +497,81 @@ fn io_error(name: &str, peer: u32, e: &std::io::Error) -> EmuError {
     }
 }
 
+/// Prepare's checks of what it registers with the device and the NIC, and of the rank table,
+/// before any exchange (CITE:rule5, CITE:rule6, CITE:rule8).
+fn check_prepare(c: &Comm, os: &OneSided) -> EmuResult<Vec<Arc<GlobalMem>>> {
+    const NAME: &str = "HcclCommPrepare";
+    let bound = read(&os.bound).clone();
+    for m in &bound {
+        m.check_registrable(NAME, c.user_id)?;
+    }
+    let cfg = config();
+    for p in os.peers.values() {
+        if p.same_server && !cfg.intra_roce {
+            // HCCS IPC between ranks of one server: device memory only, in whole huge pages.
+            for m in &bound {
+                if m.mem_type == HCCL_MEM_TYPE_HOST {
+                    return Err(err(
+                        PREPARE_REGISTER_FAILED,
+                        format!(
+                            "{NAME}: rank {} is on this server (HCCS IPC): host memory {:#x}..+{} cannot be shared \
+                             over IPC (only device memory; or set HCCL_INTRA_ROCE_ENABLE=1)",
+                            p.rank, m.addr, m.size
+                        ),
+                    ));
+                }
+                if m.addr % IPC_ALIGNMENT != 0 {
+                    return Err(err(
+                        PREPARE_REGISTER_FAILED,
+                        format!(
+                            "{NAME}: rank {} is on this server (HCCS IPC): device memory {:#x}..+{} is not {} MiB \
+                             aligned (allocate it with ACL_MEM_MALLOC_HUGE_ONLY)",
+                            p.rank,
+                            m.addr,
+                            m.size,
+                            IPC_ALIGNMENT >> 20
+                        ),
+                    ));
+                }
+            }
+        } else if is_a3(&cfg.soc_name) && (os.version != "1.2" || !os.super_fields || !p.super_fields) {
+            return Err(err(
+                HCCL_E_PARA,
+                format!(
+                    "{NAME}: on {} (Atlas A3) ranks on different servers need a v1.2 rank table with \
+                     super_device_id and super_pod_id (this table is v{}; rank {} {}, this rank {})",
+                    cfg.soc_name,
+                    os.version,
+                    p.rank,
+                    if p.super_fields { "has them" } else { "lacks them" },
+                    if os.super_fields { "has them" } else { "lacks them" },
+                ),
+            ));
+        }
+    }
+    Ok(bound)
+}
+
+/// Whether a SoC name is an Atlas A3 part (`Ascend910_93xx`).
+pub(crate) fn is_a3(soc: &str) -> bool {
+    soc.starts_with("Ascend910_93")
+}
+
 fn prepare(c: &Comm, os: &OneSided, timeout: Duration) -> EmuResult<()> {
     const NAME: &str = "HcclCommPrepare";
+    if os.prepared.load(Ordering::Acquire) {
+        // Prepared once already: the exchange is not repeated (CITE:rule3).
+        debug(|| format!("{NAME}: communicator key {:#x} rank {} is already prepared; nothing to do", c.key, c.rank));
+        return Ok(());
+    }
+    let registered = check_prepare(c, os)?;
+    let mine: Vec<(u64, u64)> = registered.iter().map(|m| (m.addr as u64, m.size as u64)).collect();
+    *write(&os.exported) = Some(registered);
     {
         *lock(&os.prepare_entered) = true;
         os.prepare_cv.notify_all();
     }
     let deadline = Instant::now() + timeout;
-    let mine = os.bound_ranges();
     let mut lower: Vec<&Arc<Peer>> = os.peers.values().filter(|p| p.rank < c.rank).collect();
     lower.sort_by_key(|p| p.rank);
     // This rank's side of each pair with a lower rank: connect and exchange. Each exchange only
@@ -436,7 +587,10 @@ fn prepare(c: &Comm, os: &OneSided, timeout: Duration) -> EmuResult<()> {
             return Err(err(HCCL_E_UNAVAIL, format!("{NAME}: the communicator was destroyed during Prepare")));
         }
         let missing = os.peers.values().filter(|p| p.rank > c.rank && !p.prepared.load(Ordering::Acquire));
-        let Some(rank) = missing.map(|p| p.rank).min() else { return Ok(()) };
+        let Some(rank) = missing.map(|p| p.rank).min() else {
+            os.prepared.store(true, Ordering::Release);
+            return Ok(());
+        };
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
             return Err(err(
@@ -557,33 +711,6 @@ struct Desc {
     len: u64,
 }
 
-fn refresh_ranges(name: &str, c: &Comm, peer: &Peer) -> EmuResult<()> {
-    ensure_connection(name, c, peer)?;
-    let mut conn = lock(&peer.conn);
-    let Some(s) = conn.as_mut() else {
-        return Err(err(HCCL_E_UNAVAIL, format!("{name}: no connection to rank {}: call HcclCommPrepare", peer.rank)));
-    };
-    let r = (|| {
-        wire::set_timeouts(s, Some(config().exec_timeout))?;
-        wire::write_frame(s, kind::RANGES, &[])?;
-        let p = wire::expect_frame(s, kind::RANGES_ACK, MAX_RANGES * 16 + 4096)?;
-        let mut d = Dec::new(&p);
-        Ok::<_, std::io::Error>((d.u32()? as i32, d.str()?, d.ranges(MAX_RANGES)?))
-    })();
-    match r {
-        Ok((HCCL_SUCCESS, _, ranges)) => {
-            *write(&peer.ranges) = ranges;
-            Ok(())
-        }
-        Ok((code, message, _)) => Err(err(code, format!("{name}: rank {}: {message}", peer.rank))),
-        Err(e) => {
-            drop(conn);
-            peer.drop_connection();
-            Err(io_error(name, peer.rank, &e))
-        }
-    }
-}
-
 fn run_batch(comm: &Comm, peer: &Peer, op: u8, descs: &[Desc]) -> EmuResult<()> {
     let name = if op == OP_GET { "HcclBatchGet" } else { "HcclBatchPut" };
     let Some(os) = comm.one_sided.as_ref() else {
@@ -675,12 +802,8 @@ fn run_batch(comm: &Comm, peer: &Peer, op: u8, descs: &[Desc]) -> EmuResult<()> 
     drop(bound);
     match result {
         Ok(()) => Ok(()),
-        // A refusal leaves the connection usable; what Prepare learnt about the peer's memory
-        // is stale, so the next call asks the peer again.
-        Err(Fail::Refused(e)) => {
-            write(&peer.ranges).clear();
-            Err(e)
-        }
+        // A refusal leaves the connection usable.
+        Err(Fail::Refused(e)) => Err(e),
         Err(Fail::Broken(e)) => {
             drop(conn);
             peer.drop_connection();
@@ -761,19 +884,29 @@ fn batch(
                     ),
                 ));
             }
+            if !os.reachable_in(&bound, d.local, d.len) {
+                // Bound after Prepare: never registered with the NIC (CITE:rule3).
+                return Err(err(
+                    HCCL_E_INTERNAL,
+                    format!(
+                        "{name}: descriptor {i}: Can't find localBuffer by key: local {:#x}..+{} was bound after \
+                         HcclCommPrepare",
+                        d.local, d.len
+                    ),
+                ));
+            }
         }
     }
-    if descs.iter().any(|d| !peer.covers(d.remote, d.len)) {
-        refresh_ranges(name, &c, &peer)?;
-        if let Some((i, d)) = descs.iter().enumerate().find(|(_, d)| !peer.covers(d.remote, d.len)) {
-            return Err(err(
-                HCCL_E_PARA,
-                format!(
-                    "{name}: descriptor {i}: remote {:#x}..+{} is not in memory rank {remote_rank} bound to the communicator",
-                    d.remote, d.len
-                ),
-            ));
-        }
+    // Only what the peer exchanged at Prepare is known here; it is never asked again (CITE:rule3).
+    if let Some((i, d)) = descs.iter().enumerate().find(|(_, d)| !peer.covers(d.remote, d.len)) {
+        return Err(err(
+            HCCL_E_INTERNAL,
+            format!(
+                "{name}: descriptor {i}: Can't find remoteBuffer by key: remote {:#x}..+{} is not in the memory rank \
+                 {remote_rank} exchanged at HcclCommPrepare",
+                d.remote, d.len
+            ),
+        ));
     }
     if descs.is_empty() {
         return Ok(());
@@ -869,7 +1002,7 @@ pub(crate) fn serve_connection(mut s: TcpStream, key: u64, rank: u32, src: u32) 
                         let met = *entered;
                         drop(entered);
                         let reply = if met {
-                            Enc::new().u32(HCCL_SUCCESS as u32).str("").ranges(&os.bound_ranges())
+                            Enc::new().u32(HCCL_SUCCESS as u32).str("").ranges(&os.exported_ranges())
                         } else {
                             Enc::new().u32(HCCL_E_TIMEOUT as u32).str("HcclCommPrepare was not called here").ranges(&[])
                         };
@@ -888,13 +1021,6 @@ pub(crate) fn serve_connection(mut s: TcpStream, key: u64, rank: u32, src: u32) 
                         &Enc::new().u32(HCCL_E_NOT_FOUND as u32).str(gone).ranges(&[]).0,
                     ),
                 }
-            }
-            kind::RANGES => {
-                let reply = match os {
-                    Some(os) => Enc::new().u32(HCCL_SUCCESS as u32).str("").ranges(&os.bound_ranges()),
-                    None => Enc::new().u32(HCCL_E_NOT_FOUND as u32).str(gone).ranges(&[]),
-                };
-                wire::write_frame(&mut s, kind::RANGES_ACK, &reply.0)
             }
             kind::BATCH => match serve_batch(&mut s, os, &p) {
                 Ok(true) => Ok(()),
@@ -931,13 +1057,13 @@ fn serve_batch(s: &mut TcpStream, os: Option<&OneSided>, p: &[u8]) -> std::io::R
     };
     let bound = read(&os.bound);
     for (i, &(addr, len)) in descs.iter().enumerate() {
-        if len == 0 || !bound.iter().any(|m| m.contains(addr, len)) {
+        if len == 0 || !os.reachable_in(&bound, addr, len) {
             drop(bound);
             refuse(
                 s,
                 HCCL_E_PARA,
                 i as u32,
-                &format!("{addr:#x}..+{len} is not inside memory bound to the communicator"),
+                &format!("{addr:#x}..+{len} is not inside memory bound to the communicator and prepared"),
             )?;
             return Ok(true);
         }
@@ -970,11 +1096,22 @@ mod tests {
     use super::*;
 
     fn mem(addr: usize, size: usize) -> Arc<GlobalMem> {
-        Arc::new(GlobalMem { handle: 1, addr, size, _alloc: None, state: Mutex::new(MemState::default()) })
+        Arc::new(GlobalMem {
+            handle: 1,
+            addr,
+            size,
+            mem_type: HCCL_MEM_TYPE_DEVICE,
+            _alloc: None,
+            state: Mutex::new(MemState::default()),
+        })
     }
 
     fn os_with(bound: Vec<Arc<GlobalMem>>) -> OneSided {
         OneSided {
+            exported: RwLock::new(Some(bound.clone())),
+            prepared: AtomicBool::new(true),
+            super_fields: false,
+            version: "1.0".into(),
             bound: RwLock::new(bound),
             prepare_entered: Mutex::new(true),
             prepare_cv: Condvar::new(),

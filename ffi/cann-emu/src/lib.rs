@@ -29,7 +29,10 @@
 //! | variable | meaning |
 //! | --- | --- |
 //! | `FERRY_CANN_EMU_DEVICES` | number of emulated physical devices, ids `0..N-1` (default 8) |
-//! | `ASCEND_RT_VISIBLE_DEVICES` | CANN's visible-device list; see [`parse_visible_devices`] for the rules |
+//! | `FERRY_CANN_EMU_MOUNTED` | a container: the physical ids of the cards it mounts, in its logical order (`6,7`: logical 0 is physical 6); unset = bare metal, logical = physical; see [`parse_mounted`] |
+//! | `ASCEND_RT_VISIBLE_DEVICES` | CANN's visible-device list of *logical* ids; see [`parse_visible_devices`] for the rules |
+//! | `FERRY_CANN_EMU_SOC` | what `aclrtGetSocName` answers (default `Ascend910B3`, an Atlas A2; `Ascend910_9391` makes an Atlas A3) |
+//! | `HCCL_INTRA_ROCE_ENABLE` | `1`: ranks on one server use RoCE rules instead of HCCS IPC |
 //! | `FERRY_CANN_EMU_FAIL` | `<symbol>:<n>[:<code>][,...]`: the n-th call (1-based, per process) of `symbol` fails; `n` may be `a-b` (inclusive) or `*` (every call); the code defaults to a plausible one for the symbol (see `faults`) |
 //! | `FERRY_CANN_EMU_DELAY_US` | `<symbol>:<us>[,...]`: each call of `symbol` takes `us` microseconds longer; for the stream-ordered calls (`aclrtMemcpyAsync`, `HcclSend`, `HcclRecv`, `HcclBatchGet`, `HcclBatchPut`) the delay is added to the queued operation, not to the call |
 //! | `FERRY_CANN_EMU_NO_ONESIDED` | `1`: the one-sided HCCL calls answer `HCCL_E_NOT_SUPPORT` (5) though their symbols exist |
@@ -78,8 +81,10 @@ mod wire;
 
 pub use acl::*;
 pub use codes::*;
-pub use config::parse_visible_devices;
+pub use config::{parse_mounted, parse_visible_devices};
 pub use hccl::*;
+#[cfg(feature = "onesided")]
+pub use hccl_one_sided::IPC_ALIGNMENT;
 #[cfg(feature = "onesided")]
 pub use hccl_one_sided::*;
 pub use hccl_two_sided::*;
@@ -110,6 +115,8 @@ pub const BASE_SYMBOLS: &[&str] = &[
     "aclrtGetVersion",
     "aclrtGetPhyDevIdByUserDevId",
     "aclrtGetPhyDevIdByLogicDevId",
+    "aclrtGetLogicDevIdByUserDevId",
+    "aclrtStreamAbort",
     "aclrtPointerGetAttributes",
     "aclrtGetSocName",
     "aclGetRecentErrMsg",

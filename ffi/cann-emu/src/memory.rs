@@ -65,7 +65,8 @@ static ALLOCATIONS: LazyLock<RwLock<BTreeMap<usize, Arc<Allocation>>>> = LazyLoc
 static DEVICE_USED: LazyLock<Mutex<HashMap<u32, u64>>> = LazyLock::new(Default::default);
 
 fn allocate(size: usize, kind: MemKind, page_size: u32) -> EmuResult<Arc<Allocation>> {
-    let layout = Layout::from_size_align(size, ALIGN)
+    // Huge-page allocations start on a huge page, as the device allocator's do.
+    let layout = Layout::from_size_align(size, ALIGN.max(page_size as usize))
         .map_err(|_| err(ACL_ERROR_RT_MEMORY_ALLOCATION, format!("cannot allocate {size} bytes")))?;
     // SAFETY: `layout` has a non-zero size (callers refuse size 0) and a valid alignment.
     let p = unsafe { std::alloc::alloc_zeroed(layout) };

@@ -1,4 +1,5 @@
-//! HCCL rank tables (v1.0, and v1.2 which adds fields the emulator ignores).
+//! HCCL rank tables (v1.0, and v1.2 with the Atlas A3 fields `super_device_id` and
+//! `super_pod_list`).
 //!
 //! `{"status":"completed","version":"1.0","server_count":"1","server_list":[{"server_id":"…",
 //! "device":[{"device_id":"0","device_ip":"…","device_port":"16667","rank_id":"0"}]}]}`: all
@@ -23,6 +24,10 @@ pub(crate) struct RankEntry {
     pub(crate) server_id: String,
     pub(crate) device_id: u32,
     pub(crate) endpoint: SocketAddr,
+    /// `super_device_id` (v1.2, Atlas A3), when the table gives it.
+    pub(crate) super_device_id: Option<u32>,
+    /// The server's `super_pod_id` (v1.2, from `super_pod_list`), when the table gives it.
+    pub(crate) super_pod_id: Option<String>,
 }
 
 /// A parsed rank table, ranks in rank order.
@@ -30,6 +35,8 @@ pub(crate) struct RankEntry {
 pub(crate) struct RankTable {
     pub(crate) ranks: Vec<RankEntry>,
     pub(crate) key: u64,
+    /// `"1.0"` or `"1.2"`.
+    pub(crate) version: String,
 }
 
 fn string_field<'a>(v: &'a Value, field: &str, at: &str) -> Result<&'a str, String> {
@@ -72,10 +79,28 @@ pub(crate) fn parse(json: &str) -> Result<RankTable, String> {
     if server_count != servers.len() {
         return Err(format!("rank table.server_count is {server_count} but server_list has {} entries", servers.len()));
     }
+    // v1.2: `super_pod_list: [{"super_pod_id": "0", "server_list": [{"server_id": "…"}]}]`.
+    let mut super_pods = std::collections::HashMap::new();
+    for (pi, pod) in v.get("super_pod_list").and_then(Value::as_array).into_iter().flatten().enumerate() {
+        let at = format!("rank table.super_pod_list[{pi}]");
+        let pod_id = string_field(pod, "super_pod_id", &at)?.to_string();
+        for s in pod.get("server_list").and_then(Value::as_array).into_iter().flatten() {
+            if let Some(Value::String(id)) = s.get("server_id") {
+                super_pods.insert(id.clone(), pod_id.clone());
+            }
+        }
+    }
     let mut ranks: Vec<RankEntry> = Vec::new();
     for (si, server) in servers.iter().enumerate() {
         let at = format!("server_list[{si}]");
         let server_id = string_field(server, "server_id", &at)?.to_string();
+        // CITE:rule7
+        if server.get("host_ip").is_some() {
+            let host_ip = string_field(server, "host_ip", &at)?;
+            host_ip.parse::<IpAddr>().map_err(|_| {
+                format!("{at}.host_ip = {host_ip:?} is not an IP address (HCCL takes a literal IPv4/IPv6 address, not a host name)")
+            })?;
+        }
         let devices = server.get("device").and_then(Value::as_array).ok_or(format!("{at}.device must be an array"))?;
         for (di, d) in devices.iter().enumerate() {
             let at = format!("{at}.device[{di}]");
@@ -88,6 +113,10 @@ pub(crate) fn parse(json: &str) -> Result<RankTable, String> {
                 None => DEFAULT_DEVICE_PORT,
                 Some(_) => number_field(d, "device_port", &at)?,
             };
+            let super_device_id = match d.get("super_device_id") {
+                None => None,
+                Some(_) => Some(number_field::<u32>(d, "super_device_id", &at)?),
+            };
             if ranks.iter().any(|r| r.server_id == server_id && r.device_id == device_id) {
                 return Err(format!("{at}: device_id {device_id} appears twice on server {server_id:?}"));
             }
@@ -96,6 +125,8 @@ pub(crate) fn parse(json: &str) -> Result<RankTable, String> {
                 server_id: server_id.clone(),
                 device_id,
                 endpoint: SocketAddr::new(ip, port),
+                super_device_id,
+                super_pod_id: super_pods.get(&server_id).cloned(),
             });
         }
     }
@@ -114,7 +145,7 @@ pub(crate) fn parse(json: &str) -> Result<RankTable, String> {
     }
     let canonical: String =
         ranks.iter().map(|r| format!("{}|{}|{}|{};", r.rank, r.server_id, r.device_id, r.endpoint)).collect::<String>();
-    Ok(RankTable { key: fnv1a(format!("{version};{canonical}").as_bytes()), ranks })
+    Ok(RankTable { key: fnv1a(format!("{version};{canonical}").as_bytes()), ranks, version: version.to_string() })
 }
 
 #[cfg(test)]
@@ -145,6 +176,10 @@ mod tests {
             (TABLE.replace(r#""device_id":"4""#, r#""device_id":4"#), "device_id must be a string"),
             (TABLE.replace(r#""rank_id":"1""#, r#""rank_id":"0""#), "rank_id"),
             (TABLE.replace("127.0.0.2", "not-an-ip"), "device_ip"),
+            (
+                TABLE.replace(r#""server_id":"node_1","#, r#""server_id":"node_1","host_ip":"node1.example","#),
+                "host_ip",
+            ),
             (TABLE.replace(r#""server_count":"2""#, r#""server_count":"3""#), "server_count"),
             (TABLE.replace("\"1.0\"", "\"2.0\""), "version"),
             (TABLE.replace("17001", "99999"), "device_port"),

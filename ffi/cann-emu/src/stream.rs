@@ -30,6 +30,8 @@ struct State {
     completed: u64,
     error: Option<EmuError>,
     closed: bool,
+    /// `aclrtStreamAbort` ran: everything queued before it is discarded.
+    aborting: bool,
 }
 
 #[derive(Debug, Default)]
@@ -55,7 +57,7 @@ fn run_worker(shared: Arc<Shared>, rx: mpsc::Receiver<Task>) {
     while let Ok(task) = rx.recv() {
         let skip = {
             let st = lock(&shared.state);
-            st.closed || st.error.is_some()
+            st.closed || st.error.is_some() || st.aborting
         };
         let result = if skip {
             Ok(())
@@ -143,6 +145,20 @@ impl Stream {
             Some(e) => Err(e),
             None => Ok(()),
         }
+    }
+
+    /// `aclrtStreamAbort`: discards what has not started and waits for the running operation
+    /// (the emulator cannot cut a running one short; each is bounded by its own timeouts). The
+    /// next synchronize reports `ACL_ERROR_RT_STREAM_ABORT` (107023), once (CITE:rule9).
+    pub(crate) fn abort(&self) {
+        let mut st = lock(&self.shared.state);
+        st.aborting = true;
+        let target = st.submitted;
+        while st.completed < target {
+            st = self.shared.cv.wait(st).unwrap_or_else(|e| e.into_inner());
+        }
+        st.aborting = false;
+        st.error = Some(err(ACL_ERROR_RT_STREAM_ABORT, "the stream was aborted (aclrtStreamAbort)"));
     }
 
     /// Discards what has not started, waits for the running operation, stops the worker.

@@ -38,10 +38,7 @@ pub(crate) mod kind {
     pub(crate) const PREPARE: u16 = 6;
     /// Answer to [`PREPARE`].
     pub(crate) const PREPARE_ACK: u16 = 7;
-    /// One-sided: ask for the peer's bound memory now.
-    pub(crate) const RANGES: u16 = 8;
-    /// Answer to [`RANGES`].
-    pub(crate) const RANGES_ACK: u16 = 9;
+    // 8 and 9 were a re-query of the peer's memory after Prepare, which real HCCL does not do.
     /// One-sided: a batch of reads or writes.
     pub(crate) const BATCH: u16 = 10;
     /// Answer to [`BATCH`]: accepted (raw data follows for reads) or refused.
