@@ -137,6 +137,21 @@ pub unsafe extern "C" fn aclrtGetDeviceCount(count: *mut u32) -> i32 {
             if count.is_null() {
                 return Err(null("count"));
             }
+            if config().visible.is_empty() {
+                return Err(err(
+                    ACL_ERROR_RT_NO_DEVICE,
+                    format!(
+                        "no device is visible to this process{}",
+                        match std::env::var("ASCEND_RT_VISIBLE_DEVICES") {
+                            Ok(v) => format!(
+                                " (ASCEND_RT_VISIBLE_DEVICES={v:?} lists no valid logical id: ids must be ascending, \
+                                 unique and below the device count)"
+                            ),
+                            Err(_) => String::new(),
+                        }
+                    ),
+                ));
+            }
             // SAFETY: non-null, valid per this function's contract.
             unsafe { out(count, config().visible.len() as u32) };
             Ok(())

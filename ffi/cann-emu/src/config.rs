@@ -1,20 +1,21 @@
 //! Process configuration read from the environment (once, at first use).
 //!
-//! ## `ASCEND_RT_VISIBLE_DEVICES`, as CANN documents it
+//! ## `ASCEND_RT_VISIBLE_DEVICES`, as CANN documents and implements it
 //!
-//! CANN's environment-variable reference says: the value lists *logical* device ids separated
-//! by commas; the process sees only those devices, and its *user* ids (what `aclrtSetDevice`
-//! and `aclrtGetDevice` take and return) are the indexes in that list, so `=1,2,3` gives three
-//! devices whose user id 0 is logical id 1. "The value cannot contain other characters or
-//! invalid device ids; if it does, only the ids before them are read": `=1, 2,3` reads only
-//! `1` (the space stops parsing), `=1,3,8` on an 8-device machine reads `1,3` (8 is out of
-//! range). "Only ascending order is supported": the emulator treats an id that is not greater
-//! than the previous one (unsorted or repeated) as an invalid entry, so `=5,4` reads `5`.
-//! An empty value (or one whose first entry is bad) leaves no device visible. Unset: every
-//! device is visible and user id == logical id.
+//! The value lists *logical* device ids separated by commas (CANN environment reference:
+//! "Device ID为昇腾AI处理器的逻辑ID"); the process sees only those devices, and its *user* ids
+//! (what `aclrtSetDevice` and `aclrtGetDevice` take and return) are the indexes in that list.
+//! The runtime's parser (`src/runtime/core/src/runtime.cc`) stops at the first character that
+//! is not a digit or a comma, at an empty entry and at the first id not below the device count
+//! (`=1, 2,3` reads `1`, `=1,3,8` on 8 devices reads `1,3`); a descending or repeated id makes
+//! the whole variable an error ("must be configured in ascending order", "cannot be
+//! duplicated"), as does a value with no valid id: `aclrtGetDeviceCount` then answers
+//! `ACL_ERROR_RT_NO_DEVICE` (207004). Unset: every device is visible and user id == logical id.
 //!
-//! Outside a container logical id == physical id, and the emulator has no container, so the
-//! logical ids are the physical ids (`/dev/davinciN`, rank tables, `hccn.conf`).
+//! Logical ids are physical ids on bare metal only. A container that mounts a subset of the
+//! cards numbers them 0, 1, … in its own order; `FERRY_CANN_EMU_MOUNTED=6,7` models one that
+//! mounts physical cards 6 and 7 (logical 0 is physical 6). CANN's example: visible `1,2` →
+//! user 0 → logical 1 → physical 6.
 
 use std::net::IpAddr;
 use std::sync::OnceLock;
@@ -59,9 +60,9 @@ pub(crate) struct Config {
 /// CANN's environment-variable reference: ids are separated by commas; "the value cannot
 /// contain other characters or invalid device ids; if it does, only the ids before them are
 /// read" (`1, 2,3` reads `[1]` because of the space; `1,3,8` on 8 devices reads `[1, 3]`), and
-/// "only ascending order is supported" — the emulator stops at an id that is not greater than
-/// the previous one (`5,4` reads `[5]`, `4,4` reads `[4]`). An empty value, or a bad first
-/// entry, leaves no device. (When the variable is unset every device is visible; the emulator
+/// the ids must be strictly ascending: a descending or repeated id makes the *whole* variable an
+/// error (`5,4` and `4,4` read `[]`; the runtime then reports no device). An empty value, or a
+/// bad first entry, leaves no device. (When the variable is unset every device is visible; the emulator
 /// has no container, so logical ids are physical ids.)
 ///
 /// ```
@@ -69,7 +70,7 @@ pub(crate) struct Config {
 /// assert_eq!(parse("4,5", 8), vec![4, 5]);
 /// assert_eq!(parse("1, 2,3", 8), vec![1]);
 /// assert_eq!(parse("1,3,8", 8), vec![1, 3]);
-/// assert_eq!(parse("5,4", 8), vec![5]);
+/// assert_eq!(parse("5,4", 8), Vec::<u32>::new());
 /// assert_eq!(parse("", 8), Vec::<u32>::new());
 /// ```
 pub fn parse_visible_devices(value: &str, physical: u32) -> Vec<u32> {
@@ -79,10 +80,18 @@ pub fn parse_visible_devices(value: &str, physical: u32) -> Vec<u32> {
             break;
         }
         let Ok(id) = entry.parse::<u32>() else { break };
-        if id >= physical || out.last().is_some_and(|&last| id <= last) {
+        if id >= physical {
             break;
         }
+        if out.last().is_some_and(|&last| id <= last) {
+            // "it must be configured in ascending order" / "cannot be duplicated": the whole
+            // variable is refused (runtime.cc, RT_ALL_ORDER_ERROR / RT_ALL_DUPLICATED_ERROR).
+            return Vec::new();
+        }
         out.push(id);
+        if out.len() as u32 >= physical {
+            break;
+        }
     }
     out
 }
@@ -216,8 +225,8 @@ mod tests {
     fn parsing_stops_at_the_first_bad_entry() {
         assert_eq!(parse("1, 2,3", 8), vec![1], "a space is another character");
         assert_eq!(parse("1,3,8", 8), vec![1, 3], "8 is out of range on 8 devices");
-        assert_eq!(parse("5,4", 8), vec![5], "descending");
-        assert_eq!(parse("4,4,5", 8), vec![4], "repeated");
+        assert_eq!(parse("5,4", 8), Vec::<u32>::new(), "descending: the whole variable is refused");
+        assert_eq!(parse("4,4,5", 8), Vec::<u32>::new(), "repeated: the whole variable is refused");
         assert_eq!(parse("2,x,3", 8), vec![2]);
         assert_eq!(parse("2,3,", 8), vec![2, 3], "trailing comma");
         assert_eq!(parse("-1", 8), Vec::<u32>::new());

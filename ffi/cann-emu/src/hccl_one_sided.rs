@@ -317,7 +317,8 @@ pub unsafe extern "C" fn HcclRegisterGlobalMem(mem: *const CommMem, mem_handle: 
                 unsafe { mem_handle.write_unaligned(handles::to_ptr(same.handle)) };
                 return Ok(());
             }
-            if let Some(other) = mems.values().find(|g| g.overlaps(addr, size)) {
+            // Overlap is checked among ranges of the same type only.
+            if let Some(other) = mems.values().find(|g| g.mem_type == m.mem_type && g.overlaps(addr, size)) {
                 return Err(err(
                     HCCL_E_PARA,
                     format!(

@@ -30,8 +30,10 @@ struct State {
     completed: u64,
     error: Option<EmuError>,
     closed: bool,
-    /// `aclrtStreamAbort` ran: everything queued before it is discarded.
+    /// `aclrtStreamAbort` is running: everything queued is discarded.
     aborting: bool,
+    /// Counts aborts, so a synchronize that was waiting during one can tell.
+    aborts: u64,
 }
 
 #[derive(Debug, Default)]
@@ -122,7 +124,11 @@ impl Stream {
         let deadline = timeout.map(|t| Instant::now() + t);
         let mut st = lock(&self.shared.state);
         let target = st.submitted;
+        let aborts = st.aborts;
         while st.completed < target {
+            if st.aborts != aborts {
+                return Err(err(ACL_ERROR_RT_STREAM_ABORT, "the stream was aborted while this synchronize waited"));
+            }
             match deadline {
                 None => st = self.shared.cv.wait(st).unwrap_or_else(|e| e.into_inner()),
                 Some(d) => {
@@ -148,17 +154,21 @@ impl Stream {
     }
 
     /// `aclrtStreamAbort`: discards what has not started and waits for the running operation
-    /// (the emulator cannot cut a running one short; each is bounded by its own timeouts). The
-    /// next synchronize reports `ACL_ERROR_RT_STREAM_ABORT` (107023), once (CITE:rule9).
+    /// (the emulator cannot cut a running one short; each is bounded by its own timeouts). A
+    /// synchronize waiting meanwhile returns `ACL_ERROR_RT_STREAM_ABORT` (107023); afterwards the
+    /// stream is empty and normal again, its pending error cleared (runtime `Stream::StreamAbort`
+    /// restores the normal state; see docs/ascend.md).
     pub(crate) fn abort(&self) {
         let mut st = lock(&self.shared.state);
         st.aborting = true;
+        st.aborts += 1;
+        self.shared.cv.notify_all();
         let target = st.submitted;
         while st.completed < target {
             st = self.shared.cv.wait(st).unwrap_or_else(|e| e.into_inner());
         }
         st.aborting = false;
-        st.error = Some(err(ACL_ERROR_RT_STREAM_ABORT, "the stream was aborted (aclrtStreamAbort)"));
+        st.error = None;
     }
 
     /// Discards what has not started, waits for the running operation, stops the worker.

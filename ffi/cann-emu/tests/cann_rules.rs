@@ -473,8 +473,8 @@ fn container_ids_map_user_to_logical_to_physical() {
     assert_eq!(got, 0, "the current device is user id 0 whatever the card");
 }
 
-/// Rule 9: `aclrtStreamAbort` discards queued work; the next synchronize reports
-/// `ACL_ERROR_RT_STREAM_ABORT` (107023), once.
+/// Rule 9: `aclrtStreamAbort` discards queued work; a synchronize waiting meanwhile returns
+/// `ACL_ERROR_RT_STREAM_ABORT` (107023); afterwards the stream is normal.
 #[test]
 fn stream_abort_discards_queued_work() {
     const NAME: &str = "stream_abort_discards_queued_work";
@@ -486,15 +486,24 @@ fn stream_abort_discards_queued_work() {
     let s = new_stream();
     let src = pattern(3, 4096);
     let started = Instant::now();
+    let stream = s as usize;
     // SAFETY: `src` outlives the stream's work (the stream is synchronized below).
     unsafe {
         for _ in 0..4 {
             ok(aclrtMemcpyAsync(d, 4096, src.as_ptr().cast(), 4096, ACL_MEMCPY_HOST_TO_DEVICE, s), "queue");
         }
-        std::thread::sleep(Duration::from_millis(50));
-        ok(aclrtStreamAbort(s), "aclrtStreamAbort");
-        assert!(started.elapsed() < Duration::from_millis(600), "three of four copies were discarded");
-        assert_eq!(aclrtSynchronizeStream(s), ACL_ERROR_RT_STREAM_ABORT);
-        ok(aclrtSynchronizeStream(s), "reported once");
+    }
+    // SAFETY: a live stream (its handle is a number).
+    let waiter = std::thread::spawn(move || unsafe { aclrtSynchronizeStream(stream as AclrtStream) });
+    std::thread::sleep(Duration::from_millis(50));
+    // SAFETY: live stream.
+    ok(unsafe { aclrtStreamAbort(s) }, "aclrtStreamAbort");
+    assert!(started.elapsed() < Duration::from_millis(600), "three of four copies were discarded");
+    assert_eq!(waiter.join().unwrap(), ACL_ERROR_RT_STREAM_ABORT, "the waiting synchronize");
+    // SAFETY: live stream; `src` outlives the copy.
+    unsafe {
+        ok(aclrtSynchronizeStream(s), "after the abort the stream is normal");
+        ok(aclrtMemcpyAsync(d, 4096, src.as_ptr().cast(), 4096, ACL_MEMCPY_HOST_TO_DEVICE, s), "usable again");
+        ok(aclrtSynchronizeStream(s), "and runs work");
     }
 }
