@@ -71,14 +71,55 @@ impl Device {
 
     /// Allocates `len` bytes of device memory (`aclrtMalloc`, huge pages first).
     pub fn alloc(&self, len: usize) -> Result<DeviceBuffer> {
+        self.alloc_with_policy(len, raw::malloc_policy::HUGE_FIRST)
+    }
+
+    /// Allocates `len` bytes of device memory in huge pages only
+    /// (`ACL_MEM_MALLOC_HUGE_ONLY`): it starts on a 2 MiB boundary, as memory shared with
+    /// another rank of the same server over HCCS IPC must.
+    pub fn alloc_huge(&self, len: usize) -> Result<DeviceBuffer> {
+        self.alloc_with_policy(len, raw::malloc_policy::HUGE_ONLY)
+    }
+
+    fn alloc_with_policy(&self, len: usize, policy: i32) -> Result<DeviceBuffer> {
         if len == 0 {
             return Err(AscendError::InvalidArgument("zero-length device allocation".into()));
         }
         let mut p: *mut c_void = std::ptr::null_mut();
-        // SAFETY: `p` is a valid out-pointer; policy 0 = ACL_MEM_MALLOC_HUGE_FIRST.
-        let code = unsafe { (self.lib.acl.malloc)(&mut p, len, 0) };
+        // SAFETY: `p` is a valid out-pointer; `policy` is one of ACL's memory policies.
+        let code = unsafe { (self.lib.acl.malloc)(&mut p, len, policy) };
         self.lib.acl_check("aclrtMalloc", code)?;
         Ok(DeviceBuffer { lib: self.lib.clone(), ptr: p, len, _bound: PhantomData })
+    }
+
+    /// Allocates `len` bytes of host memory the device can register (`aclrtMallocHost`): what
+    /// HCCL's one-sided service needs of host memory. [`AscendError::Unavailable`] when the
+    /// release lacks the call.
+    pub fn alloc_host(&self, len: usize) -> Result<HostBuffer> {
+        if len == 0 {
+            return Err(AscendError::InvalidArgument("zero-length host allocation".into()));
+        }
+        let (Some(malloc), Some(free)) = (self.lib.opt.malloc_host, self.lib.opt.free_host) else {
+            return Err(AscendError::Unavailable {
+                symbol: "aclrtMallocHost",
+                purpose: "allocating pinned host memory",
+            });
+        };
+        let mut p: *mut c_void = std::ptr::null_mut();
+        // SAFETY: `p` is a valid out-pointer.
+        let code = unsafe { malloc(&mut p, len) };
+        self.lib.acl_check("aclrtMallocHost", code)?;
+        Ok(HostBuffer { lib: self.lib.clone(), free, ptr: p, len })
+    }
+
+    /// What `aclrtPointerGetAttributes` says of the memory at `addr`, `None` when this
+    /// release lacks the call.
+    pub fn pointer_kind(&self, addr: u64) -> Result<Option<PointerKind>> {
+        Ok(self.pointer_attributes(addr)?.map(|(id, ty)| match ty {
+            raw::mem_location::DEVICE => PointerKind::Device(id),
+            raw::mem_location::HOST => PointerKind::PinnedHost,
+            _ => PointerKind::OtherHost,
+        }))
     }
 
     /// `aclrtMemcpy` of `len` bytes from `src` to `dst` with copy kind `kind`
@@ -104,6 +145,19 @@ impl Device {
         self.lib.acl_check("aclrtPointerGetAttributes", code)?;
         Ok(Some((attr.id, attr.mem_type)))
     }
+}
+
+/// Where memory lives, per `aclrtPointerGetAttributes` (`aclrtMemLocationType`: HOST 0,
+/// DEVICE 1, UNREGISTERED 2, and newer values; CANN runtime `acl_rt.h`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PointerKind {
+    /// Device memory of the user device with this id.
+    Device(u32),
+    /// Host memory from `aclrtMallocHost` (the device can register it).
+    PinnedHost,
+    /// Any other host memory (`malloc`, the stack, a mapping): HCCL cannot register it with
+    /// the device (`aclrtHostRegister` refuses it).
+    OtherHost,
 }
 
 /// An ACL stream; destroyed when dropped (on its thread).
@@ -276,6 +330,58 @@ impl DeviceBuffer {
             )
         };
         self.lib.acl_check("aclrtMemcpy", code)
+    }
+}
+
+/// Host memory from `aclrtMallocHost`; freed with `aclrtFreeHost` when dropped.
+pub struct HostBuffer {
+    lib: Arc<Library>,
+    free: raw::AclrtFree,
+    ptr: *mut c_void,
+    len: usize,
+}
+
+// SAFETY: host memory is not tied to a thread; the pointer is owned by this value alone and
+// freed once, in `drop`.
+unsafe impl Send for HostBuffer {}
+
+impl std::fmt::Debug for HostBuffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HostBuffer").field("addr", &self.ptr).field("len", &self.len).finish()
+    }
+}
+
+impl HostBuffer {
+    /// First byte.
+    pub fn addr(&self) -> u64 {
+        self.ptr as u64
+    }
+
+    /// Length.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Always false (zero-length allocations are refused).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The bytes.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: `ptr` is a live allocation of `len` bytes owned by this value.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.cast(), self.len) }
+    }
+}
+
+impl Drop for HostBuffer {
+    fn drop(&mut self) {
+        // SAFETY: `ptr` came from aclrtMallocHost and is freed once.
+        let code = unsafe { (self.free)(self.ptr) };
+        if code != 0 {
+            tracing::debug!(code, "aclrtFreeHost failed");
+        }
+        let _ = &self.lib;
     }
 }
 

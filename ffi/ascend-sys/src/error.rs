@@ -11,6 +11,8 @@ pub const HCCL_E_TIMEOUT: i32 = 9;
 pub const ACL_ERROR_REPEAT_INITIALIZE: i32 = 100_002;
 /// `aclError` value of an invalid device id.
 pub const ACL_ERROR_INVALID_DEVICE: i32 = 107_001;
+/// `ACL_ERROR_RT_CONTEXT_NULL`: the calling thread has no current context (no device set).
+pub const ACL_ERROR_CONTEXT_NULL: i32 = 107_002;
 
 /// Result alias of this crate.
 pub type Result<T, E = AscendError> = std::result::Result<T, E>;

@@ -1,15 +1,29 @@
 //! HCCL: root info, communicators (two-sided init + send/recv; one-sided init from a rank
 //! table, bind, prepare, batch get/put) and global memory handles.
 
+use std::collections::HashMap;
 use std::ffi::{CString, c_void};
 use std::marker::PhantomData;
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 use crate::device::{Device, Stream};
 use crate::error::{AscendError, Result};
 use crate::library::Library;
 use crate::raw;
+
+/// HCCL's communicator init and destroy change unlocked process globals and must never run at
+/// the same time in one process (HCOMM `op_base.cc`; HIXL serialises
+/// `HcclCommInitClusterInfoMemConfig` with one process-wide mutex because "the underlying hccl
+/// library does not support parallel HcclCommInitClusterInfoMemConfig calls"). Every
+/// one-sided init and every destroy in this process, whichever engine makes it, holds this lock.
+/// The collective two-sided init (`HcclCommInitRootInfo`) does not: it blocks until every rank
+/// joined, and two engines of one process initialising with each other would deadlock on it.
+static LIFECYCLE: Mutex<()> = Mutex::new(());
+
+fn lifecycle() -> MutexGuard<'static, ()> {
+    LIFECYCLE.lock().unwrap_or_else(|p| p.into_inner())
+}
 
 /// An `HcclRootInfo`: what the root rank hands the others for a two-sided init.
 #[derive(Clone)]
@@ -55,7 +69,7 @@ impl RootInfo {
 }
 
 /// Kind of memory registered with [`GlobalMem::register`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum MemKind {
     /// Device memory (`CommMem.type` 0).
     Device,
@@ -64,8 +78,11 @@ pub enum MemKind {
 }
 
 /// Memory registered with the one-sided service (`HcclRegisterGlobalMem`). Process-wide: one
-/// handle may be bound to several communicators. Deregistered when dropped (unbind it from
-/// every communicator first).
+/// handle may be bound to several communicators, and every engine of the process that
+/// registers the same range shares it ([`GlobalMem::register`] hands out one `Arc` per range:
+/// HCCL answers an identical range with the same handle and keeps no count, so the first
+/// deregistration would pull it from under the others). Deregistered when the last holder
+/// drops it (unbind it from every communicator first).
 pub struct GlobalMem {
     lib: Arc<Library>,
     handle: *mut c_void,
@@ -87,12 +104,18 @@ impl std::fmt::Debug for GlobalMem {
 }
 
 impl GlobalMem {
-    /// Registers `[addr, addr + len)` with the one-sided service.
+    /// Registers `[addr, addr + len)` with the one-sided service, or returns this process's
+    /// live registration of exactly that range (see the type's doc).
     ///
     /// # Safety
-    /// The range must be memory of this process of the given kind, valid until this handle is
-    /// dropped, and readable and writable by peers bound to it meanwhile.
-    pub unsafe fn register(device: &Device, kind: MemKind, addr: u64, len: u64) -> Result<Self> {
+    /// The range must be memory of this process of the given kind, valid until the last holder
+    /// of the returned handle dropped it, and readable and writable by peers bound to it
+    /// meanwhile.
+    pub unsafe fn register(device: &Device, kind: MemKind, addr: u64, len: u64) -> Result<Arc<Self>> {
+        let mut registrations = registrations();
+        if let Some(live) = registrations.get(&(addr, len, kind)).and_then(Weak::upgrade) {
+            return Ok(live);
+        }
         let lib = device.library();
         let f = lib.one_sided("HcclRegisterGlobalMem")?;
         let mem = raw::CommMem {
@@ -107,7 +130,16 @@ impl GlobalMem {
         // SAFETY: `mem` and `handle` are valid for the call; the caller vouches for the range.
         let code = unsafe { (f.register_global_mem)(&mem, &mut handle) };
         lib.hccl_check("HcclRegisterGlobalMem", code)?;
-        Ok(Self { lib: lib.clone(), handle, addr, len, kind })
+        let g = Arc::new(Self { lib: lib.clone(), handle, addr, len, kind });
+        registrations.retain(|_, w| w.strong_count() > 0);
+        registrations.insert((addr, len, kind), Arc::downgrade(&g));
+        Ok(g)
+    }
+
+    /// How many holders share this registration (engines of this process, and the
+    /// communicators it is bound to).
+    pub fn holders(self: &Arc<Self>) -> usize {
+        Arc::strong_count(self)
     }
 
     /// First byte.
@@ -140,6 +172,10 @@ impl GlobalMem {
             return Ok(());
         }
         let f = self.lib.one_sided("HcclDeregisterGlobalMem")?;
+        // Under the registry's lock, so that a registration of the same range cannot be handed
+        // HCCL's same handle while this one deregisters it.
+        let mut registrations = registrations();
+        registrations.retain(|_, w| w.strong_count() > 0);
         let handle = std::mem::replace(&mut self.handle, std::ptr::null_mut());
         // SAFETY: `handle` came from HcclRegisterGlobalMem and is deregistered once (the field
         // is cleared above).
@@ -154,6 +190,13 @@ impl Drop for GlobalMem {
             tracing::warn!(addr = self.addr, len = self.len, error = %e, "deregistering global memory failed");
         }
     }
+}
+
+type Registrations = HashMap<(u64, u64, MemKind), Weak<GlobalMem>>;
+
+fn registrations() -> MutexGuard<'static, Registrations> {
+    static REGISTRATIONS: LazyLock<Mutex<Registrations>> = LazyLock::new(Default::default);
+    REGISTRATIONS.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// One transfer of a one-sided batch: `len` bytes between a local and a remote address.
@@ -201,6 +244,7 @@ impl Communicator {
             .map_err(|_| AscendError::InvalidArgument("rank table contains a NUL byte".into()))?;
         let mut config = comm_config(name)?;
         let mut comm: raw::HcclComm = std::ptr::null_mut();
+        let _serial = lifecycle();
         // SAFETY: `table` is NUL-terminated, `config` a valid HcclCommConfig (size, magic and
         // version set), `comm` a valid out-pointer; all outlive the call.
         let code = unsafe {
@@ -342,11 +386,14 @@ impl Communicator {
         if self.raw.is_null() {
             return Ok(());
         }
-        let comm = std::mem::replace(&mut self.raw, std::ptr::null_mut());
-        // SAFETY: a live communicator created on this thread (the type is not Send), destroyed
-        // once (the field is cleared above).
-        let code = unsafe { (self.lib.hccl.comm_destroy)(comm) };
-        self.lib.hccl_check("HcclCommDestroy", code)
+        let _serial = lifecycle();
+        // SAFETY: a live communicator created on this thread (the type is not Send); HCCL
+        // refuses to destroy a one-sided communicator with memory still bound and keeps it, so
+        // the handle is cleared only once the destroy succeeded (a failed one may be retried).
+        let code = unsafe { (self.lib.hccl.comm_destroy)(self.raw) };
+        self.lib.hccl_check("HcclCommDestroy", code)?;
+        self.raw = std::ptr::null_mut();
+        Ok(())
     }
 }
 

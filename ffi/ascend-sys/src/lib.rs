@@ -29,10 +29,10 @@ mod search;
 pub mod test_support;
 mod worker;
 
-pub use device::{Device, DeviceBuffer, Drained, Stream};
+pub use device::{Device, DeviceBuffer, Drained, HostBuffer, PointerKind, Stream};
 pub use error::{
-    ACL_ERROR_INVALID_DEVICE, ACL_ERROR_REPEAT_INITIALIZE, AscendError, Attempt, HCCL_E_NOT_SUPPORT, HCCL_E_TIMEOUT,
-    Result, acl_code_name, hccl_code_name,
+    ACL_ERROR_CONTEXT_NULL, ACL_ERROR_INVALID_DEVICE, ACL_ERROR_REPEAT_INITIALIZE, AscendError, Attempt,
+    HCCL_E_NOT_SUPPORT, HCCL_E_TIMEOUT, Result, acl_code_name, hccl_code_name,
 };
 pub use hccl::{Communicator, GlobalMem, MemKind, OneSidedOp, RootInfo};
 pub use library::{Capabilities, Library, LoadedPaths};

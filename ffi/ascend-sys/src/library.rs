@@ -74,6 +74,9 @@ pub(crate) struct OptionalFns {
     pub(crate) phy_by_user: Option<raw::AclrtGetPhyDevId>,
     pub(crate) phy_by_logic: Option<raw::AclrtGetPhyDevId>,
     pub(crate) pointer_attributes: Option<raw::AclrtPointerGetAttributes>,
+    pub(crate) logic_by_user: Option<raw::AclrtGetPhyDevId>,
+    pub(crate) malloc_host: Option<raw::AclrtMallocHost>,
+    pub(crate) free_host: Option<raw::AclrtFree>,
     pub(crate) recent_err_msg: Option<raw::AclGetText>,
     pub(crate) soc_name: Option<raw::AclGetText>,
     pub(crate) version: Option<raw::AclrtGetVersion>,
@@ -112,6 +115,9 @@ const OPTIONAL_ACL: &[&str] = &[
     "aclrtGetPhyDevIdByUserDevId",
     "aclrtGetPhyDevIdByLogicDevId",
     "aclrtPointerGetAttributes",
+    "aclrtGetLogicDevIdByUserDevId",
+    "aclrtMallocHost",
+    "aclrtFreeHost",
     "aclGetRecentErrMsg",
     "aclrtGetSocName",
     "aclrtGetVersion",
@@ -307,6 +313,9 @@ impl Library {
             phy_by_user: acl_opt!("aclrtGetPhyDevIdByUserDevId"),
             phy_by_logic: acl_opt!("aclrtGetPhyDevIdByLogicDevId"),
             pointer_attributes: acl_opt!("aclrtPointerGetAttributes"),
+            logic_by_user: acl_opt!("aclrtGetLogicDevIdByUserDevId"),
+            malloc_host: acl_opt!("aclrtMallocHost"),
+            free_host: acl_opt!("aclrtFreeHost"),
             recent_err_msg: acl_opt!("aclGetRecentErrMsg"),
             soc_name: acl_opt!("aclrtGetSocName"),
             version: acl_opt!("aclrtGetVersion"),
@@ -413,6 +422,33 @@ impl Library {
             symbol: "aclrtGetPhyDevIdByUserDevId",
             purpose: "mapping a user device id to its physical id",
         })
+    }
+
+    /// The logical id (the `ASCEND_RT_VISIBLE_DEVICES` entry) of user device `user_id`
+    /// (`aclrtGetLogicDevIdByUserDevId`), `None` when this release lacks the call.
+    pub fn logical_device(&self, user_id: u32) -> Result<Option<u32>> {
+        self.ensure_initialized()?;
+        let Some(f) = self.opt.logic_by_user else { return Ok(None) };
+        let id = i32::try_from(user_id).map_err(|_| AscendError::InvalidArgument(format!("device id {user_id}")))?;
+        let mut logic = -1i32;
+        // SAFETY: `logic` is a valid out-pointer for the call's duration.
+        let code = unsafe { f(id, &mut logic) };
+        self.acl_check("aclrtGetLogicDevIdByUserDevId", code)?;
+        Ok(u32::try_from(logic).ok())
+    }
+
+    /// The calling thread's current device as a user id (`aclrtGetDevice`): what vLLM and
+    /// torch_npu set before they create a transfer engine. `None` when the thread has none.
+    pub fn current_device(&self) -> Result<Option<u32>> {
+        self.ensure_initialized()?;
+        let mut id = -1i32;
+        // SAFETY: `id` is a valid out-pointer for the call's duration.
+        let code = unsafe { (self.acl.get_device)(&mut id) };
+        if code == crate::error::ACL_ERROR_CONTEXT_NULL {
+            return Ok(None);
+        }
+        self.acl_check("aclrtGetDevice", code)?;
+        Ok(u32::try_from(id).ok())
     }
 
     /// `aclrtGetVersion`, when available.
@@ -614,10 +650,11 @@ mod tests {
                 let buf = dev.alloc(4096).unwrap();
                 buf.write(100, b"ferry").unwrap();
                 stream.synchronize(Some(std::time::Duration::from_secs(5))).unwrap();
-                // This release has no aclrtStreamAbort: draining waits for the queue instead.
-                assert!(!dev.library().capabilities().stream_abort);
-                assert!(!stream.abort(), "no abort to call, so none succeeded");
-                assert!(matches!(stream.drain(), crate::Drained::Finished(Ok(()))));
+                // The emulator has aclrtStreamAbort: draining aborts (an idle stream here).
+                assert!(dev.library().capabilities().stream_abort);
+                assert!(stream.abort(), "the abort succeeded");
+                assert!(matches!(stream.drain(), crate::Drained::Aborted));
+                stream.synchronize(Some(std::time::Duration::from_secs(5))).unwrap();
                 let mut out = [0u8; 5];
                 buf.read(100, &mut out).unwrap();
                 assert!(buf.write(4095, b"xy").is_err(), "writes past the end are refused");

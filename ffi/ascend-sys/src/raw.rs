@@ -16,6 +16,26 @@ pub type HcclComm = *mut c_void;
 pub const HCCL_DATA_TYPE_UINT8: i32 = 7;
 /// Most descriptors one `HcclBatchGet`/`HcclBatchPut` call takes.
 pub const MAX_BATCH_DESCRIPTORS: usize = 256;
+/// `aclrtMemMallocPolicy` values.
+pub mod malloc_policy {
+    /// `ACL_MEM_MALLOC_HUGE_FIRST`: huge pages when the size allows, else normal ones.
+    pub const HUGE_FIRST: i32 = 0;
+    /// `ACL_MEM_MALLOC_HUGE_ONLY`: huge (2 MiB) pages only.
+    pub const HUGE_ONLY: i32 = 1;
+    /// `ACL_MEM_MALLOC_NORMAL_ONLY`: normal pages only.
+    pub const NORMAL_ONLY: i32 = 2;
+}
+
+/// `aclrtMemLocationType` values (the `type` of [`AclrtPtrAttributes`]).
+pub mod mem_location {
+    /// `ACL_MEM_LOCATION_TYPE_HOST`: host memory from `aclrtMallocHost`.
+    pub const HOST: i32 = 0;
+    /// `ACL_MEM_LOCATION_TYPE_DEVICE`.
+    pub const DEVICE: i32 = 1;
+    /// `ACL_MEM_LOCATION_TYPE_UNREGISTERED`: host memory the runtime does not know.
+    pub const UNREGISTERED: i32 = 2;
+}
+
 /// `aclrtMemcpyKind` values.
 pub mod memcpy_kind {
     /// Host to host.

@@ -100,7 +100,13 @@ pub(crate) fn alloc_device(user_id: u32, physical_id: u32, size: usize, policy: 
         }
         *u += size as u64;
     }
-    let huge = policy & 0xff != 2 && size >= (1 << 20);
+    // HUGE_ONLY (1, and its P2P variant 4) always takes huge pages; HUGE_FIRST (0, 3) does for
+    // 1 MiB and more; NORMAL_ONLY (2, 5) never does (CANN `aclrtMemMallocPolicy`).
+    let huge = match policy & 0xff {
+        1 | 4 => true,
+        2 | 5 => false,
+        _ => size >= (1 << 20),
+    };
     match allocate(size, MemKind::Device { user_id, physical_id }, if huge { HUGE_PAGE } else { 4096 }) {
         Ok(a) => Ok(a.base),
         Err(e) => {
