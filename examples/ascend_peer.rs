@@ -2,11 +2,12 @@
 //! (`tests/hccl_transfer.rs`) and handy for trying a deployment by hand.
 //!
 //! ```text
-//! ascend_peer prefill [--host-memory] [--regions N] [--blocks N] [--block-len N]
+//! ascend_peer prefill [--host-memory|--plain-host-memory] [--any-location] [--regions N]
+//!     [--blocks N] [--block-len N]
 //!     registers a KV cache filled with a pattern (seed 1), prints `READY <json>` (segment,
 //!     layout, rank_info), then serves the stdin commands below until `quit` or end of input.
 //! ascend_peer decode --peer SEGMENT --peer-layout JSON [--read R:L,...] [--write L:R,...]
-//!     [--host-memory] [--expect-failure] [--expect-timeout [--no-wait-release]] [--repeat N]
+//!     [--host-memory|--plain-host-memory] [--any-location] [--expect-failure] [--expect-timeout [--no-wait-release]] [--repeat N]
 //!     [--stay]
 //!     reads remote blocks R into local blocks L (checking the pattern), writes local blocks
 //!     (filled with seed 2) into remote ones, prints `DONE <json>` (or `FAILED <json>` with
@@ -19,6 +20,11 @@
 //! shut down; when device threads were left running, or the engine could not release all memory,
 //! the process keeps its buffers (never frees memory a device may still write) and, with
 //! --expect-timeout, still exits 0.
+//!
+//! Memory: device memory in huge pages (`aclrtMalloc` with `ACL_MEM_MALLOC_HUGE_ONLY`), or with
+//! `--host-memory` host memory from `aclrtMallocHost`, or with `--plain-host-memory` host memory
+//! from the Rust allocator (which HCCL cannot register with the device). Registered as `npu:N` /
+//! `cpu:0`, or with `--any-location` as `*` (the transport asks the runtime where it lives).
 //!
 //! stdin commands:
 //!     verify <dst>:<src>,... <seed>   checks blocks written by a peer: `VERIFIED ok|bad ...`
@@ -44,16 +50,17 @@ use std::time::Instant;
 use anyhow::{Context, bail};
 use ferry::{BlockTransfer, Config, KvLayout, Location, Opcode};
 use ferry_transport_hccl::HcclTransportFactory;
-use ferry_transport_hccl::sys::{Device, DeviceBuffer, Library};
+use ferry_transport_hccl::sys::{Device, DeviceBuffer, HostBuffer, Library};
 
 /// Byte `offset` of block `block` of region `region` in the pattern of `seed`.
 fn pattern(seed: u64, region: u64, block: u64, offset: u64) -> u8 {
     (seed.wrapping_mul(131) ^ region.wrapping_mul(31) ^ block.wrapping_mul(7) ^ offset.wrapping_mul(13)) as u8
 }
 
-/// A KV region in device or host memory.
+/// A KV region in device memory, pinned host memory (`aclrtMallocHost`) or plain host memory.
 enum Mem {
     Device(DeviceBuffer),
+    Pinned(HostBuffer),
     Host(Vec<u8>),
 }
 
@@ -61,12 +68,17 @@ impl Mem {
     fn addr(&self) -> u64 {
         match self {
             Mem::Device(d) => d.addr(),
+            Mem::Pinned(h) => h.addr(),
             Mem::Host(v) => v.as_ptr() as u64,
         }
     }
     fn write(&mut self, off: usize, data: &[u8]) -> anyhow::Result<()> {
         match self {
             Mem::Device(d) => Ok(d.write(off, data)?),
+            Mem::Pinned(h) => {
+                h.as_mut_slice()[off..off + data.len()].copy_from_slice(data);
+                Ok(())
+            }
             Mem::Host(v) => {
                 v[off..off + data.len()].copy_from_slice(data);
                 Ok(())
@@ -76,6 +88,14 @@ impl Mem {
     fn read(&self, off: usize, out: &mut [u8]) -> anyhow::Result<()> {
         match self {
             Mem::Device(d) => Ok(d.read(off, out)?),
+            Mem::Pinned(h) => {
+                // SAFETY: the buffer lives while `self` does; the engine writes it through raw
+                // pointers, so it is read through one too (volatile-free but not assumed
+                // unchanged: `black_box` below).
+                let all = unsafe { std::slice::from_raw_parts(h.addr() as *const u8, h.len()) };
+                out.copy_from_slice(&std::hint::black_box(all)[off..off + out.len()]);
+                Ok(())
+            }
             Mem::Host(v) => {
                 // The engine writes through raw pointers: keep the compiler from assuming
                 // nothing changed.
@@ -92,6 +112,10 @@ struct Args {
     peer: Option<String>,
     peer_layout: Option<String>,
     host_memory: bool,
+    /// Host memory from the Rust allocator (not `aclrtMallocHost`).
+    plain_host_memory: bool,
+    /// Registers with location `*` (Mooncake's default) instead of `npu:N`/`cpu:0`.
+    any_location: bool,
     regions: u64,
     blocks: u32,
     block_len: u64,
@@ -122,6 +146,8 @@ fn parse_args() -> anyhow::Result<Args> {
         peer: None,
         peer_layout: None,
         host_memory: false,
+        plain_host_memory: false,
+        any_location: false,
         regions: 4,
         blocks: 64,
         block_len: 4096,
@@ -139,6 +165,8 @@ fn parse_args() -> anyhow::Result<Args> {
             "--peer" => a.peer = Some(val()?),
             "--peer-layout" => a.peer_layout = Some(val()?),
             "--host-memory" => a.host_memory = true,
+            "--plain-host-memory" => a.plain_host_memory = true,
+            "--any-location" => a.any_location = true,
             "--regions" => a.regions = val()?.parse()?,
             "--blocks" => a.blocks = val()?.parse()?,
             "--block-len" => a.block_len = val()?.parse()?,
@@ -216,15 +244,27 @@ fn run() -> anyhow::Result<()> {
     let region_len = u64::from(args.blocks) * args.block_len;
     let mut mems: Vec<Mem> = Vec::new();
     for _ in 0..args.regions {
-        mems.push(if args.host_memory {
+        mems.push(if args.plain_host_memory {
             Mem::Host(vec![0u8; region_len as usize])
+        } else if args.host_memory {
+            let mut h = device.alloc_host(region_len as usize)?;
+            h.as_mut_slice().fill(0);
+            Mem::Pinned(h)
         } else {
-            let d = device.alloc(region_len as usize)?;
+            // KV caches are large allocations in huge pages (what torch_npu hands vLLM), which
+            // engines of one server can share over HCCS IPC.
+            let d = device.alloc_huge(region_len as usize)?;
             d.write(0, &vec![0u8; region_len as usize])?;
             Mem::Device(d)
         });
     }
-    let location = if args.host_memory { Location::Cpu(0) } else { Location::Npu(user) };
+    let location = if args.any_location {
+        Location::Any
+    } else if args.host_memory || args.plain_host_memory {
+        Location::Cpu(0)
+    } else {
+        Location::Npu(user)
+    };
     let seed = if args.role == "prefill" { 1 } else { 2 };
     for (r, m) in mems.iter_mut().enumerate() {
         for b in 0..u64::from(args.blocks) {

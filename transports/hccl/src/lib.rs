@@ -58,7 +58,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use ferry_ascend_sys::{AscendError, DeviceThread, GlobalMem, Library, MemKind, SearchPath};
+use ferry_ascend_sys::{AscendError, DeviceThread, GlobalMem, Library, MemKind, PointerKind, SearchPath};
 use ferry_core::{
     Batch, Capabilities, Error, ErrorKind, Location, MemoryRegistry, OpenSegment, Region, Resolution, ResolveQuery,
     Result, SegmentDescriptor, Transport, TransportContext, TransportFactory,
@@ -234,7 +234,43 @@ pub(crate) struct Settings {
     pub(crate) timeout: Duration,
     /// Retries after a failure (at most [`MAX_RETRIES`]).
     pub(crate) retries: u32,
+    /// `HCCL_INTRA_ROCE_ENABLE=1`: engines on one server talk over RoCE, so host memory and
+    /// device memory off a huge page may cross between them (otherwise HCCS IPC forbids both).
+    pub(crate) intra_roce: bool,
 }
+
+/// Where a registered region's memory lives, as the device sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Placement {
+    /// Device memory of this engine's card.
+    Device,
+    /// Host memory from `aclrtMallocHost`: HCCL can register it with the device.
+    PinnedHost,
+    /// Other host memory: HCCL's one-sided service cannot reach it (Prepare's
+    /// `aclrtHostRegister` refuses it), so it is never registered with HCCL.
+    UnpinnedHost,
+}
+
+impl Placement {
+    /// Host memory of either kind.
+    pub(crate) fn is_host(self) -> bool {
+        self != Placement::Device
+    }
+}
+
+/// Alignment HCCS IPC needs of device memory two engines of one server share: a huge page
+/// (HIXL's interface documentation; `ACL_MEM_MALLOC_HUGE_ONLY` memory starts on one).
+pub const IPC_ALIGNMENT: u64 = 2 << 20;
+/// HIXL's documented limit of communicators per card (rank table versions 1.0 and 1.2).
+pub const MAX_COMMUNICATORS_PER_CARD: usize = 512;
+/// HIXL's documented limit of device memory registered per card.
+pub const MAX_DEVICE_REGISTERED: u64 = 50_000_000_000;
+/// HIXL's documented limit of host memory registered (below HDK 25.5).
+pub const MAX_HOST_REGISTERED: u64 = 20_000_000_000;
+/// ADXL's wait after aborting a stream that had work in flight, before destroying the
+/// communicator: enough for AICPU to finish unfolding tasks the abort cannot stop
+/// (`kAicpuUnfoldGuardMs`, HIXL `src/llm_datadist/adxl/comm_channel.cc`).
+pub const ABORT_GUARD: Duration = Duration::from_millis(100);
 
 /// State shared by the transport, its peers' drivers and the control server.
 pub(crate) struct Shared {
@@ -252,6 +288,8 @@ pub(crate) struct Shared {
     pub(crate) one_sided: AtomicBool,
     /// Global memory handles by region address.
     pub(crate) globals: Arc<Mutex<BTreeMap<u64, Arc<GlobalMem>>>>,
+    /// Every registered region's placement, by address (with its length).
+    pub(crate) placements: Mutex<BTreeMap<u64, (u64, Placement)>>,
     /// Registrations of unregistered regions that may still be bound to a communicator: kept
     /// (not deregistered) until shutdown.
     pub(crate) stranded: Mutex<Vec<Arc<GlobalMem>>>,
@@ -267,6 +305,27 @@ impl Shared {
 
     pub(crate) fn is_stopped(&self) -> bool {
         self.stopped.load(Ordering::Acquire)
+    }
+
+    /// The placement of the registered region holding `addr`, if any.
+    pub(crate) fn placement(&self, addr: u64) -> Option<Placement> {
+        let p = self.placements.lock().unwrap_or_else(|p| p.into_inner());
+        let (&base, &(len, kind)) = p.range(..=addr).next_back()?;
+        (addr - base < len).then_some(kind)
+    }
+
+    /// The global memory a communicator with a peer binds: device memory always; host memory
+    /// only when the peer is on another server or `HCCL_INTRA_ROCE_ENABLE=1` (HCCS IPC shares
+    /// device memory only).
+    pub(crate) fn bindable(&self, one_server: bool) -> Vec<Arc<GlobalMem>> {
+        let ipc = one_server && !self.settings.intra_roce;
+        self.globals
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .filter(|g| !ipc || g.kind() == MemKind::Device)
+            .cloned()
+            .collect()
     }
 
     /// The peer named `name`, created (with its driver) on first use.
@@ -422,12 +481,17 @@ impl HcclTransport {
             me,
             instance: ctx.instance.clone(),
             control_port,
-            settings: Settings { timeout: ctx.config.transfer_timeout(), retries },
+            settings: Settings {
+                timeout: ctx.config.transfer_timeout(),
+                retries,
+                intra_roce: std::env::var("HCCL_INTRA_ROCE_ENABLE").is_ok_and(|v| v.trim() == "1"),
+            },
             memory: ctx.memory.clone(),
             runtime: ctx.runtime.clone(),
             main,
             one_sided: AtomicBool::new(caps.one_sided),
             globals: Arc::new(Mutex::new(BTreeMap::new())),
+            placements: Mutex::new(BTreeMap::new()),
             stranded: Mutex::new(Vec::new()),
             peers: Mutex::new(HashMap::new()),
             stop,
@@ -461,24 +525,61 @@ impl HcclTransport {
         self.shared.one_sided_ok()
     }
 
-    fn mem_kind(&self, region: &Region) -> Result<MemKind> {
+    /// Where `region`'s memory lives, asked of the runtime with `aclrtPointerGetAttributes`
+    /// (as Mooncake's Ascend transports do for `*`, Mooncake's default and what vllm-ascend
+    /// passes): never assumed host. A region tagged `npu:N` must be device memory of this
+    /// engine's card; one the runtime places elsewhere is refused, naming both.
+    async fn place(&self, region: &Region) -> Result<Placement> {
         let me = &self.shared.me;
-        match region.location() {
-            Location::Npu(n) if *n == me.user_device || *n == me.physical_device => Ok(MemKind::Device),
-            Location::Npu(n) => Err(Error::invalid(format!(
-                "region {:#x}+{} is on npu:{n}, but this engine's ascend transport drives user device {} (physical \
-                 NPU {}); register each device's memory with the engine of that device",
-                region.addr(),
-                region.len(),
-                me.user_device,
-                me.physical_device
-            ))),
-            Location::Cuda(_) => Err(Error::new(
-                ErrorKind::Unsupported,
-                format!("region {:#x} is CUDA memory, which the ascend transport cannot move", region.addr()),
-            )),
-            _ => Ok(MemKind::Host),
-        }
+        let said_device = match region.location() {
+            Location::Npu(n) if *n == me.user_device || *n == me.physical_device => true,
+            Location::Npu(n) => {
+                return Err(Error::invalid(format!(
+                    "region {:#x}+{} is on npu:{n}, but this engine's ascend transport drives user device {} \
+                     (physical NPU {}); register each device's memory with the engine of that device",
+                    region.addr(),
+                    region.len(),
+                    me.user_device,
+                    me.physical_device
+                )));
+            }
+            Location::Cuda(_) => {
+                return Err(Error::new(
+                    ErrorKind::Unsupported,
+                    format!("region {:#x} is CUDA memory, which the ascend transport cannot move", region.addr()),
+                ));
+            }
+            _ => false,
+        };
+        let addr = region.addr();
+        let kind = run_on(&self.shared.main, move |dev, _| dev.pointer_kind(addr))
+            .await
+            .map_err(|e| hccl_error("ascend transport: device thread".into(), e))?
+            .map_err(|e| hccl_error(format!("ascend transport: asking where {addr:#x} lives"), e))?;
+        Ok(match kind {
+            Some(PointerKind::Device(id)) if id == me.user_device => Placement::Device,
+            Some(PointerKind::Device(id)) => {
+                return Err(Error::invalid(format!(
+                    "region {addr:#x}+{} is device memory of user device {id}, but this engine's ascend transport \
+                     drives user device {} (physical NPU {}); register it with the engine of that device",
+                    region.len(),
+                    me.user_device,
+                    me.physical_device
+                )));
+            }
+            Some(_) if said_device => {
+                return Err(Error::invalid(format!(
+                    "region {addr:#x}+{} is registered as {} but the runtime says it is host memory",
+                    region.len(),
+                    region.location()
+                )));
+            }
+            Some(PointerKind::PinnedHost) => Placement::PinnedHost,
+            Some(PointerKind::OtherHost) => Placement::UnpinnedHost,
+            // A release without aclrtPointerGetAttributes: what the caller said.
+            None if said_device => Placement::Device,
+            None => Placement::PinnedHost,
+        })
     }
 }
 
@@ -531,36 +632,66 @@ impl Transport for HcclTransport {
         descriptor.rank_info = Some(self.shared.me.rank_info(self.shared.control_port));
         let me = &self.shared.me;
         for b in &mut descriptor.buffers {
-            if let Ok(Location::Npu(n)) = b.name.parse::<Location>()
-                && (n == me.user_device || n == me.physical_device)
-            {
+            if self.shared.placement(b.addr) == Some(Placement::Device) {
                 b.device_id = Some(i64::from(me.physical_device));
             }
         }
     }
 
     async fn register_memory(&self, region: &Region) -> Result<()> {
-        let kind = self.mem_kind(region)?;
+        let placement = self.place(region).await?;
+        let (addr, len) = (region.addr(), region.len());
+        if placement == Placement::Device
+            && addr % IPC_ALIGNMENT != 0
+            && !self.shared.settings.intra_roce
+            && self.shared.one_sided_ok()
+        {
+            return Err(Error::invalid(format!(
+                "device region {addr:#x}+{len} does not start on a 2 MiB boundary: engines on one server share \
+                 device memory over HCCS IPC, which needs huge pages. Allocate it with ACL_MEM_MALLOC_HUGE_ONLY \
+                 (aclrtMalloc policy 1) and register the allocation from its start, or set \
+                 HCCL_INTRA_ROCE_ENABLE=1 if engines on one server should use RoCE instead"
+            )));
+        }
+        self.shared.placements.lock().unwrap_or_else(|p| p.into_inner()).insert(addr, (len, placement));
+        if placement == Placement::UnpinnedHost {
+            tracing::warn!(
+                addr,
+                len,
+                "host region not allocated with aclrtMallocHost: HCCL cannot register it with the device, so the \
+                 ascend transport will refuse transfers that touch it (allocate it with aclrtMallocHost, as \
+                 allocate_managed_buffer does, or use device memory)"
+            );
+            return Ok(());
+        }
         if !self.shared.one_sided_ok() {
             return Ok(());
         }
-        let (addr, len) = (region.addr(), region.len());
+        let kind = if placement == Placement::Device { MemKind::Device } else { MemKind::Host };
         let registered = run_on(&self.shared.main, move |dev, _| {
             // SAFETY: the engine registered this region, whose contract keeps it valid until it
-            // is unregistered; unregister_memory deregisters it (after unbinding it) first.
+            // is unregistered; unregister_memory unbinds it from every communicator of this
+            // engine and lets go of this engine's hold on the registration first.
             unsafe { GlobalMem::register(dev, kind, addr, len) }
         })
         .await
         .map_err(|e| hccl_error("ascend transport: device thread".into(), e))?;
         match registered {
             Ok(g) => {
-                let g = Arc::new(g);
-                self.shared.globals.lock().unwrap_or_else(|p| p.into_inner()).insert(addr, g.clone());
-                let peers: Vec<Arc<Peer>> =
-                    self.shared.peers.lock().unwrap_or_else(|p| p.into_inner()).values().cloned().collect();
-                for p in peers {
-                    p.bind_new(g.clone());
+                let mut globals = self.shared.globals.lock().unwrap_or_else(|p| p.into_inner());
+                globals.insert(addr, g);
+                let total = |k: MemKind| globals.values().filter(|g| g.kind() == k).map(|g| g.len()).sum::<u64>();
+                let (device, host) = (total(MemKind::Device), total(MemKind::Host));
+                if device > MAX_DEVICE_REGISTERED || host > MAX_HOST_REGISTERED {
+                    tracing::warn!(
+                        device,
+                        host,
+                        "registered memory is past HIXL's documented limits ({MAX_DEVICE_REGISTERED} bytes of device \
+                         memory per card, {MAX_HOST_REGISTERED} bytes of host memory below HDK 25.5); HCCL may refuse it"
+                    );
                 }
+                // Communicators already prepared do not see it: each is rebuilt before a
+                // transfer touches it (see `peer`), never bound after its Prepare.
                 Ok(())
             }
             Err(e) if e.is_not_supported() => {
@@ -568,12 +699,16 @@ impl Transport for HcclTransport {
                 self.shared.one_sided.store(false, Ordering::Release);
                 Ok(())
             }
-            Err(e) => Err(hccl_error(format!("ascend transport: registering {addr:#x}+{len} with HCCL"), e)),
+            Err(e) => {
+                self.shared.placements.lock().unwrap_or_else(|p| p.into_inner()).remove(&addr);
+                Err(hccl_error(format!("ascend transport: registering {addr:#x}+{len} with HCCL"), e))
+            }
         }
     }
 
     async fn unregister_memory(&self, region: &Region) -> Result<()> {
         let (addr, len) = (region.addr(), region.len());
+        self.shared.placements.lock().unwrap_or_else(|p| p.into_inner()).remove(&addr);
         let g = self.shared.globals.lock().unwrap_or_else(|p| p.into_inner()).remove(&addr);
         let Some(g) = g else { return Ok(()) };
         let peers: Vec<Arc<Peer>> =
@@ -607,13 +742,15 @@ impl Transport for HcclTransport {
             self.shared.stranded.lock().unwrap_or_else(|p| p.into_inner()).push(g);
             return Err(Error::new(ErrorKind::Busy, msg));
         }
-        // Deregistered on the device thread, now that no communicator holds it.
+        // No communicator of this engine holds it any more. Another engine of this process may
+        // share the registration (same range): then it is deregistered when that one lets go.
+        // Otherwise it is deregistered on the device thread.
         let dereg = run_on(&self.shared.main, move |_, _| match Arc::try_unwrap(g) {
             Ok(g) => g.deregister().map_err(|e| e.to_string()),
-            Err(g) => Err(format!(
-                "{} other holder(s) of its HCCL registration remain; it is deregistered when they let go",
-                Arc::strong_count(&g) - 1
-            )),
+            Err(shared) => {
+                tracing::debug!(addr, holders = shared.holders() - 1, "another engine shares this HCCL registration");
+                Ok(())
+            }
         });
         let failed = match tokio::time::timeout(UNBIND_TIMEOUT, dereg).await {
             Ok(Ok(Ok(()))) => return Ok(()),

@@ -17,15 +17,43 @@ use crate::counters::{self, bump};
 use crate::identity::{PairTable, PeerIdentity};
 use crate::pending::Pending;
 use crate::wire::{self, MAX_OPS_PER_REQUEST, Reply, Request, WireOp};
-use crate::{Shared, hccl_error, run_on};
+use crate::{Placement, Shared, hccl_error, run_on};
 
 /// A one-sided communicator of this pair.
 pub(crate) struct OneSided {
     epoch: u64,
     comm: Communicator,
     peer_rank: u32,
-    /// Memory bound to it, by address.
+    /// Memory bound to it before its Prepare, by address: all of this side it reaches.
     bound: BTreeMap<u64, Arc<GlobalMem>>,
+    /// What the peer bound before its Prepare (from the control channel), when known.
+    peer_buffers: Option<Vec<(u64, u64)>>,
+}
+
+/// Whether `[addr, addr + len)` lies inside one of `ranges`.
+fn within(ranges: impl IntoIterator<Item = (u64, u64)>, addr: u64, len: u64) -> bool {
+    ranges.into_iter().any(|(a, l)| addr >= a && addr.checked_add(len).is_some_and(|e| e <= a.saturating_add(l)))
+}
+
+impl OneSided {
+    /// The first request (local or remote range) this communicator cannot reach: HCCL's
+    /// Prepare exchanged memory once, so memory registered afterwards needs a new
+    /// communicator (HCOMM `hccl_one_sided_service.cc`; HIXL: register memory before
+    /// connecting). `None` when it reaches all of them.
+    fn unreachable(&self, ops: &[OneSidedOp]) -> Option<(bool, OneSidedOp)> {
+        let local = || self.bound.values().map(|g| (g.addr(), g.len()));
+        for op in ops {
+            if !within(local(), op.local, op.len) {
+                return Some((true, *op));
+            }
+            if let Some(peer) = &self.peer_buffers
+                && !within(peer.iter().copied(), op.remote, op.len)
+            {
+                return Some((false, *op));
+            }
+        }
+        None
+    }
 }
 
 /// State on a peer's device thread (initiator side, and the one-sided communicator).
@@ -42,19 +70,18 @@ impl PeerState {
     /// process's memory).
     fn drop_one_sided(&mut self) -> std::result::Result<(), AscendError> {
         let Some(c) = self.one_sided.take() else { return Ok(()) };
-        for g in c.bound.values() {
-            if let Err(e) = c.comm.unbind(g) {
-                tracing::debug!(error = %e, "unbinding memory from a communicator being torn down");
-            }
-        }
-        c.comm.destroy().inspect_err(|e| tracing::warn!(error = %e, "destroying a one-sided communicator failed"))
+        teardown(c.comm, c.bound.values())
     }
 
     /// After a failure: waits until nothing queued on the stream runs any more (see [`drain`]),
     /// then replaces the stream (its queue may be in an error state). When no new stream can be
     /// made the old one, drained, is kept.
     fn recover_stream(&mut self, dev: &Device) {
-        drain(&self.stream);
+        if matches!(drain(&self.stream), Drained::Aborted) {
+            // Work was in flight: give AICPU time to finish unfolding what the abort cannot
+            // stop before the communicator goes (ADXL's guard).
+            std::thread::sleep(crate::ABORT_GUARD);
+        }
         match dev.create_stream() {
             Ok(s) => self.stream = s,
             Err(e) => tracing::warn!(error = %e, "cannot create a new stream; keeping the old (drained) one"),
@@ -67,9 +94,10 @@ impl PeerState {
 /// hardware every queued HCCL operation ends within HCCL's own `HCCL_EXEC_TIMEOUT`). Memory a
 /// queued operation names (staging buffers, the requests' memory) may only be freed or
 /// released after this.
-pub(crate) fn drain(stream: &Stream) {
+pub(crate) fn drain(stream: &Stream) -> Drained {
     let started = Instant::now();
-    match stream.drain() {
+    let drained = stream.drain();
+    match &drained {
         Drained::Aborted => tracing::debug!("stream aborted after a failure"),
         Drained::Finished(Ok(())) => {}
         Drained::Finished(Err(e)) => tracing::debug!(error = %e, "the stream's remaining work failed"),
@@ -78,6 +106,22 @@ pub(crate) fn drain(stream: &Stream) {
     if took > Duration::from_secs(1) {
         tracing::warn!(?took, "waited for a stream's queued HCCL work to end before releasing its memory");
     }
+    drained
+}
+
+/// Unbinds every region a one-sided communicator holds, then destroys it: HCCL refuses to
+/// destroy a communicator with memory still bound ("memories still bound", `HCCL_E_PARA`) and
+/// keeps it, so unbinding comes first, as ADXL's teardown does. The destroy's outcome.
+fn teardown<'a>(
+    comm: Communicator,
+    bound: impl IntoIterator<Item = &'a Arc<GlobalMem>>,
+) -> std::result::Result<(), AscendError> {
+    for g in bound {
+        if let Err(e) = comm.unbind(g) {
+            tracing::debug!(error = %e, "unbinding memory from a communicator being torn down");
+        }
+    }
+    comm.destroy().inspect_err(|e| tracing::warn!(error = %e, "destroying a one-sided communicator failed"))
 }
 
 /// The operations of one two-sided call queued on a stream, with the device buffers staging
@@ -116,9 +160,10 @@ pub(crate) struct SideOp {
     pub(crate) host: bool,
 }
 
-/// Whether a region's memory is host memory (anything but `npu:N`).
-pub(crate) fn is_host(location: &ferry_core::Location) -> bool {
-    !matches!(location, ferry_core::Location::Npu(_))
+/// Whether the registered memory at `addr` is host memory, as this transport placed it when it
+/// was registered (`*` regions were asked of the runtime).
+pub(crate) fn is_host(shared: &Shared, addr: u64) -> bool {
+    shared.placement(addr).is_none_or(Placement::is_host)
 }
 
 /// Queues `ops` towards rank `peer` on `stream`, waits up to `wait`, then copies staged
@@ -428,13 +473,15 @@ impl Peer {
     }
 
     /// Starts building the one-sided communicator of `epoch` on this side (a no-op when this
-    /// side is already at that epoch or later).
+    /// side is already at that epoch or later), binding exactly `mine` before its Prepare;
+    /// `peer_buffers` is what the peer said it binds.
     pub(crate) async fn start_one_sided(
         self: &Arc<Self>,
         epoch: u64,
         table: String,
-        my_rank: u32,
-        peer_rank: u32,
+        (my_rank, peer_rank): (u32, u32),
+        mine: Vec<Arc<GlobalMem>>,
+        peer_buffers: Option<Vec<(u64, u64)>>,
     ) -> Result<()> {
         let shared = self.shared.upgrade().ok_or_else(shutdown_error)?;
         let worker = self.worker().await?;
@@ -447,7 +494,6 @@ impl Peer {
         }
         self.slot_changed.notify_waiters();
         let name = PairTable { json: table.clone(), rank_a: my_rank, rank_b: peer_rank }.comm_name(epoch);
-        let globals = shared.globals.clone();
         let prepare_timeout = shared.settings.timeout;
         let me = self.clone();
         let submitted = worker.submit(move |dev, st| {
@@ -455,14 +501,23 @@ impl Peer {
             let built = (|| -> std::result::Result<OneSided, AscendError> {
                 let comm = Communicator::init_from_rank_table(dev, &table, my_rank, &name)?;
                 let mut bound = BTreeMap::new();
-                let snapshot: Vec<(u64, Arc<GlobalMem>)> =
-                    globals.lock().unwrap_or_else(|p| p.into_inner()).iter().map(|(a, g)| (*a, g.clone())).collect();
-                for (addr, g) in snapshot {
-                    comm.bind(&g)?;
-                    bound.insert(addr, g);
+                let mut ready = Ok(());
+                for g in mine {
+                    ready = comm.bind(&g);
+                    if ready.is_err() {
+                        break;
+                    }
+                    bound.insert(g.addr(), g);
                 }
-                comm.prepare(prepare_timeout)?;
-                Ok(OneSided { epoch, comm, peer_rank, bound })
+                if ready.is_ok() {
+                    ready = comm.prepare(prepare_timeout);
+                }
+                if let Err(e) = ready {
+                    // Nothing may stay bound to a communicator that failed: unbind, destroy.
+                    let _ = teardown(comm, bound.values());
+                    return Err(e);
+                }
+                Ok(OneSided { epoch, comm, peer_rank, bound, peer_buffers })
             })();
             match built {
                 Ok(c) => {
@@ -536,29 +591,6 @@ impl Peer {
                 }
             });
         }
-    }
-
-    /// Binds newly registered memory to the live one-sided communicator, if any.
-    pub(crate) fn bind_new(self: &Arc<Self>, g: Arc<GlobalMem>) {
-        let Some(w) = self.worker.get() else { return };
-        let me = self.clone();
-        let _ = w.submit(move |_, st| {
-            let Some(c) = st.one_sided.as_mut() else { return };
-            if c.bound.contains_key(&g.addr()) {
-                return;
-            }
-            match c.comm.bind(&g) {
-                Ok(()) => {
-                    c.bound.insert(g.addr(), g);
-                }
-                Err(e) => {
-                    let epoch = c.epoch;
-                    tracing::warn!(peer = %me.name, error = %e, "binding new memory failed; the communicator will be rebuilt");
-                    let _ = st.drop_one_sided();
-                    me.set_slot(epoch, Status::Broken, e.to_string());
-                }
-            }
-        });
     }
 
     /// Unbinds the region at `addr` from the one-sided communicator before it is deregistered.
@@ -711,6 +743,7 @@ impl Driver {
         };
         self.peer.learn(Known { host_ip: info.host_ip.clone() });
         let pending = if self.shared.one_sided_ok() && !self.peer.two_sided_only() {
+            let Some(pending) = self.refuse_out_of_reach(&info, &target, pending) else { return };
             match self.one_sided(&info, pending, deadline).await {
                 Some(p) => p,
                 None => return,
@@ -719,6 +752,49 @@ impl Driver {
             pending
         };
         self.two_sided(&info, pending, deadline).await;
+    }
+
+    /// Completes, with an error that says why and what to do, the requests HCCL's one-sided
+    /// service cannot carry: local host memory not from `aclrtMallocHost` (Prepare's
+    /// `aclrtHostRegister` refuses it), and host memory on either side when the peer is on this
+    /// server (HCCS IPC shares device memory only) unless `HCCL_INTRA_ROCE_ENABLE=1`. Refused
+    /// at once: never a retry loop that ends in a timeout. The rest, if any.
+    fn refuse_out_of_reach(&self, info: &PeerIdentity, target: &OpenSegment, mut pending: Pending) -> Option<Pending> {
+        let ipc = self.shared.me.host_ip == info.host_ip && !self.shared.settings.intra_roce;
+        let remote_is_host = |addr: u64| {
+            target
+                .descriptor()
+                .buffers
+                .iter()
+                .any(|b| b.device_id.is_none() && addr >= b.addr && addr - b.addr < b.length)
+        };
+        for pos in (0..pending.indices().len()).rev() {
+            let r = pending.batch().request(pending.indices()[pos] as usize).request;
+            let local = self.shared.placement(r.source);
+            let why = match local {
+                Some(Placement::UnpinnedHost) => Some(format!(
+                    "local host memory {:#x}+{} was not allocated with aclrtMallocHost, so HCCL cannot register it \
+                     with the device: allocate it with aclrtMallocHost (allocate_managed_buffer does) or use device \
+                     memory",
+                    r.source, r.length
+                )),
+                Some(p) if ipc && p.is_host() => Some(format!(
+                    "local host memory {:#x}+{} cannot go to `{}`: engines on one server talk over HCCS IPC, which \
+                     shares device memory only; use device memory, or set HCCL_INTRA_ROCE_ENABLE=1 on both engines",
+                    r.source, r.length, info.segment
+                )),
+                _ if ipc && remote_is_host(r.target_offset) => Some(format!(
+                    "`{}` exposes {:#x}+{} as host memory, which engines on one server cannot share over HCCS IPC \
+                     (device memory only); use device memory there, or set HCCL_INTRA_ROCE_ENABLE=1 on both engines",
+                    info.segment, r.target_offset, r.length
+                )),
+                _ => None,
+            };
+            if let Some(why) = why {
+                pending.complete_at(pos, Err(Error::invalid(format!("ascend transport: {why}"))));
+            }
+        }
+        (!pending.is_empty()).then_some(pending)
     }
 
     /// Runs `f` on the peer's device thread for `pending`, bounded by the deadline and shutdown.
@@ -868,6 +944,8 @@ impl Driver {
                         ))));
                     };
                     let epoch = want.max(next);
+                    let mine = self.shared.bindable(self.shared.me.host_ip == info.host_ip);
+                    let buffers = mine.iter().map(|g| (g.addr(), g.len())).collect();
                     let req = Request::InitOneSided {
                         from: self.shared.me.segment.clone(),
                         instance: Some(self.shared.instance.clone()),
@@ -876,6 +954,7 @@ impl Driver {
                         epoch,
                         rank_table: table.json.clone(),
                         your_rank: table.rank_b,
+                        buffers: Some(buffers),
                     };
                     let reply = match self.call(info, &req, deadline).await {
                         Ok(r) => r,
@@ -883,9 +962,9 @@ impl Driver {
                         Err(e) => return Err(Ensure::Failed(e)),
                     };
                     match reply {
-                        Reply::Accepted { epoch: agreed } if agreed == epoch => {
+                        Reply::Accepted { epoch: agreed, buffers } if agreed == epoch => {
                             self.peer
-                                .start_one_sided(epoch, table.json.clone(), table.rank_a, table.rank_b)
+                                .start_one_sided(epoch, table.json.clone(), (table.rank_a, table.rank_b), mine, buffers)
                                 .await
                                 .map_err(Ensure::Failed)?;
                             want = 0;
@@ -925,7 +1004,11 @@ impl Driver {
         let (reads, writes) = ops(&pending);
         let retries = self.shared.settings.retries;
         let mut last: Option<Error> = None;
-        for attempt in 0..=retries {
+        // A communicator prepared before memory this batch touches was registered (on either
+        // side) cannot reach it: it is rebuilt first, once, without counting as an attempt.
+        let mut rebuilt_for_new_memory = false;
+        let mut attempt = 0;
+        while attempt <= retries {
             if attempt > 0 {
                 pending = pending.unless_cancelled()?;
             }
@@ -943,17 +1026,31 @@ impl Driver {
                     bump(&counters::FAILED_ATTEMPTS);
                     tracing::warn!(peer = %info.segment, attempt, error = %e, "one-sided communicator setup failed");
                     last = Some(e);
+                    attempt += 1;
                     continue;
                 }
             };
             let (r, w, peer) = (reads.clone(), writes.clone(), self.peer.clone());
+            let stale = Arc::new(Mutex::new(None));
+            let stale_on_device = stale.clone();
             let job = move |dev: &Device, st: &mut PeerState| -> std::result::Result<(), AscendError> {
                 let started = Instant::now();
                 // Measured when the job starts: the wait ends at the deadline, when the driver
                 // reports the timeout to the caller.
                 let wait = remaining(deadline);
+                let c = st.one_sided.as_ref().filter(|c| c.epoch == epoch);
+                if let Some((local, op)) = c.and_then(|c| c.unreachable(&r).or_else(|| c.unreachable(&w))) {
+                    // Nothing was queued: the communicator is rebuilt by the driver.
+                    *stale_on_device.lock().unwrap_or_else(|p| p.into_inner()) = Some((local, op));
+                    return Err(AscendError::InvalidArgument(format!(
+                        "the communicator was prepared before {} {:#x}+{} was registered",
+                        if local { "local memory" } else { "the peer's memory" },
+                        if local { op.local } else { op.remote },
+                        op.len
+                    )));
+                }
                 let result = (|| {
-                    let c = st.one_sided.as_ref().filter(|c| c.epoch == epoch).ok_or_else(|| {
+                    let c = c.ok_or_else(|| {
                         AscendError::InvalidArgument("the communicator was rebuilt while the batch was queued".into())
                     })?;
                     // SAFETY: every local range lies in memory the engine registered (the batch
@@ -1001,11 +1098,42 @@ impl Driver {
                     return None;
                 }
                 JobResult::Finished(Err(e), p) => {
-                    bump(&counters::FAILED_ATTEMPTS);
                     pending = p;
-                    tracing::warn!(peer = %info.segment, attempt, error = %e, "one-sided transfer failed; rebuilding the communicator");
+                    let stale = stale.lock().unwrap_or_else(|p| p.into_inner()).take();
                     self.peer.mark_broken(epoch, e.to_string());
+                    match stale {
+                        Some(_) if !rebuilt_for_new_memory => {
+                            tracing::debug!(peer = %info.segment, error = %e, "rebuilding the one-sided communicator for newly registered memory");
+                            rebuilt_for_new_memory = true;
+                            continue;
+                        }
+                        Some((local, op)) => {
+                            // Still out of reach right after a rebuild: that memory is not
+                            // registered with HCCL on its side at all.
+                            let e = Error::invalid(if local {
+                                format!(
+                                    "local memory {:#x}+{} is not registered with HCCL: it is host memory not \
+                                     allocated with aclrtMallocHost, or host memory that engines on one server cannot \
+                                     share over HCCS IPC (use device memory, or HCCL_INTRA_ROCE_ENABLE=1)",
+                                    op.local, op.len
+                                )
+                            } else {
+                                format!(
+                                    "`{}` has not registered its memory {:#x}+{} with HCCL (host memory not from \
+                                     aclrtMallocHost, or host memory shared over HCCS IPC between engines on one \
+                                     server): use device memory there, or HCCL_INTRA_ROCE_ENABLE=1",
+                                    info.segment, op.remote, op.len
+                                )
+                            });
+                            pending.complete_all(&Err(e));
+                            return None;
+                        }
+                        None => {}
+                    }
+                    bump(&counters::FAILED_ATTEMPTS);
+                    tracing::warn!(peer = %info.segment, attempt, error = %e, "one-sided transfer failed; rebuilding the communicator");
                     last = Some(hccl_error(format!("HCCL one-sided transfer to `{}`", info.segment), e));
+                    attempt += 1;
                 }
                 JobResult::Abandoned => return None,
             }
@@ -1038,7 +1166,7 @@ impl Driver {
             root_info: wire::hex(&root.to_bytes()),
         };
         match self.call(info, &req, deadline).await {
-            Ok(Reply::Accepted { epoch: e }) if e == epoch => {}
+            Ok(Reply::Accepted { epoch: e, .. }) if e == epoch => {}
             Ok(Reply::Error { message }) => {
                 return Err(Ensure::Failed(Error::transport(format!(
                     "`{}` refused the two-sided communicator: {message}",
@@ -1202,7 +1330,7 @@ impl Driver {
                     send: r.opcode == Opcode::Write,
                     addr: r.source,
                     len: r.length,
-                    host: is_host(v.local.location()),
+                    host: is_host(&self.shared, r.source),
                 }
             })
             .collect();

@@ -75,12 +75,13 @@ async fn serve_connection(mut stream: TcpStream, remote: SocketAddr, shared: &Ar
     loop {
         let Some(req) = wire::read_frame::<_, Request>(&mut stream, IDLE).await? else { return Ok(()) };
         match req {
-            Request::InitOneSided { from, instance, host_ip, host_port, epoch, rank_table, your_rank } => {
+            Request::InitOneSided { from, instance, host_ip, host_port, epoch, rank_table, your_rank, buffers } => {
                 // Always checked in full: it carries a host IP too, and is rare.
                 let reply = match sender(shared, remote, &from, Some(&host_ip)).await {
                     Ok(peer) => {
-                        let instance = instance.as_deref();
-                        init_one_sided(shared, &peer, instance, &host_ip, host_port, epoch, rank_table, your_rank).await
+                        let ask =
+                            InitAsk { instance: instance.as_deref(), host_ip: &host_ip, host_port, epoch, buffers };
+                        init_one_sided(shared, &peer, ask, rank_table, your_rank).await
                     }
                     Err(why) => error(why),
                 };
@@ -174,16 +175,23 @@ async fn sender(
 }
 
 #[allow(clippy::too_many_arguments)]
+/// What an `InitOneSided` request asks, besides the table.
+struct InitAsk<'a> {
+    instance: Option<&'a str>,
+    host_ip: &'a str,
+    host_port: u16,
+    epoch: u64,
+    buffers: Option<Vec<(u64, u64)>>,
+}
+
 async fn init_one_sided(
     shared: &Arc<Shared>,
     peer: &Arc<Peer>,
-    instance: Option<&str>,
-    host_ip: &str,
-    host_port: u16,
-    epoch: u64,
+    ask: InitAsk<'_>,
     table: String,
     your_rank: u32,
 ) -> Reply {
+    let InitAsk { instance, host_ip, host_port, epoch, buffers } = ask;
     if !shared.one_sided_ok() {
         return Reply::Unsupported { reason: "this engine's CANN has no usable one-sided HCCL service".into() };
     }
@@ -197,8 +205,10 @@ async fn init_one_sided(
     if let Err(reply) = peer.answer_init(epoch, instance) {
         return reply;
     }
-    match peer.start_one_sided(epoch, table, your_rank, 1 - your_rank).await {
-        Ok(()) => Reply::Accepted { epoch },
+    let mine = shared.bindable(shared.me.host_ip == host_ip);
+    let bound = mine.iter().map(|g| (g.addr(), g.len())).collect();
+    match peer.start_one_sided(epoch, table, (your_rank, 1 - your_rank), mine, buffers).await {
+        Ok(()) => Reply::Accepted { epoch, buffers: Some(bound) },
         Err(e) => error(e.to_string()),
     }
 }
@@ -223,7 +233,7 @@ async fn init_two_sided(peer: &Arc<Peer>, epoch: u64, root_hex: &str) -> Reply {
         }
     });
     match submitted {
-        Ok(()) => Reply::Accepted { epoch },
+        Ok(()) => Reply::Accepted { epoch, buffers: None },
         Err(e) => error(e.to_string()),
     }
 }
@@ -269,6 +279,7 @@ async fn transfer(
         Err(e) => return wire::write_frame(stream, &Reply::Done { error: Some(e.to_string()) }).await,
     };
     let wait = shared.settings.timeout;
+    let hosts: Vec<bool> = accepted.iter().map(|(op, _)| is_host(shared, op.addr)).collect();
     let ran = run_on(&worker, move |dev, st| {
         let result = (|| {
             let (_, comm) = st.comm.as_ref().filter(|(e, _)| *e == epoch).ok_or_else(|| {
@@ -276,12 +287,8 @@ async fn transfer(
             })?;
             let side: Vec<SideOp> = accepted
                 .iter()
-                .map(|(op, lease)| SideOp {
-                    send: !op.write,
-                    addr: op.addr,
-                    len: op.len,
-                    host: is_host(lease.location()),
-                })
+                .zip(&hosts)
+                .map(|((op, _lease), &host)| SideOp { send: !op.write, addr: op.addr, len: op.len, host })
                 .collect();
             // SAFETY: every range lies in a region of this engine's registry, leased (so it
             // cannot be unregistered) until this job drops `accepted`, after the stream ran

@@ -51,6 +51,11 @@ pub enum Request {
         rank_table: String,
         /// The target's rank in it.
         your_rank: u32,
+        /// The ranges (address, length) the initiator binds to this communicator before its
+        /// Prepare: exactly what the target may reach through it (memory bound after Prepare is
+        /// not exchanged). Absent from older peers: then unknown.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        buffers: Option<Vec<(u64, u64)>>,
     },
     /// Join the initiator's two-sided communicator (root info from the initiator, which is rank 0).
     InitTwoSided {
@@ -80,6 +85,10 @@ pub enum Reply {
     Accepted {
         /// The epoch joined.
         epoch: u64,
+        /// For a one-sided communicator: the ranges the target binds to it (as the request's
+        /// `buffers`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        buffers: Option<Vec<(u64, u64)>>,
     },
     /// The target is at a later generation: ask again with `epoch`.
     Stale {

@@ -111,6 +111,7 @@ async fn the_control_channel_refuses_what_it_cannot_honour() {
         epoch: 1,
         rank_table: table.into(),
         your_rank: 1,
+        buffers: None,
     };
     let Reply::Error { message } = ask(port, &req).await else { panic!("accepted a foreign rank table") };
     assert!(message.contains("physical NPU 1"), "{message}");
@@ -130,7 +131,7 @@ async fn the_control_channel_refuses_what_it_cannot_honour() {
     let root =
         DeviceThread::spawn(&lib, 0, "test-root", |_| Ok(())).unwrap().call(|d, _| RootInfo::new(d)).unwrap().unwrap();
     let req = Request::InitTwoSided { from: "127.0.0.1:8".into(), epoch: 4, root_info: wire::hex(&root.to_bytes()) };
-    assert_eq!(ask(port, &req).await, Reply::Accepted { epoch: 4 });
+    assert_eq!(ask(port, &req).await, Reply::Accepted { epoch: 4, buffers: None });
     let outside =
         [WireOp { write: true, addr: buf.as_ptr() as u64 + 4000, len: 200 }, WireOp { write: false, addr: 64, len: 8 }];
     let mut s = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
@@ -183,6 +184,7 @@ async fn requests_are_believed_only_from_the_host_they_name_and_epochs_only_one_
         epoch: 1,
         rank_table: TABLE_WITH_ME.into(),
         your_rank: 1,
+        buffers: None,
     };
     refused(ask(port, &elsewhere).await, "cannot publish host IP 10.9.9.9");
 
@@ -196,6 +198,7 @@ async fn requests_are_believed_only_from_the_host_they_name_and_epochs_only_one_
         epoch: u64::MAX,
         rank_table: TABLE_WITH_ME.into(),
         your_rank: 1,
+        buffers: None,
     };
     assert_eq!(ask(port, &far).await, Reply::Stale { epoch: 1 });
 

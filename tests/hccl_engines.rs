@@ -1,0 +1,296 @@
+//! Two engines with the `ascend` transport in one process, on emulated cards 4 and 5, against
+//! the rules of real CANN the emulator enforces (issue 11, section 2): communicator init and
+//! destroy never overlap, memory registered after a communicator was prepared is reached
+//! without a failed attempt, a failed build leaves nothing bound, location `*` is asked of the
+//! runtime, host memory HCCL cannot register is refused at once with what to do, one range
+//! registered by two engines is one HCCL registration, and a failure with work in flight aborts
+//! the stream and waits before the communicator goes.
+//!
+//! Each test runs its body in a child process (the test binary re-executed with
+//! `FERRY_HCCL_ENGINES_ROLE`), so the emulator's environment (read once per process) is the
+//! test's own. The emulated CANN must be built (`cargo build -p ferry-cann-emu`).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ferry::{Config, Location, Opcode, TransferEngine, TransferRequest};
+use ferry_transport_hccl::sys::test_support::{Emulator, TempDir, emulator_lib_dir};
+use ferry_transport_hccl::sys::{Device, DeviceBuffer, HostBuffer, Library};
+use ferry_transport_hccl::{HcclTransportFactory, stats};
+
+const ROLE: &str = "FERRY_HCCL_ENGINES_ROLE";
+const REGION: u64 = 4 << 20;
+
+/// Runs `test` in a child process with `env` (plus an emulated node: CANN library, hccn.conf
+/// with loopback device IPs in `127.<net>.0.0/24`); returns true inside the child.
+fn in_child(test: &str, net: u8, env: &[(&str, &str)]) -> bool {
+    if std::env::var_os(ROLE).is_some() {
+        return true;
+    }
+    let lib = emulator_lib_dir(Emulator::Current).unwrap_or_else(|e| panic!("{e}"));
+    let conf = TempDir::new("ferry-hccn").unwrap();
+    let text: String = (0..8).map(|d| format!("address_{d}=127.{net}.0.{}\n", d + 1)).collect();
+    std::fs::write(conf.path().join("hccn.conf"), text).unwrap();
+    let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
+    cmd.args(["--exact", test, "--nocapture", "--test-threads=1"]);
+    for var in [
+        "LOCAL_RANK",
+        "ASCEND_RT_VISIBLE_DEVICES",
+        "FERRY_CANN_EMU_FAIL",
+        "FERRY_CANN_EMU_DELAY_US",
+        "HCCL_INTRA_ROCE_ENABLE",
+        "MOONCAKE_CONFIG_PATH",
+    ] {
+        cmd.env_remove(var);
+    }
+    cmd.env(ROLE, "child")
+        .env("FERRY_ASCEND_LIB_DIR", lib.path())
+        .env("FERRY_HCCN_CONF", conf.path().join("hccn.conf"))
+        .env("FERRY_TRANSFER_TIMEOUT_MS", "20000")
+        .env("HCCL_CONNECT_TIMEOUT", "20");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().expect("re-running the test binary");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{test} failed in its child process:\n{text}");
+    false
+}
+
+/// An engine on emulated card `card` (user id = physical id: no visible-devices filter).
+fn engine(rt: &tokio::runtime::Runtime, card: u32) -> TransferEngine {
+    let mut cfg = Config::from_json_str(
+        r#"{"local_hostname": "127.0.0.1", "metadata_server": "P2PHANDSHAKE", "protocol": "ascend"}"#,
+        None,
+    )
+    .unwrap();
+    cfg.apply_env(|k| std::env::var(k).ok()).unwrap();
+    let transports = ferry::TransportRegistry::new().with(Arc::new(HcclTransportFactory::new()));
+    rt.block_on(ferry::builder().config(cfg).transports(transports).local_rank(card).build())
+        .unwrap_or_else(|e| panic!("engine on card {card}: {e}"))
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
+}
+
+/// Device memory on `card` filled with `seed`'s pattern, and the device it was allocated on.
+fn device_region(lib: &Arc<Library>, card: u32, seed: u8) -> (Device, DeviceBuffer) {
+    let dev = Device::bind(lib, card).unwrap();
+    let buf = dev.alloc_huge(REGION as usize).unwrap();
+    buf.write(0, &pattern(seed, REGION as usize)).unwrap();
+    (dev, buf)
+}
+
+fn pattern(seed: u8, len: usize) -> Vec<u8> {
+    (0..len).map(|i| (i as u8).wrapping_mul(7) ^ seed).collect()
+}
+
+/// Registers `[addr, addr + len)` with `engine`.
+fn register(rt: &tokio::runtime::Runtime, engine: &TransferEngine, addr: u64, len: u64, at: Location) {
+    // SAFETY: every region registered by these tests stays allocated until its engine shut down
+    // (the buffers are dropped at the end of each test, after `shutdown`).
+    rt.block_on(unsafe { engine.register_memory(addr, len, at) }).unwrap();
+}
+
+/// Reads `len` bytes at `remote` of `peer` into `local`.
+fn read(rt: &tokio::runtime::Runtime, e: &TransferEngine, peer: &TransferEngine, local: u64, remote: u64, len: u64) {
+    let target = rt.block_on(e.open_segment(peer.segment_name())).unwrap();
+    rt.block_on(e.refresh_segment(target)).unwrap();
+    let req = TransferRequest { opcode: Opcode::Read, source: local, target, target_offset: remote, length: len };
+    rt.block_on(e.transfer(&[req])).unwrap_or_else(|err| panic!("read of {len} bytes at {remote:#x}: {err}"));
+}
+
+fn shutdown(rt: &tokio::runtime::Runtime, engines: Vec<TransferEngine>) {
+    for e in engines {
+        rt.block_on(e.shutdown()).expect("shutdown");
+    }
+}
+
+/// 2.2: both engines build their communicators at once (the emulator makes each init take
+/// 300 ms, as real HCCL's take long): with one process-wide lock nothing overlaps and no
+/// attempt fails.
+#[test]
+fn two_engines_build_communicators_at_once_without_overlapping_inits() {
+    const NAME: &str = "two_engines_build_communicators_at_once_without_overlapping_inits";
+    if !in_child(NAME, 41, &[("FERRY_CANN_EMU_DELAY_US", "HcclCommInitClusterInfoMemConfig:300000")]) {
+        return;
+    }
+    let rt = runtime();
+    let lib = Library::load().unwrap();
+    let (a, b) = (engine(&rt, 4), engine(&rt, 5));
+    let (_da, ma) = device_region(&lib, 4, 1);
+    let (_db, mb) = device_region(&lib, 5, 2);
+    register(&rt, &a, ma.addr(), REGION, Location::Npu(4));
+    register(&rt, &b, mb.addr(), REGION, Location::Npu(5));
+    // Each reads the other's second half into its own first half, at the same time.
+    let (pa, pb) = (ma.addr(), mb.addr());
+    std::thread::scope(|s| {
+        s.spawn(|| read(&rt, &a, &b, pa, pb + REGION / 2, 8192));
+        s.spawn(|| read(&rt, &b, &a, pb, pa + REGION / 2, 8192));
+    });
+    let mut got = vec![0u8; 8192];
+    ma.read(0, &mut got).unwrap();
+    assert_eq!(got, pattern(2, REGION as usize)[REGION as usize / 2..][..8192]);
+    mb.read(0, &mut got).unwrap();
+    assert_eq!(got, pattern(1, REGION as usize)[REGION as usize / 2..][..8192]);
+    assert_eq!(stats().failed_attempts, 0, "{:?}", stats());
+    shutdown(&rt, vec![a, b]);
+}
+
+/// 2.3: memory registered after the pair's communicator was prepared (on either side) is
+/// reached by the next transfer without a failed attempt.
+#[test]
+fn memory_registered_after_the_communicator_was_prepared_is_reached_at_once() {
+    const NAME: &str = "memory_registered_after_the_communicator_was_prepared_is_reached_at_once";
+    if !in_child(NAME, 42, &[]) {
+        return;
+    }
+    let rt = runtime();
+    let lib = Library::load().unwrap();
+    let (a, b) = (engine(&rt, 4), engine(&rt, 5));
+    let (_da, ma) = device_region(&lib, 4, 1);
+    let (_db, mb) = device_region(&lib, 5, 2);
+    register(&rt, &a, ma.addr(), REGION, Location::Npu(4));
+    register(&rt, &b, mb.addr(), REGION, Location::Npu(5));
+    read(&rt, &a, &b, ma.addr(), mb.addr(), 4096);
+    let built = stats().communicators_built;
+    // A new region on the target side, then one on the initiator's side (ACL's current device
+    // is per thread: bind the card again before allocating on it).
+    let mb2 = Device::bind(&lib, 5).unwrap().alloc_huge(REGION as usize).unwrap();
+    mb2.write(0, &pattern(3, REGION as usize)).unwrap();
+    register(&rt, &b, mb2.addr(), REGION, Location::Npu(5));
+    read(&rt, &a, &b, ma.addr(), mb2.addr() + 100, 4096);
+    let ma2 = Device::bind(&lib, 4).unwrap().alloc_huge(REGION as usize).unwrap();
+    register(&rt, &a, ma2.addr(), REGION, Location::Npu(4));
+    read(&rt, &a, &b, ma2.addr(), mb2.addr(), 4096);
+    let mut got = vec![0u8; 4096];
+    ma.read(0, &mut got).unwrap();
+    assert_eq!(got, pattern(3, REGION as usize)[100..4196], "the new remote region");
+    ma2.read(0, &mut got).unwrap();
+    assert_eq!(got, pattern(3, REGION as usize)[..4096], "into the new local region");
+    let s = stats();
+    assert_eq!(s.failed_attempts, 0, "{s:?}");
+    assert!(s.communicators_built > built, "rebuilt for the new memory: {s:?}");
+    shutdown(&rt, vec![a, b]);
+}
+
+/// 2.4: a build that fails after binding memory (one rank's Prepare fails) unbinds it and
+/// destroys the communicator: the pair builds again and every region unregisters cleanly
+/// afterwards. (The other rank waits in its own Prepare until the transfer timeout, as it would
+/// on real HCCL, so the first read may time out; the timeout is short here.)
+#[test]
+fn a_failed_build_leaves_nothing_bound() {
+    const NAME: &str = "a_failed_build_leaves_nothing_bound";
+    let env = [("FERRY_CANN_EMU_FAIL", "HcclCommPrepare:1:15"), ("FERRY_TRANSFER_TIMEOUT_MS", "3000")];
+    if !in_child(NAME, 43, &env) {
+        return;
+    }
+    let rt = runtime();
+    let lib = Library::load().unwrap();
+    let (a, b) = (engine(&rt, 4), engine(&rt, 5));
+    let (_da, ma) = device_region(&lib, 4, 1);
+    let (_db, mb) = device_region(&lib, 5, 2);
+    register(&rt, &a, ma.addr(), REGION, Location::Npu(4));
+    register(&rt, &b, mb.addr(), REGION, Location::Npu(5));
+    let target = rt.block_on(a.open_segment(b.segment_name())).unwrap();
+    let req =
+        TransferRequest { opcode: Opcode::Read, source: ma.addr(), target, target_offset: mb.addr(), length: 4096 };
+    // The side whose Prepare failed tears its communicator down; the other side's Prepare fails
+    // or times out; either way the pair builds again (within this read's deadline or the next).
+    let _ = rt.block_on(a.transfer(&[req]));
+    read(&rt, &a, &b, ma.addr(), mb.addr(), 4096);
+    rt.block_on(a.unregister_memory(ma.addr())).unwrap_or_else(|e| panic!("unregistering on a: {e}"));
+    rt.block_on(b.unregister_memory(mb.addr())).unwrap_or_else(|e| panic!("unregistering on b: {e}"));
+    shutdown(&rt, vec![a, b]);
+}
+
+/// 2.1: regions registered with location `*` (what vllm-ascend passes) are placed by
+/// `aclrtPointerGetAttributes`: device memory is published as device memory and moved.
+#[test]
+fn location_any_is_asked_of_the_runtime() {
+    const NAME: &str = "location_any_is_asked_of_the_runtime";
+    if !in_child(NAME, 44, &[]) {
+        return;
+    }
+    let rt = runtime();
+    let lib = Library::load().unwrap();
+    let (a, b) = (engine(&rt, 4), engine(&rt, 5));
+    let (_da, ma) = device_region(&lib, 4, 1);
+    let (_db, mb) = device_region(&lib, 5, 2);
+    register(&rt, &a, ma.addr(), REGION, Location::Any);
+    register(&rt, &b, mb.addr(), REGION, Location::Any);
+    assert_eq!(b.local_descriptor().buffers[0].device_id, Some(5), "published as device memory of card 5");
+    read(&rt, &a, &b, ma.addr(), mb.addr() + 8192, 4096);
+    let mut got = vec![0u8; 4096];
+    ma.read(0, &mut got).unwrap();
+    assert_eq!(got, pattern(2, REGION as usize)[8192..8192 + 4096]);
+    assert_eq!(stats().failed_attempts, 0, "{:?}", stats());
+    shutdown(&rt, vec![a, b]);
+}
+
+/// 2.7 and 2.8: host memory HCCL cannot use is refused at once, saying why and what to do:
+/// memory not from `aclrtMallocHost`, and host memory between engines of one server (HCCS IPC
+/// shares device memory only). Device transfers of the same engines are not disturbed.
+#[test]
+fn host_memory_hccl_cannot_use_is_refused_at_once() {
+    const NAME: &str = "host_memory_hccl_cannot_use_is_refused_at_once";
+    if !in_child(NAME, 45, &[]) {
+        return;
+    }
+    let rt = runtime();
+    let lib = Library::load().unwrap();
+    let (a, b) = (engine(&rt, 4), engine(&rt, 5));
+    let (_da, ma) = device_region(&lib, 4, 1);
+    let (_db, mb) = device_region(&lib, 5, 2);
+    register(&rt, &a, ma.addr(), REGION, Location::Npu(4));
+    register(&rt, &b, mb.addr(), REGION, Location::Npu(5));
+    let plain = vec![0u8; 65536];
+    register(&rt, &a, plain.as_ptr() as u64, plain.len() as u64, Location::Any);
+    let pinned: HostBuffer = Device::bind(&lib, 4).unwrap().alloc_host(65536).unwrap();
+    register(&rt, &a, pinned.addr(), 65536, Location::Any);
+    let target = rt.block_on(a.open_segment(b.segment_name())).unwrap();
+    for (what, local, needle) in [
+        ("plain host memory", plain.as_ptr() as u64, "aclrtMallocHost"),
+        ("pinned host memory to an engine of this server", pinned.addr(), "HCCS IPC"),
+    ] {
+        let started = Instant::now();
+        let req =
+            TransferRequest { opcode: Opcode::Read, source: local, target, target_offset: mb.addr(), length: 4096 };
+        let err = rt.block_on(a.transfer(&[req])).expect_err(what);
+        assert!(err.to_string().contains(needle), "{what}: {err}");
+        assert!(started.elapsed() < Duration::from_secs(5), "{what}: refused after {:?}", started.elapsed());
+    }
+    read(&rt, &a, &b, ma.addr(), mb.addr(), 4096);
+    assert_eq!(stats().failed_attempts, 0, "{:?}", stats());
+    shutdown(&rt, vec![a, b]);
+    drop(plain);
+}
+
+/// 2.11: one range registered by both engines of a process is one HCCL registration: the first
+/// engine's unregistering does not pull it from under the second.
+#[test]
+fn one_range_registered_by_two_engines_is_shared() {
+    const NAME: &str = "one_range_registered_by_two_engines_is_shared";
+    if !in_child(NAME, 46, &[("HCCL_INTRA_ROCE_ENABLE", "1")]) {
+        return;
+    }
+    let rt = runtime();
+    let lib = Library::load().unwrap();
+    let (a, b) = (engine(&rt, 4), engine(&rt, 5));
+    let (_da, ma) = device_region(&lib, 4, 1);
+    let (_db, mb) = device_region(&lib, 5, 2);
+    register(&rt, &a, ma.addr(), REGION, Location::Npu(4));
+    register(&rt, &b, mb.addr(), REGION, Location::Npu(5));
+    let shared: HostBuffer = Device::bind(&lib, 4).unwrap().alloc_host(65536).unwrap();
+    register(&rt, &a, shared.addr(), 65536, Location::Any);
+    register(&rt, &b, shared.addr(), 65536, Location::Any);
+    // Both build communicators binding the shared range (RoCE rules: host memory allowed).
+    read(&rt, &a, &b, ma.addr(), mb.addr(), 4096);
+    read(&rt, &b, &a, mb.addr(), ma.addr(), 4096);
+    rt.block_on(a.unregister_memory(shared.addr())).unwrap_or_else(|e| panic!("a lets go of the shared range: {e}"));
+    read(&rt, &b, &a, shared.addr(), ma.addr(), 4096);
+    rt.block_on(b.unregister_memory(shared.addr())).unwrap_or_else(|e| panic!("b lets go of it too: {e}"));
+    assert_eq!(stats().failed_attempts, 0, "{:?}", stats());
+    shutdown(&rt, vec![a, b]);
+}
