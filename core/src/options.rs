@@ -27,9 +27,9 @@ use crate::resolver::Environment;
 /// One option a crate outside the core declares.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct OptionSpec {
-    /// The config field (JSON key), e.g. `hccl_retries`.
+    /// The config field (JSON key), e.g. `widget_retries`.
     pub key: &'static str,
-    /// The environment variable overriding it, if any, e.g. `FERRY_HCCL_RETRIES`.
+    /// The environment variable overriding it, if any, e.g. `FERRY_WIDGET_RETRIES`.
     pub env: Option<&'static str>,
     /// What an invalid environment value is not, in the error naming it (`not a whole number`,
     /// `not a port number`); unused for text options, which any value satisfies.

@@ -2,7 +2,7 @@
 //!
 //! Where an Ascend NPU process's device identity comes from, without FFI: the resolver links
 //! that read Ascend's own sources, and the config options of the Ascend side. The core keeps
-//! the [`SegmentResolver`](ferry_core::SegmentResolver) trait, the chain and the generic links
+//! the [`SegmentResolver`] trait, the chain and the generic links
 //! (`config`, `hostname`, `port_offset`); this crate adds:
 //!
 //! | link | answers | from |
