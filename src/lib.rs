@@ -12,7 +12,7 @@
 //! | `local` | same-process memcpy (`local`) | yes |
 //! | `null`  | no-op, for measuring engine overhead (`null`) | no |
 //! | `tcp`   | Mooncake-compatible TCP (`tcp`) | yes |
-//! | `hccl`  | Ascend NPUs over HCCL (`ascend`, alias `hccl`; CANN loaded at run time) and the `acl` resolver | yes |
+//! | `hccl`  | Ascend NPUs over HCCL (`ascend`, alias `hccl`; CANN loaded at run time) and the Ascend identity resolvers (`rank_table`, `env`, `acl`, `hccn_conf`) | yes |
 //! | `p2p`   | P2P handshake metadata (`P2PHANDSHAKE`) | yes |
 //! | `http`  | HTTP metadata client (`http://host:port/metadata`) | yes |
 //! | `redis` | Redis metadata (`redis://host:port`) | yes |
@@ -122,14 +122,28 @@ pub fn default_metadata() -> MetadataRegistry {
     registry
 }
 
-/// The resolvers an engine's chain is built from: the core's links and, with the `hccl`
-/// feature, the `acl` link (the ACL runtime's user → physical device query).
+/// The resolvers an engine's chain is built from: the core's links (`config`, `hostname`,
+/// `port_offset`) and, with the `hccl` feature, the Ascend links (`rank_table`, `env`, `acl`,
+/// `hccn_conf`), in the default order `config, hostname, rank_table, env, acl, hccn_conf,
+/// port_offset`.
 pub fn default_resolvers() -> ResolverRegistry {
     #[allow(unused_mut)]
     let mut registry = ResolverRegistry::with_builtin();
     #[cfg(feature = "hccl")]
-    registry.install(std::sync::Arc::new(ferry_transport_hccl::AclResolverFactory));
+    ferry_transport_hccl::install_resolvers(&mut registry);
     registry
+}
+
+/// The config options the crates compiled in declare beyond the core's fields (with the `hccl`
+/// feature: `rank_table_path`, `hccn_conf_path`, `hccl_retries`, `hccl_control_port`). A
+/// config's other unknown fields are read by nothing in this build
+/// ([`Config::undeclared_fields`]).
+pub fn declared_options() -> Vec<&'static OptionSpec> {
+    #[allow(unused_mut)]
+    let mut options: Vec<&'static OptionSpec> = Vec::new();
+    #[cfg(feature = "hccl")]
+    options.extend(ferry_transport_hccl::ascend_identity::OPTIONS);
+    options
 }
 
 /// An engine builder on the embedded default config with every compiled-in transport and

@@ -2,17 +2,22 @@
 //! with where each value came from and which resolver answered each identity field (and how:
 //! which variable, file entry or segment-name part).
 //!
-//! Sources that disagree about the device (physical or user id) are a problem. With the
-//! `ascend` protocol it also runs the transport's own start-up check
-//! (`LocalIdentity::from_resolution`: physical id, user id and device IP all known) on the chain
-//! the transport will use (its `acl` link inserted when a `resolvers` list omits it).
+//! Sources that disagree about the device (physical or user id) are a problem. The Ascend
+//! options (`rank_table_path`, `hccn_conf_path`, `hccl_retries`, `hccl_control_port`) are read
+//! and checked whatever the protocol, with where each came from. With the `ascend` protocol it
+//! also runs the transport's own start-up check (`LocalIdentity::from_resolution`: physical id,
+//! user id and device IP all known) on the chain the transport will use (its `acl` link
+//! inserted when a `resolvers` list omits it).
 
 use std::path::PathBuf;
 
 use anyhow::Result;
 use clap::Args;
 use ferry::transports::hccl;
-use ferry::{Config, Environment, FieldSource, MetadataServer, ResolveQuery, ResolverContext, ResolverFactory};
+use ferry::transports::hccl::ascend_identity::{self as ascend, AscendOptions};
+use ferry::{
+    Config, Environment, FieldSource, MetadataServer, ResolveQuery, ResolverContext, ResolverFactory, Setting,
+};
 
 /// Options of `ferry doctor`.
 #[derive(Debug, Args)]
@@ -33,6 +38,14 @@ fn source(cfg: &Config, field: &str) -> String {
     match cfg.source_of(field) {
         Some(FieldSource::Api) | None => "default".to_owned(),
         Some(s) => s.to_string(),
+    }
+}
+
+/// A declared option's value and where it came from, or its default.
+fn setting<T: std::fmt::Display>(s: &Option<Setting<T>>, default: &str) -> String {
+    match s {
+        Some(s) => format!("{} [{}]", s.value, s.source),
+        None => format!("{default} [default]"),
     }
 }
 
@@ -145,7 +158,7 @@ pub(crate) async fn run(args: DoctorArgs) -> Result<std::process::ExitCode> {
     if let Some(m) = &cfg.master_server_address {
         println!("master (store):   {m} (read; not used by the transfer engine)");
     }
-    let unknown = cfg.unknown_fields();
+    let unknown = cfg.undeclared_fields(&ferry::declared_options());
     if !unknown.is_empty() {
         println!("unknown fields:   {} (kept, not used)", unknown.join(", "));
     }
@@ -161,17 +174,35 @@ pub(crate) async fn run(args: DoctorArgs) -> Result<std::process::ExitCode> {
         None => println!("local rank:       unknown (set LOCAL_RANK or FERRY_LOCAL_RANK, or --local-rank)"),
     }
     let env = Environment::process();
-    let rank_table = ferry::RankTableResolver::from_config(&cfg, &env);
-    if let Some(p) = rank_table.path() {
-        let form = match ferry::RankTable::load(p) {
-            Ok(t) => format!("{}, {} device(s)", t.form(), t.entries().len()),
-            Err(_) => "unreadable or invalid, see below".to_owned(),
-        };
-        println!("rank table:       {} ({form}) [{}]", p.display(), rank_table.set_by());
+    // The Ascend side's options: each value with its source; a bad one is a problem whatever
+    // the protocol (the file may serve an ascend process too).
+    match ascend::RankTableResolver::from_config(&cfg, &env) {
+        Ok(rank_table) => {
+            if let Some(p) = rank_table.path() {
+                let form = match ascend::RankTable::load(p) {
+                    Ok(t) => format!("{}, {} device(s)", t.form(), t.entries().len()),
+                    Err(_) => "unreadable or invalid, see below".to_owned(),
+                };
+                println!("rank table:       {} ({form}) [{}]", p.display(), rank_table.set_by());
+            }
+        }
+        Err(e) => problems.push(e.message().to_owned()),
     }
-    match cfg.hccn_conf_path() {
-        Some(p) => println!("hccn.conf:        {} [{}]", p.display(), source(&cfg, "hccn_conf_path")),
-        None => println!("hccn.conf:        {} [default; not needed when absent]", ferry::resolver::DEFAULT_HCCN_CONF),
+    match AscendOptions::hccn_conf_path(&cfg, &env) {
+        Ok(Some(p)) => println!("hccn.conf:        {} [{}]", p.value.display(), p.source),
+        Ok(None) => println!("hccn.conf:        {} [default; not needed when absent]", ascend::DEFAULT_HCCN_CONF),
+        Err(e) => problems.push(e.message().to_owned()),
+    }
+    match (AscendOptions::hccl_retries(&cfg, &env), AscendOptions::hccl_control_port(&cfg, &env)) {
+        (Ok(retries), Ok(port)) => {
+            if ascend {
+                println!("hccl retries:     {}", setting(&retries, ascend::HCCL_RETRIES.default));
+                println!("control port:     {}", setting(&port, ascend::HCCL_CONTROL_PORT.default));
+            }
+        }
+        (retries, port) => {
+            problems.extend([retries.err(), port.err()].into_iter().flatten().map(|e| e.message().to_owned()))
+        }
     }
 
     // The resolvers of this build: the core's links and the HCCL transport's `acl`.

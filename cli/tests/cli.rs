@@ -277,6 +277,10 @@ fn doctor_explains_identity_from_a_rank_table() {
     assert!(s.contains("segment name:     10.0.0.5:17102") && s.contains("base_port 17100 + local rank 2"), "{s}");
     assert!(s.contains("(vllm-ascend prefill/decode, 8 device(s))"), "{s}");
     assert!(
+        s.contains("[config field `rank_table_path` in ") && !s.contains("unknown fields"),
+        "the Ascend options are declared, not unknown: {s}"
+    );
+    assert!(
         s.contains("physical_device  = 6                    (from rank_table)") && s.contains("decode_device_list[2]"),
         "{s}"
     );
@@ -460,6 +464,28 @@ fn doctor_runs_the_ascend_transports_identity_check() {
         ascend("ascend-ok.json", npu4, &[("ASCEND_RT_VISIBLE_DEVICES", "0,1,2,3,4,5,6,7"), ("FERRY_HCCN_CONF", &hccn)]);
     assert!(ok, "{s}");
     assert!(s.contains("device_ip        = 29.0.0.5") && s.contains("status:           OK"), "{s}");
+    assert!(
+        s.contains("hccl retries:     2 [default]") && s.contains("control port:     any free port [default]"),
+        "{s}"
+    );
+    // The transport's options, each with where it came from.
+    let (ok, s) = ascend(
+        "ascend-options.json",
+        npu4,
+        &[
+            ("ASCEND_RT_VISIBLE_DEVICES", "0,1,2,3,4,5,6,7"),
+            ("FERRY_HCCN_CONF", &hccn),
+            ("FERRY_HCCL_RETRIES", "5"),
+            ("FERRY_HCCL_CONTROL_PORT", "18000"),
+        ],
+    );
+    assert!(ok, "{s}");
+    assert!(s.contains("hccl retries:     5 [env FERRY_HCCL_RETRIES]"), "{s}");
+    assert!(s.contains("control port:     18000 [env FERRY_HCCL_CONTROL_PORT]"), "{s}");
+    assert!(s.contains(&format!("hccn.conf:        {hccn} [env FERRY_HCCN_CONF]")), "{s}");
+    let (ok, s) = ascend("ascend-bad-retries.json", npu4, &[("FERRY_HCCL_RETRIES", "many")]);
+    assert!(!ok, "{s}");
+    assert!(s.contains("- environment variable FERRY_HCCL_RETRIES=\"many\": not a whole number"), "{s}");
     // The same incomplete identity is fine for a transport that needs no device.
     let (ok, s) = ascend("local-none.json", r#"{"local_hostname": "10.0.0.5:17000", "protocol": "local"}"#, &[]);
     assert!(ok, "{s}");

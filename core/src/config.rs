@@ -15,15 +15,17 @@ use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::{Map, Value};
 
 use crate::error::{Error, Result};
-use crate::resolver::{DEVICE_ID_LIMIT, HostnameResolver};
+use crate::segment_name::{DEVICE_ID_LIMIT, SegmentName};
 
 /// Environment variable naming the config file (Mooncake's).
 pub const CONFIG_PATH_ENV: &str = "MOONCAKE_CONFIG_PATH";
 /// Environment variable giving the metadata cluster id (Mooncake's).
 pub const CLUSTER_ID_ENV: &str = "MC_METADATA_CLUSTER_ID";
 
-/// Environment overrides: variable name, config field it overrides. Applied in this order, so
-/// for a field named twice the later variable wins (`FERRY_LOCAL_RANK` over `LOCAL_RANK`).
+/// Environment overrides of the core's fields: variable name, config field it overrides. Applied
+/// in this order, so for a field named twice the later variable wins (`FERRY_LOCAL_RANK` over
+/// `LOCAL_RANK`). Options declared by transports read their own variables
+/// ([`OptionSpec`](crate::options::OptionSpec)).
 pub const ENV_OVERRIDES: &[(&str, &str)] = &[
     ("FERRY_LOCAL_HOSTNAME", "local_hostname"),
     ("FERRY_METADATA_SERVER", "metadata_server"),
@@ -34,12 +36,8 @@ pub const ENV_OVERRIDES: &[(&str, &str)] = &[
     ("FERRY_TCP_LANES", "tcp_lanes"),
     ("FERRY_TCP_DATA_PORT", "tcp_data_port"),
     ("FERRY_RPC_PORT", "rpc_port"),
-    ("FERRY_HCCL_RETRIES", "hccl_retries"),
-    ("FERRY_HCCL_CONTROL_PORT", "hccl_control_port"),
     (CLUSTER_ID_ENV, "cluster_id"),
     ("FERRY_BASE_PORT", "base_port"),
-    ("FERRY_RANK_TABLE", "rank_table_path"),
-    ("FERRY_HCCN_CONF", "hccn_conf_path"),
     ("FERRY_RESOLVERS", "resolvers"),
     (LOCAL_RANK_ENV, "local_rank"),
     (FERRY_LOCAL_RANK_ENV, "local_rank"),
@@ -108,6 +106,19 @@ pub enum FieldSource {
     Env(&'static str),
     /// Set through the API.
     Api,
+}
+
+impl FieldSource {
+    /// Where `field` was set, for messages: `config field `x` in FILE`, `config field `x``
+    /// (inline JSON), `environment variable X`, `` `x` set through the API``.
+    pub fn describe(&self, field: &str) -> String {
+        match self {
+            FieldSource::Env(var) => format!("environment variable {var}"),
+            FieldSource::Api => format!("`{field}` set through the API"),
+            FieldSource::File(p) => format!("config field `{field}` in {}", p.display()),
+            FieldSource::Inline => format!("config field `{field}`"),
+        }
+    }
 }
 
 impl fmt::Display for FieldSource {
@@ -355,15 +366,6 @@ pub struct Config {
     /// port in 15000..17000).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rpc_port: Option<u16>,
-    /// Ascend transport: attempts after the first when an HCCL call fails (the communicator is
-    /// rebuilt in between; default 2). Mooncake's `ASCEND_TRANSPORT_TRANSFER_MAX_RETRY_COUNT`
-    /// and `FERRY_HCCL_RETRIES` override it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub hccl_retries: Option<u32>,
-    /// Ascend transport: TCP port of its control channel (default: any free port; published as
-    /// `rank_info.hostPort`). Refused with `base_port` (every rank would bind the same port).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub hccl_control_port: Option<u16>,
     /// Transport plugins: paths of `libferry_transport_<protocol>.so` files or of directories
     /// holding them, searched (before `FERRY_PLUGIN_DIR`) when a protocol is not built in. A
     /// relative path is relative to the config file's directory.
@@ -377,22 +379,17 @@ pub struct Config {
     /// This process's local rank on its node (normally from `LOCAL_RANK`/`FERRY_LOCAL_RANK`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub local_rank: Option<u32>,
-    /// Rank table (HCCL v1.0/v1.2 or vllm-ascend's prefill/decode form); default:
-    /// `DISAGGREGATED_PREFILL_RANK_TABLE_PATH`. A relative path is relative to the config file.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub rank_table_path: Option<String>,
-    /// `hccn.conf` giving device IPs (default `/etc/hccn.conf`). A relative path is relative to
-    /// the config file.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub hccn_conf_path: Option<String>,
-    /// Identity resolvers to ask, in order (default: `config`, `hostname`, `rank_table`, `env`,
-    /// `acl`, `hccn_conf`, `port_offset`).
+    /// Identity resolvers to ask, in order (default: the resolver registry's default order,
+    /// [`ResolverRegistry::default_order`](crate::ResolverRegistry::default_order)).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resolvers: Option<Vec<String>>,
-    /// Physical NPU ids by local rank (answered by the `config` resolver, ahead of every other).
+    /// Physical device ids by local rank (answered by the `config` resolver, ahead of every
+    /// other).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub physical_devices: Option<Vec<u32>>,
-    /// Fields Ferry does not know. Kept so nothing is lost; `ferry doctor` lists them.
+    /// Fields the core does not know. Kept so nothing is lost: options declared by transports
+    /// are read from here ([`Config::option`]); `ferry doctor` lists the fields nothing in its
+    /// build declares.
     #[serde(flatten, skip_deserializing)]
     pub extra: Map<String, Value>,
     #[serde(skip)]
@@ -421,13 +418,9 @@ const KNOWN_FIELDS: &[&str] = &[
     "tcp_lanes",
     "tcp_data_port",
     "rpc_port",
-    "hccl_retries",
-    "hccl_control_port",
     "plugins",
     "base_port",
     "local_rank",
-    "rank_table_path",
-    "hccn_conf_path",
     "resolvers",
     "physical_devices",
 ];
@@ -542,18 +535,10 @@ impl Config {
                     self.tcp_data_port = Some(value.parse().map_err(|_| bad("not a port number".into()))?)
                 }
                 "rpc_port" => self.rpc_port = Some(value.parse().map_err(|_| bad("not a port number".into()))?),
-                "hccl_retries" => {
-                    self.hccl_retries = Some(value.parse().map_err(|_| bad("not a whole number".into()))?)
-                }
-                "hccl_control_port" => {
-                    self.hccl_control_port = Some(value.parse().map_err(|_| bad("not a port number".into()))?)
-                }
                 "base_port" => {
                     self.base_port =
                         Some(BasePort::All(value.parse().map_err(|_| bad("not a port number (0-65535)".into()))?))
                 }
-                "rank_table_path" => self.rank_table_path = Some(value.clone()),
-                "hccn_conf_path" => self.hccn_conf_path = Some(value.clone()),
                 "resolvers" => {
                     let names: Vec<String> = value.split(',').map(|n| n.trim().to_owned()).collect();
                     if names.iter().any(String::is_empty) {
@@ -589,13 +574,9 @@ impl Config {
             "tcp_lanes" => self.tcp_lanes.is_some(),
             "tcp_data_port" => self.tcp_data_port.is_some(),
             "rpc_port" => self.rpc_port.is_some(),
-            "hccl_retries" => self.hccl_retries.is_some(),
-            "hccl_control_port" => self.hccl_control_port.is_some(),
             "plugins" => self.plugins.is_some(),
             "base_port" => self.base_port.is_some(),
             "local_rank" => self.local_rank.is_some(),
-            "rank_table_path" => self.rank_table_path.is_some(),
-            "hccn_conf_path" => self.hccn_conf_path.is_some(),
             "resolvers" => self.resolvers.is_some(),
             "physical_devices" => self.physical_devices.is_some(),
             _ => false,
@@ -656,39 +637,37 @@ impl Config {
     /// The `plugins` entries as paths; relative ones are resolved against the directory of the
     /// config file they came from (the working directory for an inline config).
     pub fn plugin_paths(&self) -> Vec<PathBuf> {
-        self.plugins.iter().flatten().map(|p| self.relative_to_file(p, "plugins")).collect()
+        self.plugins.iter().flatten().map(|p| self.relative_to(p, self.sources.get("plugins"))).collect()
     }
 
-    /// `path` as given in `field`: relative to the config file's directory when it came from
+    /// `path` as set from `source`: relative to the config file's directory when it came from
     /// the file, else as written (relative to the working directory).
-    fn relative_to_file(&self, path: &str, field: &str) -> PathBuf {
+    pub(crate) fn relative_to(&self, path: &str, source: Option<&FieldSource>) -> PathBuf {
         let p = Path::new(path);
-        let from_file = !matches!(self.sources.get(field), Some(FieldSource::Env(_) | FieldSource::Api));
+        let from_file = !matches!(source, Some(FieldSource::Env(_) | FieldSource::Api));
         match self.origin.path.as_deref().and_then(Path::parent) {
             Some(dir) if p.is_relative() && from_file => dir.join(p),
             _ => p.to_owned(),
         }
     }
 
-    /// The rank table named by `rank_table_path` (or `FERRY_RANK_TABLE`), resolved against the
-    /// config file's directory.
-    pub fn rank_table_path(&self) -> Option<PathBuf> {
-        self.rank_table_path.as_deref().filter(|p| !p.is_empty()).map(|p| self.relative_to_file(p, "rank_table_path"))
+    /// Where the config's own text came from: its file, else inline JSON.
+    pub(crate) fn origin_source(&self) -> FieldSource {
+        match &self.origin.path {
+            Some(p) => FieldSource::File(p.clone()),
+            None => FieldSource::Inline,
+        }
     }
 
-    /// The `hccn.conf` named by `hccn_conf_path` (or `FERRY_HCCN_CONF`), resolved against the
-    /// config file's directory.
-    pub fn hccn_conf_path(&self) -> Option<PathBuf> {
-        self.hccn_conf_path.as_deref().filter(|p| !p.is_empty()).map(|p| self.relative_to_file(p, "hccn_conf_path"))
+    pub(crate) fn set_source(&mut self, field: &'static str, source: FieldSource) {
+        self.sources.insert(field, source);
     }
 
     /// Where a field was set, for messages: `config field `x``, `environment variable X`, ...
     pub fn describe_source(&self, field: &str) -> String {
         match self.sources.get(field) {
-            Some(FieldSource::Env(var)) => format!("environment variable {var}"),
-            Some(FieldSource::Api) => format!("`{field}` set through the API"),
-            Some(FieldSource::File(p)) => format!("config field `{field}` in {}", p.display()),
-            Some(FieldSource::Inline) | None => format!("config field `{field}`"),
+            Some(s) => s.describe(field),
+            None => FieldSource::Inline.describe(field),
         }
     }
 
@@ -777,25 +756,17 @@ impl Config {
         let is_v6 = name.parse::<std::net::Ipv6Addr>().is_ok();
         let parsed = match is_v6 {
             true => None,
-            false => HostnameResolver::parse_strict(&name).map_err(|m| self.field_error(field, &m))?,
+            false => SegmentName::parse_strict(&name).map_err(|e| self.field_error(field, e.message()))?,
         };
         if self.base_port.is_none() || self.segment_name_fixed {
             return Ok(Some(name));
         }
-        for fixed in ["rpc_port", "tcp_data_port", "hccl_control_port"] {
+        for fixed in ["rpc_port", "tcp_data_port"] {
             if self.is_set(fixed) {
-                let advice = if fixed == "hccl_control_port" {
-                    "leave it unset: the ascend transport then listens on any free port and publishes it in \
-                     rank_info.hostPort"
-                } else {
-                    "remove it"
-                };
                 return Err(self.field_error(
                     fixed,
-                    &format!(
-                        "is one fixed port, but with base_port every rank of a node shares this config, so every \
-                         rank would bind the same port; {advice}"
-                    ),
+                    "is one fixed port, but with base_port every rank of a node shares this config, so every rank \
+                     would bind the same port; remove it",
                 ));
             }
         }
@@ -1067,17 +1038,13 @@ mod tests {
   "decode_url": "10.0.0.5",
   "protocol": "ascend",
   "base_port": {"prefill": 17000, "decode": 17100},
-  "rank_table_path": "ranktable.json",
-  "hccn_conf_path": "/etc/hccn.conf",
-  "resolvers": ["hostname", "rank_table", "env"],
+  "resolvers": ["hostname", "port_offset"],
   "physical_devices": [4, 5]
 }"#;
         let c = Config::from_json_str(text, Some(Path::new("/etc/ferry/mooncake.json"))).unwrap();
         assert!(c.unknown_fields().is_empty(), "{:?}", c.unknown_fields());
         assert_eq!(c.base_port, Some(BasePort::PerRole { prefill: Some(17000), decode: Some(17100) }));
-        assert_eq!(c.rank_table_path(), Some(PathBuf::from("/etc/ferry/ranktable.json")));
-        assert_eq!(c.hccn_conf_path(), Some(PathBuf::from("/etc/hccn.conf")));
-        assert_eq!(c.resolvers.as_deref().unwrap().len(), 3);
+        assert_eq!(c.resolvers.as_deref().unwrap().len(), 2);
         assert_eq!(c.physical_devices, Some(vec![4, 5]));
 
         let mut d = c.clone();
@@ -1085,14 +1052,13 @@ mod tests {
             "FERRY_ROLE" => Some("decode".to_owned()),
             "LOCAL_RANK" => Some("3".to_owned()),
             "FERRY_LOCAL_RANK" => Some("2".to_owned()),
-            "FERRY_RANK_TABLE" => Some("rt.json".to_owned()),
             _ => None,
         };
         d.apply_env(env).unwrap();
         assert_eq!(d.local_rank(), Some(2), "FERRY_LOCAL_RANK wins over LOCAL_RANK");
         assert_eq!(d.source_of("local_rank"), Some(&FieldSource::Env("FERRY_LOCAL_RANK")));
-        assert_eq!(d.rank_table_path(), Some(PathBuf::from("rt.json")), "env paths are not relative to the file");
-        assert_eq!(d.describe_source("rank_table_path"), "environment variable FERRY_RANK_TABLE");
+        assert_eq!(d.describe_source("local_rank"), "environment variable FERRY_LOCAL_RANK");
+        assert_eq!(d.describe_source("base_port"), "config field `base_port` in /etc/ferry/mooncake.json");
         assert_eq!(d.local_segment_name().unwrap().as_deref(), Some("10.0.0.5:17102"));
         let mut p = c.clone();
         p.apply_env(|k| match k {
@@ -1107,13 +1073,11 @@ mod tests {
         let mut e = Config::default();
         e.apply_env(|k| match k {
             "FERRY_BASE_PORT" => Some("18000".to_owned()),
-            "FERRY_HCCN_CONF" => Some("/x/hccn.conf".to_owned()),
             "FERRY_RESOLVERS" => Some("env, hostname".to_owned()),
             _ => None,
         })
         .unwrap();
         assert_eq!(e.base_port, Some(BasePort::All(18000)));
-        assert_eq!(e.hccn_conf_path(), Some(PathBuf::from("/x/hccn.conf")));
         assert_eq!(e.resolvers, Some(vec!["env".to_owned(), "hostname".to_owned()]));
         for (var, value, needle) in [
             ("FERRY_BASE_PORT", "70000", "not a port number"),
@@ -1134,7 +1098,7 @@ mod tests {
             ("[4, 5, 4]", "device 4 is listed twice (entries 0 and 2)"),
             ("[]", "is empty"),
         ] {
-            let text = format!("{{\n  \"protocol\": \"ascend\",\n  \"physical_devices\": {list}\n}}");
+            let text = format!("{{\n  \"protocol\": \"tcp\",\n  \"physical_devices\": {list}\n}}");
             let e = Config::from_json_str(&text, Some(Path::new("/etc/m.json"))).unwrap_err();
             assert_eq!(e.kind(), ErrorKind::Config);
             let m = e.message();
@@ -1193,33 +1157,21 @@ mod tests {
         );
         let e = name(r#"{"local_hostname": "10.0.0.5", "base_port": 17000, "rpc_port": 15000}"#, Some(1)).unwrap_err();
         assert!(e.message().contains("`rpc_port`") && e.message().contains("remove it"), "{e}");
-        // The ascend transport's control port too: every rank would bind it.
-        let e = name(r#"{"local_hostname": "10.0.0.5", "base_port": 17000, "hccl_control_port": 18000}"#, Some(1))
-            .unwrap_err();
-        let m = e.message();
-        assert!(
-            m.contains("/m.json")
-                && m.contains("field `hccl_control_port` at line 1")
-                && m.contains("every rank would bind the same port")
-                && m.contains("leave it unset")
-                && m.contains("any free port"),
-            "{m}"
-        );
         let mut c = Config::from_json_str(store, None).unwrap();
         c.apply_env(|k| match k {
-            "FERRY_HCCL_CONTROL_PORT" => Some("18000".to_owned()),
+            "FERRY_TCP_DATA_PORT" => Some("18000".to_owned()),
             "LOCAL_RANK" => Some("0".to_owned()),
             _ => None,
         })
         .unwrap();
         let e = c.fix_segment_name().unwrap_err();
         assert!(
-            e.message().contains("(from environment variable FERRY_HCCL_CONTROL_PORT)")
-                && e.message().contains("leave it unset"),
+            e.message().contains("field `tcp_data_port` (from environment variable FERRY_TCP_DATA_PORT)")
+                && e.message().contains("every rank would bind the same port; remove it"),
             "{e}"
         );
-        // Without base_port a fixed control port is fine (one rank per config).
-        let solo = name(r#"{"local_hostname": "10.0.0.5:17000", "hccl_control_port": 18000}"#, Some(1));
+        // Without base_port a fixed port is fine (one rank per config).
+        let solo = name(r#"{"local_hostname": "10.0.0.5:17000", "rpc_port": 18000}"#, Some(1));
         assert_eq!(solo.unwrap().as_deref(), Some("10.0.0.5:17000"));
         let e = name(r#"{"base_port": 17000}"#, Some(1)).unwrap_err();
         assert!(e.message().contains("needs this host's name"), "{e}");

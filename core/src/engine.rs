@@ -14,8 +14,9 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::kv::{BlockRun, BlockTransfer, KvLayout, plan_block_transfer};
 use crate::memory::{Location, MemoryRegistry, Region};
 use crate::metadata::{MetadataBackend, MetadataRegistry, WatchEvent};
-use crate::resolver::{Environment, HostnameResolver, Resolution, ResolveQuery, ResolverChain, ResolverRegistry};
+use crate::resolver::{Environment, Resolution, ResolveQuery, ResolverChain, ResolverRegistry};
 use crate::segment::OpenSegment;
+use crate::segment_name::SegmentName;
 use crate::transport::{Transport, TransportContext, TransportRegistry, no_transport_for};
 
 /// Builds a [`TransferEngine`] from a config or programmatically.
@@ -120,15 +121,15 @@ impl EngineBuilder {
     }
 
     /// The resolvers the engine's chain is built from, by name (the config's `resolvers` list,
-    /// else [`DEFAULT_RESOLVER_ORDER`](crate::resolver::DEFAULT_RESOLVER_ORDER)); default
-    /// [`ResolverRegistry::with_builtin`].
+    /// else the registry's [default order](ResolverRegistry::default_order)); default
+    /// [`ResolverRegistry::with_builtin`] (the core's links only: a transport's crate provides
+    /// its device-identity links, and the `ferry` facade installs those compiled in).
     pub fn resolver_registry(mut self, registry: ResolverRegistry) -> Self {
         self.resolver_registry = registry;
         self
     }
 
-    /// Mutable access to the resolver registry (to install a link such as the HCCL transport's
-    /// `acl`).
+    /// Mutable access to the resolver registry (to install a transport's links).
     pub fn resolver_registry_mut(&mut self) -> &mut ResolverRegistry {
         &mut self.resolver_registry
     }
@@ -440,8 +441,8 @@ impl EngineInner {
     async fn publish_rpc(&self) -> Result<()> {
         // The handshake listener's port when the backend runs one, else the name's port; a name
         // without a port (`host`) is its own host part.
-        let (host, port) = match HostnameResolver::parse(&self.name) {
-            Some(id) => (id.host.unwrap_or_default(), self.metadata.rpc_port().or(id.port)),
+        let (host, port) = match SegmentName::parse(&self.name) {
+            Some(n) => (n.host().to_owned(), self.metadata.rpc_port().or(Some(n.port()))),
             None => (self.name.clone(), self.metadata.rpc_port()),
         };
         if let Some(port) = port {
@@ -686,7 +687,7 @@ impl TransferEngine {
     /// listener takes notifications): the metadata backend's listener port, else the port of a
     /// `host:port` segment name. `None` when it publishes no rpc entry.
     pub fn rpc_port(&self) -> Option<u16> {
-        self.inner.metadata.rpc_port().or_else(|| HostnameResolver::parse(&self.inner.name).and_then(|id| id.port))
+        self.inner.metadata.rpc_port().or_else(|| SegmentName::parse(&self.inner.name).map(|n| n.port()))
     }
 
     /// This engine instance's unique id (published as `ferry_instance`).
@@ -836,7 +837,7 @@ impl TransferEngine {
     }
 
     /// Removes regions from the registry and from every transport. A transport that cannot let
-    /// go of a region (an HCCL communicator that still has it bound) makes the whole call fail
+    /// go of a region (a device communicator that still has it bound) makes the whole call fail
     /// with that transport's error: the regions are registered again (in the registry and in
     /// the transports that had already let go), so the caller keeps them and must not free them.
     #[allow(unsafe_code)]

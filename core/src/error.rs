@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-/// Boxed underlying cause (an OS error, a JSON error, an ACL/HCCL code wrapped by a transport).
+/// Boxed underlying cause (an OS error, a JSON error, a device runtime's code wrapped by a transport).
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
 /// Result alias used throughout Ferry.

@@ -8,11 +8,14 @@
 //!
 //! - [`Transport`]: moves bytes between local registered memory and a remote segment.
 //! - [`MetadataBackend`]: the key/value store where segment descriptors are published.
-//! - [`SegmentResolver`]: turns names and the environment into identities.
+//! - [`SegmentResolver`]: turns names and the environment into identities, as a
+//!   [`ResolverChain`] that explains which link answered; the core holds the generic links
+//!   (explicit config, `ip:port[:npu_N]` names, port offset), transports bring their devices'.
 //!
 //! Around them: [`TransferEngine`] (memory registry, segment cache, transport table, metadata
 //! backend, resolver chain), the KV-block API ([`KvLayout`], [`BlockTransfer`]), Mooncake's
-//! descriptor and config formats, and one [`Error`] type with stable [`ErrorKind`]s.
+//! descriptor and config formats, segment names ([`SegmentName`]), options declared by
+//! transports ([`OptionSpec`]), and one [`Error`] type with stable [`ErrorKind`]s.
 //!
 //! Most users depend on the `ferry` facade crate instead, which pre-installs the transports
 //! compiled in.
@@ -26,8 +29,10 @@ pub mod error;
 pub mod kv;
 pub mod memory;
 pub mod metadata;
+pub mod options;
 pub mod resolver;
 pub mod segment;
+pub mod segment_name;
 pub mod transport;
 
 pub use batch::{Batch, BatchStatus, Opcode, RequestStatus, SegmentHandle, TransferRequest, ValidatedRequest};
@@ -38,10 +43,12 @@ pub use error::{Error, ErrorKind, Result};
 pub use kv::{BlockRun, BlockSlice, BlockTransfer, KvLayout, KvRegion, plan_block_transfer};
 pub use memory::{Location, MemoryRegistry, Region, RegionLease};
 pub use metadata::{InProcessMetadata, MetadataBackend, MetadataFactory, MetadataRegistry, Notification, WatchEvent};
+pub use options::{OptionSpec, Setting};
 pub use resolver::{
-    ACL_RESOLVER, Answer, DEFAULT_RESOLVER_ORDER, EnvResolver, Environment, ExplicitResolver, HccnConfResolver,
-    HostnameResolver, Identity, IdentityField, PortOffsetResolver, RankTable, RankTableResolver, Resolution,
-    ResolveQuery, ResolveTarget, ResolverChain, ResolverContext, ResolverFactory, ResolverRegistry, SegmentResolver,
+    Answer, BUILTIN_RESOLVER_ORDER, Environment, ExplicitResolver, HostnameResolver, Identity, IdentityField,
+    PortOffsetResolver, Resolution, ResolveQuery, ResolveTarget, ResolverChain, ResolverContext, ResolverFactory,
+    ResolverRegistry, SegmentResolver,
 };
 pub use segment::OpenSegment;
+pub use segment_name::{DEVICE_ID_LIMIT, SegmentName, SegmentNameError};
 pub use transport::{Capabilities, Transport, TransportContext, TransportFactory, TransportRegistry, TransportSource};

@@ -1,5 +1,6 @@
-//! Device and endpoint identity: the [`SegmentResolver`] trait, the resolvers built into the
-//! core, and the [`ResolverChain`] that composes them and explains which one answered each field.
+//! Device and endpoint identity: the [`SegmentResolver`] trait, the generic resolvers built
+//! into the core, and the [`ResolverChain`] that composes them and explains which one answered
+//! each field.
 //!
 //! # The chain
 //!
@@ -10,26 +11,23 @@
 //! ([`Resolution::refuse_device_disagreements`]). A link's error stops the chain and names the
 //! link.
 //!
-//! The default order ([`DEFAULT_RESOLVER_ORDER`]) is
+//! The core's links ([`ResolverRegistry::with_builtin`]):
 //!
 //! | name | answers | from |
 //! |---|---|---|
 //! | `config` | physical device | the config's `physical_devices[local_rank]` |
-//! | `hostname` | host, port, physical device | the segment name: `ip:port`, `ip:port:npu_N`, `ip:port:N` |
-//! | `rank_table` | physical device, device IP, device port, rank | an HCCL v1.0/v1.2 or vllm-ascend prefill/decode rank table |
-//! | `env` | physical device, user device | `ASCEND_NPU_PHY_ID`, `PHYSICAL_DEVICES`, `ASCEND_RT_VISIBLE_DEVICES` |
-//! | `acl` | physical device, user device | the ACL runtime (installed by the HCCL transport when built in) |
-//! | `hccn_conf` | device IP | `/etc/hccn.conf` (`address_<phy>=<ip>`) |
+//! | `hostname` | host, port, physical device | the segment name ([`SegmentName`](crate::SegmentName)): `ip:port`, `ip:port:npu_N`, `ip:port:N` |
 //! | `port_offset` | port | `base_port + local_rank` |
 //!
-//! A config's `resolvers` list (or `FERRY_RESOLVERS`) replaces the order. Links are created by
-//! name from a [`ResolverRegistry`]; a crate outside the core (the HCCL transport) adds its own
-//! link by installing a [`ResolverFactory`] under its name (`acl`), which then takes its place
-//! in the order.
+//! Links that read a device's own sources (its runtime, rank tables, its environment variables,
+//! its host files) come with the transport that drives the device: its crate installs a
+//! [`ResolverFactory`] for each in a [`ResolverRegistry`] and places their names in the
+//! registry's default order ([`ResolverRegistry::place_in_default_order`]). A config's
+//! `resolvers` list (or `FERRY_RESOLVERS`) replaces the order.
 //!
-//! No resolver guesses: a source that is present but wrong (a malformed rank table, an
-//! unparsable variable, a rank with no entry) is an error naming the source (file and field,
-//! variable and value) and what was expected, and no link ever falls back to device 0.
+//! No resolver guesses: a source that is present but wrong (a malformed file, an unparsable
+//! variable, a rank with no entry) is an error naming the source (file and field, variable and
+//! value) and what was expected, and no link ever falls back to device 0.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
@@ -39,27 +37,16 @@ use async_trait::async_trait;
 
 use crate::error::{Error, Result};
 
-mod env;
 mod explicit;
-mod hccn;
 mod hostname;
 mod port;
-mod rank_table;
 mod registry;
 
-pub use env::{
-    DEVICE_ID_LIMIT, EnvResolver, NPU_PHY_ID_ENV, PHYSICAL_DEVICES_ENV, VISIBLE_DEVICES_ENV, VisibleDevices,
-    VisibleDevicesProblem, VisibleEntryProblem, parse_device_list, parse_visible_devices,
-};
+pub use crate::segment_name::DEVICE_ID_LIMIT;
 pub use explicit::ExplicitResolver;
-pub use hccn::{DEFAULT_HCCN_CONF, HccnAddress, HccnConfResolver, parse_hccn_conf};
 pub use hostname::HostnameResolver;
 pub use port::PortOffsetResolver;
-pub use rank_table::{
-    DisaggregatedDevice, DisaggregatedRankTable, HcclDevice, HcclRankTable, HcclServer, RANK_TABLE_ENV, RankEntry,
-    RankTable, RankTableResolver,
-};
-pub use registry::{ACL_RESOLVER, DEFAULT_RESOLVER_ORDER, ResolverContext, ResolverFactory, ResolverRegistry};
+pub use registry::{BUILTIN_RESOLVER_ORDER, ResolverContext, ResolverFactory, ResolverRegistry};
 
 /// How resolvers read environment variables: the process environment, or an injected map
 /// (tests, embedding), so nothing has to mutate the process environment.
@@ -169,18 +156,20 @@ pub struct Identity {
     pub host: Option<String>,
     /// Port of the control/data endpoint.
     pub port: Option<u16>,
-    /// Physical NPU id (`/dev/davinciN`, rank tables, `hccn.conf`).
+    /// Physical device id (the host's own numbering of the card, as device files and cluster
+    /// files name it).
     pub physical_device: Option<u32>,
-    /// User device id (what `aclrtSetDevice` takes: the index after `ASCEND_RT_VISIBLE_DEVICES`).
+    /// User device id (what the device runtime's calls take: the index among the devices
+    /// visible to this process).
     pub user_device: Option<u32>,
     /// Device (NIC) IP.
     pub device_ip: Option<String>,
-    /// Device (NIC) port, as a rank table's `device_port`.
+    /// Device (NIC) port.
     pub device_port: Option<u16>,
-    /// Rank in the communication group (a rank table's `rank_id`).
+    /// Rank in the communication group.
     pub rank: Option<u32>,
     /// How a resolver derived each field it answered (shown in explanations), e.g.
-    /// `ASCEND_RT_VISIBLE_DEVICES="4,5" entry 1`.
+    /// `physical_devices [4, 5] entry 1 (local rank 1)`.
     pub details: BTreeMap<IdentityField, String>,
 }
 
@@ -302,11 +291,10 @@ impl Identity {
 /// # Contract
 /// `resolve` returns the fields this resolver knows for the query and leaves the rest `None`;
 /// an empty [`Identity`] means "not mine to answer". `known` holds what earlier links of the
-/// chain resolved (a rank table is looked up by the physical device an earlier link found,
-/// `hccn.conf` answers the device IP of the known physical device). A resolver returns an
-/// error only when its own input is present but wrong (a malformed rank table, an unparsable
-/// variable, a rank with no entry), naming that input and what was expected. It never answers
-/// a guess (such as device 0 for want of anything better).
+/// chain resolved (a link may look a file's entry up by the physical device an earlier link
+/// found). A resolver returns an error only when its own input is present but wrong (a
+/// malformed file, an unparsable variable, a rank with no entry), naming that input and what
+/// was expected. It never answers a guess (such as device 0 for want of anything better).
 ///
 /// Fields a resolver answers should carry a short [`Identity::details`] entry saying how they
 /// were derived; explanations show it.
@@ -316,8 +304,8 @@ impl Identity {
 /// ones in `ferry-core` open no sockets and touch no devices.
 #[async_trait]
 pub trait SegmentResolver: Send + Sync + 'static {
-    /// Short name shown in explanations and used in the config's `resolvers` list (`hostname`,
-    /// `rank_table`, `env`, ...).
+    /// Short name shown in explanations and used in the config's `resolvers` list (`config`,
+    /// `hostname`, `port_offset`, ...).
     fn name(&self) -> &str;
 
     /// Answers what it can of `query`, given what earlier links resolved (`known`).
@@ -449,8 +437,8 @@ impl ResolverChain {
         Self::new().with(Arc::new(HostnameResolver))
     }
 
-    /// The chain a config asks for (its `resolvers` list, else [`DEFAULT_RESOLVER_ORDER`]) from
-    /// the resolvers built into the core ([`ResolverRegistry::with_builtin`]), reading `env`.
+    /// The chain a config asks for (its `resolvers` list, else the default order) from the
+    /// resolvers built into the core ([`ResolverRegistry::with_builtin`]), reading `env`.
     pub fn from_config(config: &crate::Config, env: &Environment) -> Result<Self> {
         ResolverRegistry::with_builtin().build_chain(config, env)
     }
@@ -479,7 +467,7 @@ impl ResolverChain {
     }
 
     /// Names of the default order that this chain lacks because nothing provides them in this
-    /// build (for example `acl` without the HCCL transport).
+    /// build (a link a transport's crate names but does not provide itself).
     pub fn skipped(&self) -> &[String] {
         &self.skipped
     }
@@ -515,18 +503,6 @@ impl ResolverChain {
             }
         }
         Ok(res)
-    }
-}
-
-/// Host part of a configured name: `h` of `h:port[:dev]`, or the name itself when it is a bare
-/// host.
-pub(crate) fn host_of(name: &str) -> Option<String> {
-    match HostnameResolver::parse(name) {
-        Some(id) => id.host,
-        None if !name.is_empty() && !name.contains(|c: char| c == ':' || c.is_whitespace() || c == '/') => {
-            Some(name.to_owned())
-        }
-        None => None,
     }
 }
 
@@ -604,77 +580,14 @@ mod tests {
         assert_eq!(r.to_string().trim(), "nothing resolved (consulted: hostname)");
     }
 
-    /// The built-in chain for `config` (JSON) and `env`, resolved for local rank `rank`.
-    async fn builtin(config: &str, env: &[(&str, &str)], rank: Option<u32>) -> Result<Resolution> {
-        let mut config = crate::Config::from_json_str(config, None).unwrap();
-        if let Some(r) = rank {
-            config.set_local_rank(r);
-        }
-        let env = Environment::from_pairs(env.iter().map(|(k, v)| (k.to_string(), v.to_string())));
-        let chain = ResolverRegistry::with_builtin().build_chain(&config, &env)?;
-        chain.resolve(&ResolveQuery::local(config.local_segment_name()?, rank)).await
-    }
-
-    #[tokio::test]
-    async fn a_rank_table_card_with_every_card_visible_is_bound_by_its_position() {
-        // The reviewer's case: decode worker 0 of a 4+4 node, every card visible, the rank table
-        // gives physical card 4. The user device must be 4 (card 4), not the local rank's 0.
-        let dir = std::env::temp_dir().join(format!("ferry-chain-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let table = dir.join("pd.json");
-        std::fs::write(
-            &table,
-            r#"{"version":"1.2","server_count":"1","status":"completed",
-              "prefill_device_list":[{"server_id":"10.0.0.5","device_id":"0","device_ip":"29.0.0.1"},
-                                     {"server_id":"10.0.0.5","device_id":"1","device_ip":"29.0.0.2"}],
-              "decode_device_list":[{"server_id":"10.0.0.5","device_id":"4","device_ip":"29.0.0.5"},
-                                    {"server_id":"10.0.0.5","device_id":"5","device_ip":"29.0.0.6"}]}"#,
-        )
-        .unwrap();
-        let config = format!(
-            r#"{{"local_hostname": "10.0.0.5", "role": "decode", "base_port": 17100, "rank_table_path": {:?}}}"#,
-            table.display().to_string()
-        );
-        let all = [(VISIBLE_DEVICES_ENV, "0,1,2,3,4,5,6,7")];
-        let r = builtin(&config, &all, Some(0)).await.unwrap();
-        assert_eq!((r.identity.physical_device, r.identity.user_device), (Some(4), Some(4)), "{r}");
-        assert_eq!(r.answer(IdentityField::PhysicalDevice).unwrap().resolver, "rank_table");
-        assert_eq!(r.answer(IdentityField::UserDevice).unwrap().resolver, "env");
-        assert!(r.disagreements.is_empty(), "{r}");
-        r.refuse_device_disagreements().unwrap();
-        let r = builtin(&config, &all, Some(1)).await.unwrap();
-        assert_eq!((r.identity.physical_device, r.identity.user_device), (Some(5), Some(5)), "{r}");
-        // The decode instance that sees only its own cards: user devices 0 and 1.
-        let own = [(VISIBLE_DEVICES_ENV, "4,5,6,7")];
-        let r = builtin(&config, &own, Some(1)).await.unwrap();
-        assert_eq!((r.identity.physical_device, r.identity.user_device), (Some(5), Some(1)), "{r}");
-        let _ = std::fs::remove_dir_all(&dir);
-    }
-
-    #[tokio::test]
-    async fn a_card_named_in_the_segment_name_is_found_among_the_visible_ones() {
-        // The container case: cards 4 and 5 visible; the segment name says card 5, so the user
-        // device is 1, even for local rank 0.
-        let config = r#"{"local_hostname": "10.0.0.5:17000:npu_5"}"#;
-        let r = builtin(config, &[(VISIBLE_DEVICES_ENV, "4,5")], Some(0)).await.unwrap();
-        assert_eq!((r.identity.physical_device, r.identity.user_device), (Some(5), Some(1)), "{r}");
-        assert_eq!(r.answer(IdentityField::PhysicalDevice).unwrap().resolver, "hostname");
-        r.refuse_device_disagreements().unwrap();
-        // A card the container does not see is an error naming the variable, not a guess.
-        let e = builtin(r#"{"local_hostname": "10.0.0.5:17000:npu_6"}"#, &[(VISIBLE_DEVICES_ENV, "4,5")], Some(0))
-            .await
-            .unwrap_err();
-        assert!(
-            e.message()
-                .starts_with("resolver `env`: ASCEND_RT_VISIBLE_DEVICES=\"4,5\" does not list physical device 6"),
-            "{e}"
-        );
-    }
-
     #[tokio::test]
     async fn a_real_disagreement_about_the_device_is_refused_with_both_answers() {
-        let config = r#"{"local_hostname": "10.0.0.5:17000:npu_3"}"#;
-        let r = builtin(config, &[(NPU_PHY_ID_ENV, "2")], Some(0)).await.unwrap();
+        let phy = |p, detail: &str| {
+            Identity { physical_device: Some(p), ..Identity::default() }
+                .with_detail(IdentityField::PhysicalDevice, detail)
+        };
+        let chain = ResolverChain::with_defaults().with(Arc::new(Fixed("vars", phy(2, "DEVICE=\"2\""))));
+        let r = chain.resolve(&ResolveQuery::local(Some("10.0.0.5:17000:npu_3".into()), None)).await.unwrap();
         assert_eq!(r.identity.physical_device, Some(3), "the first answer is kept ...");
         assert_eq!(r.device_disagreements().len(), 1);
         let e = r.refuse_device_disagreements().unwrap_err();
@@ -683,16 +596,17 @@ mod tests {
         assert!(
             m.contains(
                 "physical_device: `hostname` says 3 (`npu_3` in segment name \"10.0.0.5:17000:npu_3\"), but \
-                        `env` says 2 (ASCEND_NPU_PHY_ID=\"2\")"
+                        `vars` says 2 (DEVICE=\"2\")"
             ),
             "... but refused: {m}"
         );
         // A user-device disagreement is refused too; other fields' disagreements stay notes.
         let user = |u| Identity { user_device: Some(u), ..Identity::default() };
-        let chain = ResolverChain::new().with(Arc::new(Fixed("env", user(1)))).with(Arc::new(Fixed("acl", user(0))));
+        let chain =
+            ResolverChain::new().with(Arc::new(Fixed("vars", user(1)))).with(Arc::new(Fixed("runtime", user(0))));
         let r = chain.resolve(&ResolveQuery::local(None, None)).await.unwrap();
         let m = r.refuse_device_disagreements().unwrap_err().message().to_owned();
-        assert!(m.contains("user_device: `env` says 1, but `acl` says 0; Ferry does not pick one (it would bind or publish the wrong card)"), "{m}");
+        assert!(m.contains("user_device: `vars` says 1, but `runtime` says 0; Ferry does not pick one (it would bind or publish the wrong card)"), "{m}");
         let ip = |a: &str| Identity { device_ip: Some(a.into()), ..Identity::default() };
         let chain =
             ResolverChain::new().with(Arc::new(Fixed("a", ip("1.1.1.1")))).with(Arc::new(Fixed("b", ip("2.2.2.2"))));
@@ -704,11 +618,11 @@ mod tests {
     #[test]
     fn insert_before_places_a_link_by_name() {
         let mut chain = ResolverChain::new()
-            .with(Arc::new(Fixed("env", Identity::default())))
-            .with(Arc::new(Fixed("hccn_conf", Identity::default())));
-        assert!(chain.insert_before("hccn_conf", Arc::new(Fixed("acl", Identity::default()))));
+            .with(Arc::new(Fixed("first", Identity::default())))
+            .with(Arc::new(Fixed("last", Identity::default())));
+        assert!(chain.insert_before("last", Arc::new(Fixed("middle", Identity::default()))));
         assert!(!chain.insert_before("nope", Arc::new(Fixed("x", Identity::default()))));
-        assert_eq!(chain.names(), vec!["env", "acl", "hccn_conf"]);
+        assert_eq!(chain.names(), vec!["first", "middle", "last"]);
     }
 
     #[test]
@@ -718,14 +632,5 @@ mod tests {
         assert_eq!(env.get("B").as_deref(), Some(""));
         assert_eq!(env.get_nonempty("B"), None);
         assert_eq!(Environment::empty().get("A"), None);
-    }
-
-    #[test]
-    fn host_of_configured_names() {
-        assert_eq!(host_of("10.0.0.5").as_deref(), Some("10.0.0.5"));
-        assert_eq!(host_of("10.0.0.5:17000").as_deref(), Some("10.0.0.5"));
-        assert_eq!(host_of("[::1]:80").as_deref(), Some("::1"));
-        assert_eq!(host_of("a b"), None);
-        assert_eq!(host_of(""), None);
     }
 }

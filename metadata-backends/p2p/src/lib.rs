@@ -25,8 +25,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use ferry_core::{
-    Config, Error, ErrorKind, HostnameResolver, MetadataBackend, MetadataFactory, MetadataKeys, MetadataServer,
-    Notification, Result, RpcMeta, WatchEvent,
+    Config, Error, ErrorKind, MetadataBackend, MetadataFactory, MetadataKeys, MetadataServer, Notification, Result,
+    RpcMeta, SegmentName, WatchEvent,
 };
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
@@ -163,10 +163,10 @@ impl HandshakeListener {
             .flatten()
             .or_else(|| config.local_hostname.clone())
             .unwrap_or_else(|| "127.0.0.1".to_owned());
-        let parsed = HostnameResolver::parse(&configured);
-        let host = parsed.as_ref().and_then(|id| id.host.clone()).unwrap_or_else(|| configured.clone());
+        let parsed = SegmentName::parse(&configured);
+        let host = parsed.as_ref().map(|n| n.host().to_owned()).unwrap_or_else(|| configured.clone());
         let from_name = match choice {
-            RpcPortChoice::NameOrFree => parsed.and_then(|id| id.port),
+            RpcPortChoice::NameOrFree => parsed.map(|n| n.port()),
             RpcPortChoice::ConfiguredOrFree => None,
         };
         let fixed = config.rpc_port.or(from_name).filter(|p| *p != 0);
@@ -304,8 +304,8 @@ impl P2pMetadata {
 
 /// `host:port` of a P2P segment name.
 fn host_port(segment: &str) -> Result<(String, u16)> {
-    HostnameResolver::parse(segment)
-        .and_then(|id| Some((id.host?, id.port?)))
+    SegmentName::parse(segment)
+        .map(|n| (n.host().to_owned(), n.port()))
         .ok_or_else(|| Error::invalid(format!("P2P handshake: segment name `{segment}` is not host:port")))
 }
 
@@ -321,8 +321,9 @@ impl MetadataBackend for P2pMetadata {
         }
         if let Some((_, name)) = key.rsplit_once("rpc_meta/") {
             // Derived from the name itself: in P2P mode the name is host:rpc_port.
-            return Ok(HostnameResolver::parse(name).and_then(|id| Some((id.host?, id.port?))).map(|(h, p)| {
-                serde_json::to_vec(&serde_json::json!({"ip_or_host_name": h, "rpc_port": p})).expect("json")
+            return Ok(SegmentName::parse(name).map(|n| {
+                serde_json::to_vec(&serde_json::json!({"ip_or_host_name": n.host(), "rpc_port": n.port()}))
+                    .expect("json")
             }));
         }
         let Some(segment) = self.peer_of(key) else {

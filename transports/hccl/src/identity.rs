@@ -1,4 +1,5 @@
-//! Who this transport is: the `acl` resolver link, the local identity the transport refuses to
+//! Who this transport is: the `acl` resolver link (the other Ascend links and the options are in
+//! [`ferry_ascend_identity`], which needs no FFI), the local identity the transport refuses to
 //! start without, peers' identities from their `rank_info`, and the two-rank rank tables built
 //! from both.
 
@@ -13,7 +14,7 @@ use ferry_core::{
 use serde_json::json;
 
 /// Name of the ACL resolver link in a resolver chain.
-pub const ACL_RESOLVER_NAME: &str = "acl";
+pub const ACL_RESOLVER_NAME: &str = ferry_ascend_identity::ACL_RESOLVER;
 /// Device port published when no rank table names one (Mooncake's default).
 pub const DEFAULT_DEVICE_PORT: u16 = 16666;
 
@@ -141,7 +142,7 @@ pub fn with_acl_link(mut chain: ResolverChain, acl: Arc<dyn SegmentResolver>) ->
     if chain.names().contains(&ACL_RESOLVER_NAME) {
         return chain;
     }
-    if !chain.insert_before("hccn_conf", acl.clone()) {
+    if !chain.insert_before(ferry_ascend_identity::HCCN_CONF_RESOLVER, acl.clone()) {
         chain = chain.with(acl);
     }
     chain
@@ -165,6 +166,28 @@ impl ferry_core::ResolverFactory for AclResolverFactory {
             Err(e) => AclQueryResolver::unavailable(e.to_string()),
         }))
     }
+}
+
+/// Installs every Ascend identity link in `registry`: the `rank_table`, `env` and `hccn_conf`
+/// links of [`ferry_ascend_identity`] with their places in the default order, and the `acl`
+/// link ([`AclResolverFactory`]), so the order is `config, hostname, rank_table, env, acl,
+/// hccn_conf, port_offset`. The `ferry` facade does this with its `hccl` feature; an engine
+/// built with `ferry_core`'s own builder and this transport needs it too
+/// (`EngineBuilder::resolver_registry(ferry_transport_hccl::resolver_registry())`). The `acl`
+/// link loads CANN from the resolver environment's search path; for a transport given its
+/// library ([`HcclTransportFactory::with_library`](crate::HcclTransportFactory::with_library)),
+/// install [`ferry_ascend_identity::install`] alone: the transport then inserts an `acl` link
+/// on that library.
+pub fn install_resolvers(registry: &mut ferry_core::ResolverRegistry) {
+    ferry_ascend_identity::install(registry);
+    registry.install(Arc::new(AclResolverFactory));
+}
+
+/// The core's links plus every Ascend link ([`install_resolvers`]).
+pub fn resolver_registry() -> ferry_core::ResolverRegistry {
+    let mut r = ferry_core::ResolverRegistry::with_builtin();
+    install_resolvers(&mut r);
+    r
 }
 
 /// This transport's resolved identity.
@@ -472,7 +495,7 @@ mod tests {
         let mut config = ferry_core::Config::from_json_str(config, None).unwrap();
         config.set_local_rank(rank);
         let env = ferry_core::Environment::from_pairs(env.iter().map(|(k, v)| (k.to_string(), v.to_string())));
-        let chain = ferry_core::ResolverRegistry::with_builtin().build_chain(&config, &env).unwrap();
+        let chain = ferry_ascend_identity::registry().build_chain(&config, &env).unwrap();
         chain.resolve(&ResolveQuery::local(config.local_segment_name().unwrap(), Some(rank))).await.unwrap()
     }
 

@@ -5,8 +5,11 @@
 //!
 //! - **Identity.** At start the transport resolves this process through the engine's resolver
 //!   chain plus the [`AclQueryResolver`] (`acl`: user device → physical NPU through the ACL
-//!   runtime). It refuses to start, naming what is missing and what was resolved, when the
-//!   physical NPU, the user device or the device IP is unknown: it never assumes device 0.
+//!   runtime). The other Ascend links (`rank_table`, `env`, `hccn_conf`) and the transport's
+//!   options (`hccl_retries`, `hccl_control_port`, the rank-table and `hccn.conf` paths) are in
+//!   [`ascend_identity`] (no FFI); [`install_resolvers`] puts every Ascend link in an engine's
+//!   resolver registry. It refuses to start, naming what is missing and what was resolved, when
+//!   the physical NPU, the user device or the device IP is unknown: it never assumes device 0.
 //!   It publishes Mooncake's `rank_info` (host IP and control port, physical and logical device,
 //!   device IP and port, pid) and `device_id` on device buffers.
 //! - **Control channel.** A small TCP listener (length-prefixed JSON, bounded frames, timeouts)
@@ -58,17 +61,20 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use ferry_ascend_identity::AscendOptions;
 use ferry_ascend_sys::{AscendError, DeviceThread, GlobalMem, Library, MemKind, PointerKind, SearchPath};
 use ferry_core::{
-    Batch, Capabilities, Error, ErrorKind, Location, MemoryRegistry, OpenSegment, Region, Resolution, ResolveQuery,
-    Result, SegmentDescriptor, Transport, TransportContext, TransportFactory,
+    Batch, Capabilities, Environment, Error, ErrorKind, Location, MemoryRegistry, OpenSegment, Region, Resolution,
+    ResolveQuery, Result, SegmentDescriptor, SegmentName, Transport, TransportContext, TransportFactory,
 };
 use tokio::sync::watch;
 
+pub use ferry_ascend_identity as ascend_identity;
+pub use ferry_ascend_identity::RETRIES_ENV;
 pub use ferry_ascend_sys as sys;
 pub use identity::{
     ACL_RESOLVER_NAME, AclQueryResolver, AclResolverFactory, DEFAULT_DEVICE_PORT, LocalIdentity, PairTable,
-    PeerIdentity, RankMember, with_acl_link,
+    PeerIdentity, RankMember, install_resolvers, resolver_registry, with_acl_link,
 };
 
 use crate::peer::Peer;
@@ -93,8 +99,6 @@ pub const UNBIND_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long shutdown waits for each part (the control server, every peer's threads, all at
 /// once, and the global memory's deregistration).
 pub const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(5);
-/// Mooncake's variable for the retry count, honoured here too.
-pub const RETRIES_ENV: &str = "ASCEND_TRANSPORT_TRANSFER_MAX_RETRY_COUNT";
 
 /// Counters of this process's ascend transports (all engines together), for tests, benchmarks
 /// and diagnostics.
@@ -361,17 +365,6 @@ impl std::fmt::Debug for HcclTransport {
     }
 }
 
-/// The host part of a segment name or `local_hostname` (`h` of `h:port[:dev]`, or a bare host).
-fn host_of(name: &str) -> Option<String> {
-    match ferry_core::HostnameResolver::parse(name) {
-        Some(id) => id.host,
-        None if !name.is_empty() && !name.contains(|c: char| c == ':' || c.is_whitespace() || c == '/') => {
-            Some(name.to_owned())
-        }
-        None => None,
-    }
-}
-
 /// The host IP to publish as `rank_info.hostIp` (where peers reach the control channel): the
 /// resolved host, else the segment name's host, else `local_hostname`'s. Never a guess: with
 /// none of them the transport refuses to start (publishing loopback would make every peer on
@@ -380,10 +373,10 @@ fn published_host(ctx: &TransportContext, resolution: &Resolution) -> Result<Str
     if let Some(h) = resolution.identity.host.clone().filter(|h| !h.trim().is_empty()) {
         return Ok(h);
     }
-    if let Some(h) = host_of(&ctx.segment_name) {
+    if let Some(h) = SegmentName::host_of(&ctx.segment_name) {
         return Ok(h);
     }
-    if let Some(h) = ctx.config.local_hostname.as_deref().and_then(host_of) {
+    if let Some(h) = ctx.config.local_hostname.as_deref().and_then(SegmentName::host_of) {
         return Ok(h);
     }
     Err(Error::config(format!(
@@ -406,20 +399,6 @@ fn capped_retries(configured: Option<u32>) -> u32 {
     retries.min(MAX_RETRIES)
 }
 
-/// A numeric setting: the first of `vars` set in the environment, else the config's value.
-fn setting<T: std::str::FromStr>(vars: &[&str], configured: Option<T>) -> Result<Option<T>> {
-    for var in vars {
-        if let Some(v) = std::env::var(var).ok().filter(|v| !v.trim().is_empty()) {
-            return v
-                .trim()
-                .parse()
-                .map(Some)
-                .map_err(|_| Error::config(format!("environment variable {var}={v:?} is not a valid number")));
-        }
-    }
-    Ok(configured)
-}
-
 impl HcclTransport {
     /// Resolves this process's identity, starts the device thread and the control listener.
     ///
@@ -428,11 +407,11 @@ impl HcclTransport {
     /// resolved (the message shows what was resolved and from where), and the ACL error when
     /// the device cannot be bound.
     pub async fn start(ctx: &TransportContext, lib: Arc<Library>) -> Result<Self> {
-        // `FERRY_HCCL_RETRIES` and `FERRY_HCCL_CONTROL_PORT` reach the config through its
-        // environment overrides (where a fixed port with `base_port` is refused); Mooncake's
-        // variable is read here, as Mooncake's transport does.
-        let retries = capped_retries(setting(&[RETRIES_ENV], ctx.config.hccl_retries)?);
-        let control_port: u16 = ctx.config.hccl_control_port.unwrap_or(0);
+        // The Ascend options (`hccl_retries` and `hccl_control_port` with their variables,
+        // Mooncake's retry variable first; a fixed port with `base_port` is refused).
+        let options = AscendOptions::from_config(&ctx.config, &Environment::process())?;
+        let retries = capped_retries(options.hccl_retries.map(|s| s.value));
+        let control_port: u16 = options.hccl_control_port.map_or(0, |s| s.value);
 
         let chain = with_acl_link(ctx.resolvers.clone(), Arc::new(AclQueryResolver::new(lib.clone())));
         let query = ResolveQuery::local(Some(ctx.segment_name.clone()), ctx.config.local_rank);
@@ -816,16 +795,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn retries_are_capped_and_host_parts_are_read_from_names() {
+    fn retries_are_capped() {
         assert_eq!(capped_retries(None), DEFAULT_RETRIES);
         assert_eq!(capped_retries(Some(0)), 0);
         assert_eq!(capped_retries(Some(7)), 7);
         assert_eq!(capped_retries(Some(u32::MAX)), MAX_RETRIES);
-        assert_eq!(host_of("10.0.0.5:17000").as_deref(), Some("10.0.0.5"));
-        assert_eq!(host_of("10.0.0.5:17000:npu_3").as_deref(), Some("10.0.0.5"));
-        assert_eq!(host_of("[::1]:80").as_deref(), Some("::1"));
-        assert_eq!(host_of("node7").as_deref(), Some("node7"));
-        assert_eq!(host_of("node7:port"), None);
-        assert_eq!(host_of(""), None);
     }
 }

@@ -149,7 +149,7 @@ async fn sender(
     from: &str,
     host_ip: Option<&str>,
 ) -> std::result::Result<Arc<Peer>, String> {
-    let Some(host) = ferry_core::HostnameResolver::parse(from).and_then(|id| id.host) else {
+    let Some(host) = ferry_core::SegmentName::parse(from).map(ferry_core::SegmentName::into_host) else {
         return Err(format!("`{from}` is not a segment name of the form host:port"));
     };
     if !is_host_of(&host, remote).await {

@@ -72,6 +72,8 @@ async fn engine_named(lib: Arc<Library>, conf: &TempDir, name: &str) -> ferry_co
         .config(cfg)
         .segment_name(name)
         .transports(TransportRegistry::new().with(Arc::new(HcclTransportFactory::with_library(lib))))
+        // The Ascend links but `acl`: the transport inserts its own, on the library it was given.
+        .resolver_registry(ferry_transport_hccl::ascend_identity::registry())
         .metadata(InProcessMetadata::new() as Arc<dyn MetadataBackend>)
         .transfer_timeout(T)
         .build()

@@ -25,7 +25,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use ferry_core::{
-    Batch, Capabilities, Error, HostnameResolver, OpenSegment, Result, SegmentDescriptor, Transport, TransportContext,
+    Batch, Capabilities, Error, OpenSegment, Result, SegmentDescriptor, SegmentName, Transport, TransportContext,
     TransportFactory,
 };
 use tokio::net::TcpListener;
@@ -83,7 +83,7 @@ impl TcpTransport {
     pub async fn start(ctx: &TransportContext) -> Result<Self> {
         let cfg = &ctx.config;
         let host =
-            HostnameResolver::parse(&ctx.segment_name).and_then(|id| id.host).unwrap_or_else(|| "127.0.0.1".to_owned());
+            SegmentName::parse(&ctx.segment_name).map(SegmentName::into_host).unwrap_or_else(|| "127.0.0.1".to_owned());
         let port = cfg.tcp_data_port.unwrap_or(0);
         let listener = TcpListener::bind(("0.0.0.0", port)).await.map_err(|e| {
             Error::new(ferry_core::ErrorKind::Config, format!("tcp transport: cannot listen on 0.0.0.0:{port}"))
@@ -131,7 +131,7 @@ impl TcpTransport {
             .tcp_data_host
             .clone()
             .filter(|h| !h.is_empty())
-            .or_else(|| HostnameResolver::parse(&d.name).and_then(|id| id.host))
+            .or_else(|| SegmentName::parse(&d.name).map(SegmentName::into_host))
             .ok_or_else(|| Error::invalid(format!("segment `{}` publishes no tcp_data_host", d.name)))?;
         let addr = PeerAddr { host, port, v2: d.tcp_proto_version.unwrap_or(1) >= 2 };
         let mut peers = self.peers.lock().unwrap_or_else(|p| p.into_inner());

@@ -5,8 +5,8 @@ use std::fmt;
 
 use async_trait::async_trait;
 
-use super::{Environment, Identity, IdentityField, ResolveQuery, SegmentResolver};
-use crate::error::{Error, Result};
+pub use ferry_core::DEVICE_ID_LIMIT;
+use ferry_core::{Environment, Error, Identity, IdentityField, ResolveQuery, Result, SegmentResolver};
 
 /// CANN's device-visibility variable: comma-separated logical device ids; the process's user
 /// device `i` is the `i`-th entry.
@@ -15,9 +15,6 @@ pub const VISIBLE_DEVICES_ENV: &str = "ASCEND_RT_VISIBLE_DEVICES";
 pub const PHYSICAL_DEVICES_ENV: &str = "PHYSICAL_DEVICES";
 /// SGLang's physical NPU id of this process.
 pub const NPU_PHY_ID_ENV: &str = "ASCEND_NPU_PHY_ID";
-/// Device ids Ferry accepts are below this (an Ascend host has at most 16 NPUs today; the
-/// bound leaves room and catches typos such as `40` for `4,0`).
-pub const DEVICE_ID_LIMIT: u32 = 64;
 
 /// Why CANN stops reading `ASCEND_RT_VISIBLE_DEVICES` at an entry.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -402,7 +399,7 @@ mod tests {
         assert_eq!((id.physical_device, id.user_device), (Some(4), Some(0)));
         // A card the process cannot see: an error naming the variable, its value and the source.
         let e = container.resolve(&ResolveQuery::local(None, Some(0)), &earlier(6)).await.unwrap_err();
-        assert_eq!(e.kind(), crate::ErrorKind::Config);
+        assert_eq!(e.kind(), ferry_core::ErrorKind::Config);
         let m = e.message();
         assert!(
             m.contains("ASCEND_RT_VISIBLE_DEVICES=\"4,5\" does not list physical device 6")
@@ -435,7 +432,7 @@ mod tests {
             (NPU_PHY_ID_ENV, "64", None, "out of range"),
         ] {
             let e = local(&env(&[(var, value)]), rank).await.unwrap_err();
-            assert_eq!(e.kind(), crate::ErrorKind::Config);
+            assert_eq!(e.kind(), ferry_core::ErrorKind::Config);
             let m = e.message();
             assert!(m.contains(&format!("{var}={value:?}")) && m.contains(needle), "{var}={value}: {m}");
         }

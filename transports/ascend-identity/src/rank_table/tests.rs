@@ -3,7 +3,7 @@ use std::net::Ipv4Addr;
 use proptest::prelude::*;
 
 use super::*;
-use crate::ErrorKind;
+use ferry_core::ErrorKind;
 
 /// The reference's v1.0 example, two servers.
 const V10: &str = r#"{"status":"completed","version":"1.0","server_count":"2","server_list":[
@@ -250,15 +250,15 @@ async fn from_config_prefers_the_config_then_vllm_ascends_variable() {
     let p = tmp("cfg.json", PD);
     let env = Environment::from_pairs([(RANK_TABLE_ENV, p.display().to_string())]);
     let c = Config::from_json_str(r#"{"local_hostname": "10.0.0.5", "role": "decode"}"#, None).unwrap();
-    let r = RankTableResolver::from_config(&c, &env);
+    let r = RankTableResolver::from_config(&c, &env).unwrap();
     assert_eq!(r.path(), Some(p.as_path()));
     assert_eq!(r.set_by(), "environment variable DISAGGREGATED_PREFILL_RANK_TABLE_PATH");
     // The host comes from the config when no earlier link answered it.
     assert_eq!(local(&r, Some(3), &Identity::default()).await.unwrap().physical_device, Some(7));
     let c = Config::from_json_str(r#"{"rank_table_path": "/x/rt.json"}"#, None).unwrap();
-    let r = RankTableResolver::from_config(&c, &env);
+    let r = RankTableResolver::from_config(&c, &env).unwrap();
     assert_eq!((r.path(), r.set_by()), (Some(Path::new("/x/rt.json")), "config field `rank_table_path`"));
-    let r = RankTableResolver::from_config(&Config::default(), &Environment::empty());
+    let r = RankTableResolver::from_config(&Config::default(), &Environment::empty()).unwrap();
     assert!(r.path().is_none());
     assert!(local(&r, Some(0), &Identity::default()).await.unwrap().is_empty());
 }

@@ -6,8 +6,7 @@ use std::path::PathBuf;
 
 use async_trait::async_trait;
 
-use super::{Identity, IdentityField, ResolveQuery, SegmentResolver};
-use crate::error::{Error, Result};
+use ferry_core::{Error, Identity, IdentityField, ResolveQuery, Result, SegmentResolver};
 
 /// Where the driver's tool `hccn_tool` writes device network settings.
 pub const DEFAULT_HCCN_CONF: &str = "/etc/hccn.conf";

@@ -7,10 +7,13 @@ use std::path::{Path, PathBuf};
 use async_trait::async_trait;
 use serde_json::{Map, Value, json};
 
-use super::env::{DEVICE_ID_LIMIT, VISIBLE_DEVICES_ENV, parse_visible_devices};
-use super::{Environment, Identity, IdentityField, ResolveQuery, SegmentResolver, host_of};
-use crate::config::{Config, Role, strip_position};
-use crate::error::{Error, Result};
+use ferry_core::{
+    Config, DEVICE_ID_LIMIT, Environment, Error, Identity, IdentityField, ResolveQuery, Result, Role, SegmentName,
+    SegmentResolver,
+};
+
+use crate::env::{VISIBLE_DEVICES_ENV, parse_visible_devices};
+use crate::options::{AscendOptions, RANK_TABLE_PATH};
 
 /// vllm-ascend's variable naming its prefill/decode rank table.
 pub const RANK_TABLE_ENV: &str = "DISAGGREGATED_PREFILL_RANK_TABLE_PATH";
@@ -540,18 +543,24 @@ impl RankTableResolver {
         Self { path: Some(path.into()), set_by: set_by.into(), role, env, config_host: None }
     }
 
-    /// The table the config names (`rank_table_path`, `FERRY_RANK_TABLE`), else the one
-    /// `DISAGGREGATED_PREFILL_RANK_TABLE_PATH` names, else none; the config's role and host.
-    pub fn from_config(config: &Config, env: &Environment) -> Self {
-        let (path, set_by) = match config.rank_table_path() {
-            Some(p) => (Some(p), config.describe_source("rank_table_path")),
+    /// The table the config names (`rank_table_path`, `FERRY_RANK_TABLE` in `env`), else the
+    /// one `DISAGGREGATED_PREFILL_RANK_TABLE_PATH` names, else none; the config's role and host.
+    ///
+    /// # Errors
+    /// A `rank_table_path` that is not a string (naming the file, field and position).
+    pub fn from_config(config: &Config, env: &Environment) -> Result<Self> {
+        let (path, set_by) = match AscendOptions::rank_table_path(config, env)? {
+            Some(s) => {
+                let by = s.describe(&RANK_TABLE_PATH);
+                (Some(s.value), by)
+            }
             None => match env.get_nonempty(RANK_TABLE_ENV) {
                 Some(p) => (Some(PathBuf::from(p)), format!("environment variable {RANK_TABLE_ENV}")),
                 None => (None, String::new()),
             },
         };
-        let config_host = config.local_segment_name().ok().flatten().and_then(|n| host_of(&n));
-        Self { path, set_by, role: config.role, env: env.clone(), config_host }
+        let config_host = config.local_segment_name().ok().flatten().and_then(|n| SegmentName::host_of(&n));
+        Ok(Self { path, set_by, role: config.role, env: env.clone(), config_host })
     }
 
     /// The table read, if any.
@@ -706,6 +715,14 @@ impl SegmentResolver for RankTableResolver {
         })?;
         let table = RankTable::parse(&text, &file)?;
         if query.is_local() { self.local(&file, &table, query, known) } else { Self::peer(&file, &table, known) }
+    }
+}
+
+/// Removes serde_json's trailing " at line L column C" (the message reports the position).
+fn strip_position(msg: &str) -> String {
+    match msg.rfind(" at line ") {
+        Some(i) if msg[i..].contains(" column ") => msg[..i].to_owned(),
+        _ => msg.to_owned(),
     }
 }
 
