@@ -13,7 +13,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence
 
 REPO = Path(__file__).resolve().parents[3]
 """The Ferry repository (tests live in ffi/python/tests)."""
@@ -60,10 +60,17 @@ def mooncake_python() -> Path:
 
 
 class Child:
-    """A child process spoken to line by line over stdin/stdout. close() sends `quit` (if not
+    """A child process spoken to line by line over stdin/stdout. Its environment is this
+    process's, without the variables named in `unset`, plus `env`. close() sends `quit` (if not
     None), then SIGTERM, then SIGKILL."""
 
-    def __init__(self, argv: List[str], env: Optional[Dict[str, str]] = None, quit: Optional[str] = "quit") -> None:
+    def __init__(
+        self,
+        argv: List[str],
+        env: Optional[Dict[str, str]] = None,
+        quit: Optional[str] = "quit",
+        unset: Sequence[str] = (),
+    ) -> None:
         self.argv = argv
         self.quit = quit
         self.stderr_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"ferry-pytest-child-{os.getpid()}-{id(self)}.log"
@@ -73,7 +80,7 @@ class Child:
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._stderr,
-            env={**os.environ, **(env or {})},
+            env={**{k: v for k, v in os.environ.items() if k not in unset}, **(env or {})},
             text=True,
             bufsize=1,
         )
@@ -235,9 +242,9 @@ class SilentPeer:
             s.close()
 
 
-def python_child(script: Path, *args: str, env: Optional[Dict[str, str]] = None) -> Child:
+def python_child(script: Path, *args: str, env: Optional[Dict[str, str]] = None, unset: Sequence[str] = ()) -> Child:
     """Runs `script` under this interpreter (the one with ferry installed)."""
-    return Child([sys.executable, str(script), *args], env=env)
+    return Child([sys.executable, str(script), *args], env=env, unset=unset)
 
 
 def wait_until(predicate, timeout: float = 10.0, interval: float = 0.02) -> bool:
