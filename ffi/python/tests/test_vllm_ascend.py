@@ -175,21 +175,22 @@ _FAILED_CALL = re.compile(r"^\[ferry-cann-emu [^\]]*\] .*\) -> -?[1-9]")
 
 
 def stderr_report(name: str, child: Child) -> str:
-    """A child's stderr for a failure message: every emulator call that failed (with its
-    reason), then the end of everything else."""
+    """A child's stderr for a failure message: every distinct emulator call that failed (with
+    its reason and how often; handles and addresses folded), then the end of everything else."""
     child._stderr.flush()
     text = child.stderr_path.read_text(errors="replace")
     lines = text.splitlines()
-    failed = [line for line in lines if _FAILED_CALL.match(line) and "aclInit" not in line]
+    failed: Dict[str, int] = {}
+    for line in lines:
+        if _FAILED_CALL.match(line) and "aclInit" not in line:
+            call = re.sub(r"0x[0-9a-f]+", "0x…", line.split("] ", 1)[1])
+            failed[call] = failed.get(call, 0) + 1
     other = [line for line in lines if not line.startswith("[ferry-cann-emu ")]
-    out = [
-        f"--- {name} stderr ({child.stderr_path}, {len(text)} chars): {len(failed)} failed emulator call(s) ---",
-        *failed[:40],
-    ]
-    if len(failed) > 40:
-        out.append(f"... and {len(failed) - 40} more")
-    out.append(f"--- {name} stderr: other output (last 60 lines) ---")
-    out.extend(other[-60:])
+    out = [f"--- {name} stderr ({child.stderr_path}): emulator calls that failed ---"]
+    out.extend(f"{n} × {call}" for call, n in failed.items())
+    if other:
+        out.append(f"--- {name} stderr: other output (last 60 lines) ---")
+        out.extend(other[-60:])
     return "\n".join(out)
 
 
