@@ -15,6 +15,8 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[3]
 """The Ferry repository (tests live in ffi/python/tests)."""
 
@@ -38,6 +40,42 @@ def ferry_bin() -> Path:
         f"or point FERRY_BIN at it\n"
     )
     return path
+
+
+def emulator_library() -> Path:
+    """The built emulated CANN library; fails the test (never skips) when it is missing."""
+    explicit = os.environ.get("FERRY_CANN_EMU_LIB")
+    if explicit:
+        candidates = [Path(explicit)]
+    else:
+        target = os.environ.get("CARGO_TARGET_DIR")
+        candidates = [Path(target) / "debug" / "libferry_cann_emu.so"] if target else []
+        candidates.append(REPO / "target" / "debug" / "libferry_cann_emu.so")
+    for path in candidates:
+        if path.is_file():
+            return path.resolve()
+    pytest.fail(
+        "the emulated CANN library is missing (looked for "
+        + ", ".join(str(p) for p in candidates)
+        + "): build it with `cargo build -p ferry-cann-emu` from the repository root, or point "
+        "FERRY_CANN_EMU_LIB at libferry_cann_emu.so",
+        pytrace=False,
+    )
+
+
+def is_identity_variable(name: str) -> bool:
+    """Variables an Ascend test process must not inherit: anything naming a card,
+    a rank, a Ferry or Mooncake setting, CANN's install or the emulator's switches."""
+    if name in ("FERRY_CAPI_LIB", "FERRY_BIN"):  # which Ferry build to test, not an identity
+        return False
+    return name.startswith(("FERRY_", "ASCEND_", "HCCL_", "MC_")) or name in (
+        "LOCAL_RANK",
+        "RANK",
+        "WORLD_SIZE",
+        "PHYSICAL_DEVICES",
+        "MOONCAKE_CONFIG_PATH",
+        "DISAGGREGATED_PREFILL_RANK_TABLE_PATH",
+    )
 
 
 def mooncake_python() -> Path:

@@ -35,7 +35,7 @@ from typing import Dict, List
 
 import pytest
 
-from _support import PEERS, REPO, Child, python_child
+from _support import PEERS, Child, emulator_library, is_identity_variable, python_child
 
 WORKER = PEERS / "vllm_ascend_worker.py"
 LAYERS, BLOCKS, BLOCK_LEN = 2, 32, 64 << 10
@@ -44,42 +44,6 @@ REMOTE_BLOCKS = [3, 7, 8, 15, 16]
 LOCAL_BLOCKS = [0, 1, 5, 9, 10]
 # How long a pull may take (the transfer timeout is 20 s; the transport may retry).
 PULL_WAIT_S = 120.0
-
-
-def emulator_library() -> Path:
-    """The built emulated CANN library; fails the test (never skips) when it is missing."""
-    explicit = os.environ.get("FERRY_CANN_EMU_LIB")
-    if explicit:
-        candidates = [Path(explicit)]
-    else:
-        target = os.environ.get("CARGO_TARGET_DIR")
-        candidates = [Path(target) / "debug" / "libferry_cann_emu.so"] if target else []
-        candidates.append(REPO / "target" / "debug" / "libferry_cann_emu.so")
-    for path in candidates:
-        if path.is_file():
-            return path.resolve()
-    pytest.fail(
-        "the emulated CANN library is missing (looked for "
-        + ", ".join(str(p) for p in candidates)
-        + "): build it with `cargo build -p ferry-cann-emu` from the repository root, or point "
-        "FERRY_CANN_EMU_LIB at libferry_cann_emu.so",
-        pytrace=False,
-    )
-
-
-def _is_identity_variable(name: str) -> bool:
-    """Variables a vllm-ascend worker of this test must not inherit: anything naming a card,
-    a rank, a Ferry or Mooncake setting, CANN's install or the emulator's switches."""
-    if name in ("FERRY_CAPI_LIB", "FERRY_BIN"):  # which Ferry build to test, not an identity
-        return False
-    return name.startswith(("FERRY_", "ASCEND_", "HCCL_", "MC_")) or name in (
-        "LOCAL_RANK",
-        "RANK",
-        "WORLD_SIZE",
-        "PHYSICAL_DEVICES",
-        "MOONCAKE_CONFIG_PATH",
-        "DISAGGREGATED_PREFILL_RANK_TABLE_PATH",
-    )
 
 
 @dataclass
@@ -138,7 +102,7 @@ class Node:
 
     def worker(self, role: str, extra: Dict[str, str]) -> Child:
         """Starts a worker process (closed by :meth:`close`)."""
-        unset = [k for k in os.environ if _is_identity_variable(k)]
+        unset = [k for k in os.environ if is_identity_variable(k)]
         child = python_child(
             WORKER,
             role,
