@@ -76,6 +76,61 @@ pub(crate) struct BenchArgs {
     /// Print a JSON summary on stdout instead of text.
     #[arg(long)]
     json: bool,
+    /// Where the buffer lives: `cpu:0` (host memory), or `npu:N` (device memory of user device
+    /// N, the N-th card `ASCEND_RT_VISIBLE_DEVICES` leaves visible, allocated with `aclrtMalloc`
+    /// on a thread bound with `aclrtSetDevice`; for `--protocol=ascend`). Not in Mooncake's bench.
+    #[arg(long, default_value = "cpu:0", value_parser = parse_device)]
+    device: Location,
+}
+
+fn parse_device(s: &str) -> Result<Location, String> {
+    match s.parse::<Location>() {
+        Ok(loc @ (Location::Cpu(_) | Location::Npu(_))) => Ok(loc),
+        Ok(other) => Err(format!("{other} buffers are not supported (cpu:0 or npu:N)")),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// The benchmark's buffer: host memory, or device memory with the thread binding that made it
+/// (both stay on this thread: ACL state is per thread).
+enum Buffer {
+    Host(Vec<u8>),
+    Npu { mem: ferry::transports::hccl::sys::DeviceBuffer, _device: ferry::transports::hccl::sys::Device },
+}
+
+impl Buffer {
+    /// `len` bytes where `--device` says, every page touched before timing starts.
+    fn new(device: &Location, len: usize) -> Result<Buffer> {
+        match device {
+            Location::Npu(user) => {
+                use ferry::transports::hccl::sys::{Device, Library};
+                let lib = Library::load().context("loading CANN for --device")?;
+                let dev = Device::bind(&lib, *user).with_context(|| format!("binding this thread to npu:{user}"))?;
+                let mem = dev.alloc(len).with_context(|| format!("allocating {len} bytes on npu:{user}"))?;
+                // A pattern, so that a transfer that moved nothing is not all zeros either way.
+                let chunk: Vec<u8> = (0..(1usize << 20).min(len)).map(|i| (i / 4096) as u8).collect();
+                for off in (0..len).step_by(chunk.len()) {
+                    let n = chunk.len().min(len - off);
+                    mem.write(off, &chunk[..n]).context("filling the device buffer")?;
+                }
+                Ok(Buffer::Npu { mem, _device: dev })
+            }
+            _ => {
+                let mut buffer = vec![0u8; len];
+                for (i, chunk) in buffer.chunks_mut(4096).enumerate() {
+                    chunk[0] = i as u8;
+                }
+                Ok(Buffer::Host(buffer))
+            }
+        }
+    }
+
+    fn addr(&self) -> u64 {
+        match self {
+            Buffer::Host(v) => v.as_ptr() as u64,
+            Buffer::Npu { mem, .. } => mem.addr(),
+        }
+    }
 }
 
 fn parse_size(s: &str) -> Result<u64, String> {
@@ -122,15 +177,12 @@ pub(crate) async fn run(args: BenchArgs) -> Result<std::process::ExitCode> {
     let divisor = unit_divisor(&args.report_unit)?;
     let len = usize::try_from(args.buffer_size).context("--buffer_size too large for this machine")?;
     // The buffer is touched once so its pages exist before timing starts.
-    let mut buffer = vec![0u8; len];
-    for (i, chunk) in buffer.chunks_mut(4096).enumerate() {
-        chunk[0] = i as u8;
-    }
+    let buffer = Buffer::new(&args.device, len)?;
     let engine = engine(&args).await?;
-    let base = buffer.as_ptr() as u64;
+    let base = buffer.addr();
     // SAFETY: `buffer` lives until after `engine.shutdown()` below and is not read by Rust code
     // while transfers run.
-    unsafe { engine.register_memory(base, args.buffer_size, Location::Cpu(0)).await }
+    unsafe { engine.register_memory(base, args.buffer_size, args.device.clone()).await }
         .context("registering the buffer")?;
 
     if args.mode == Mode::Target {
@@ -239,6 +291,7 @@ pub(crate) async fn run(args: BenchArgs) -> Result<std::process::ExitCode> {
                 },
                 "peak_rss_bytes": peak,
                 "buffer_bytes": args.buffer_size,
+                "device": args.device.to_string(),
             })
         );
     } else {

@@ -87,6 +87,26 @@ fn bench_target_and_initiator_talk_like_mooncakes() {
 }
 
 #[test]
+fn bench_device_memory_needs_cann_and_says_so() {
+    // Only host and NPU buffers are supported.
+    let out = ferry().args(["bench", "--device=cuda:0", "--segment_id=127.0.0.1:1"]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("cuda:0 buffers are not supported"), "{err}");
+    // npu:N without CANN: the loader's error, before any engine starts.
+    let empty = std::env::temp_dir().join(format!("ferry-cli-no-cann-{}", std::process::id()));
+    std::fs::create_dir_all(&empty).unwrap();
+    let out = ferry()
+        .args(["bench", "--mode=target", "--protocol=ascend", "--device=npu:0", "--buffer_size=1MiB"])
+        .env("FERRY_ASCEND_LIB_DIR", &empty)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("loading CANN for --device") && err.contains("libascendcl.so"), "{err}");
+    let _ = std::fs::remove_dir(&empty);
+}
+
+#[test]
 fn demo_json_summary_counts_what_moved() {
     let out = ferry()
         .args([

@@ -13,7 +13,9 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[3]
 """The Ferry repository (tests live in ffi/python/tests)."""
@@ -40,6 +42,42 @@ def ferry_bin() -> Path:
     return path
 
 
+def emulator_library() -> Path:
+    """The built emulated CANN library; fails the test (never skips) when it is missing."""
+    explicit = os.environ.get("FERRY_CANN_EMU_LIB")
+    if explicit:
+        candidates = [Path(explicit)]
+    else:
+        target = os.environ.get("CARGO_TARGET_DIR")
+        candidates = [Path(target) / "debug" / "libferry_cann_emu.so"] if target else []
+        candidates.append(REPO / "target" / "debug" / "libferry_cann_emu.so")
+    for path in candidates:
+        if path.is_file():
+            return path.resolve()
+    pytest.fail(
+        "the emulated CANN library is missing (looked for "
+        + ", ".join(str(p) for p in candidates)
+        + "): build it with `cargo build -p ferry-cann-emu` from the repository root, or point "
+        "FERRY_CANN_EMU_LIB at libferry_cann_emu.so",
+        pytrace=False,
+    )
+
+
+def is_identity_variable(name: str) -> bool:
+    """Variables an Ascend test process must not inherit: anything naming a card,
+    a rank, a Ferry or Mooncake setting, CANN's install or the emulator's switches."""
+    if name in ("FERRY_CAPI_LIB", "FERRY_BIN"):  # which Ferry build to test, not an identity
+        return False
+    return name.startswith(("FERRY_", "ASCEND_", "HCCL_", "MC_")) or name in (
+        "LOCAL_RANK",
+        "RANK",
+        "WORLD_SIZE",
+        "PHYSICAL_DEVICES",
+        "MOONCAKE_CONFIG_PATH",
+        "DISAGGREGATED_PREFILL_RANK_TABLE_PATH",
+    )
+
+
 def mooncake_python() -> Path:
     """A Python that imports mooncake.engine: $FERRY_MOONCAKE_PYTHON, else the repository's
     .venv-mooncake. Fails loudly (these tests are never skipped)."""
@@ -60,10 +98,17 @@ def mooncake_python() -> Path:
 
 
 class Child:
-    """A child process spoken to line by line over stdin/stdout. close() sends `quit` (if not
+    """A child process spoken to line by line over stdin/stdout. Its environment is this
+    process's, without the variables named in `unset`, plus `env`. close() sends `quit` (if not
     None), then SIGTERM, then SIGKILL."""
 
-    def __init__(self, argv: List[str], env: Optional[Dict[str, str]] = None, quit: Optional[str] = "quit") -> None:
+    def __init__(
+        self,
+        argv: List[str],
+        env: Optional[Dict[str, str]] = None,
+        quit: Optional[str] = "quit",
+        unset: Sequence[str] = (),
+    ) -> None:
         self.argv = argv
         self.quit = quit
         self.stderr_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"ferry-pytest-child-{os.getpid()}-{id(self)}.log"
@@ -73,7 +118,7 @@ class Child:
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._stderr,
-            env={**os.environ, **(env or {})},
+            env={**{k: v for k, v in os.environ.items() if k not in unset}, **(env or {})},
             text=True,
             bufsize=1,
         )
@@ -235,9 +280,9 @@ class SilentPeer:
             s.close()
 
 
-def python_child(script: Path, *args: str, env: Optional[Dict[str, str]] = None) -> Child:
+def python_child(script: Path, *args: str, env: Optional[Dict[str, str]] = None, unset: Sequence[str] = ()) -> Child:
     """Runs `script` under this interpreter (the one with ferry installed)."""
-    return Child([sys.executable, str(script), *args], env=env)
+    return Child([sys.executable, str(script), *args], env=env, unset=unset)
 
 
 def wait_until(predicate, timeout: float = 10.0, interval: float = 0.02) -> bool:
