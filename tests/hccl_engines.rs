@@ -27,6 +27,12 @@ fn in_child(test: &str, net: u8, env: &[(&str, &str)]) -> bool {
     if std::env::var_os(ROLE).is_some() {
         return true;
     }
+    run_child(test, net, env);
+    false
+}
+
+/// Runs `test`'s child (see [`in_child`]) and returns its stdout and stderr.
+fn run_child(test: &str, net: u8, env: &[(&str, &str)]) -> String {
     let lib = emulator_lib_dir(Emulator::Current).unwrap_or_else(|e| panic!("{e}"));
     let conf = TempDir::new("ferry-hccn").unwrap();
     let text: String = (0..8).map(|d| format!("address_{d}=127.{net}.0.{}\n", d + 1)).collect();
@@ -38,6 +44,9 @@ fn in_child(test: &str, net: u8, env: &[(&str, &str)]) -> bool {
         "ASCEND_RT_VISIBLE_DEVICES",
         "FERRY_CANN_EMU_FAIL",
         "FERRY_CANN_EMU_DELAY_US",
+        "FERRY_CANN_EMU_LOG",
+        "FERRY_CANN_EMU_MOUNTED",
+        "FERRY_LOCAL_RANK",
         "HCCL_INTRA_ROCE_ENABLE",
         "MOONCAKE_CONFIG_PATH",
     ] {
@@ -54,7 +63,7 @@ fn in_child(test: &str, net: u8, env: &[(&str, &str)]) -> bool {
     let out = cmd.output().expect("re-running the test binary");
     let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{test} failed in its child process:\n{text}");
-    false
+    text
 }
 
 /// An engine on emulated card `card` (user id = physical id: no visible-devices filter).
@@ -292,5 +301,87 @@ fn one_range_registered_by_two_engines_is_shared() {
     read(&rt, &b, &a, shared.addr(), ma.addr(), 4096);
     rt.block_on(b.unregister_memory(shared.addr())).unwrap_or_else(|e| panic!("b lets go of it too: {e}"));
     assert_eq!(stats().failed_attempts, 0, "{:?}", stats());
+    shutdown(&rt, vec![a, b]);
+}
+
+/// 2.5: a worker that sees several cards, has set one on the thread that builds the engine (as
+/// vLLM and torch_npu do) and exports no `LOCAL_RANK` starts on the card it set. In a container
+/// (`FERRY_CANN_EMU_MOUNTED`) the visible-device entries are logical ids: user device 1 here is
+/// logical 3, physical 7.
+#[test]
+fn the_engine_drives_the_device_the_caller_set() {
+    const NAME: &str = "the_engine_drives_the_device_the_caller_set";
+    if !in_child(NAME, 47, &[("FERRY_CANN_EMU_MOUNTED", "2,3,6,7"), ("ASCEND_RT_VISIBLE_DEVICES", "2,3")]) {
+        return;
+    }
+    let rt = runtime();
+    let lib = Library::load().unwrap();
+    let dev = Device::bind(&lib, 1).unwrap();
+    let mut cfg = Config::from_json_str(
+        r#"{"local_hostname": "127.0.0.1", "metadata_server": "P2PHANDSHAKE", "protocol": "ascend"}"#,
+        None,
+    )
+    .unwrap();
+    cfg.apply_env(|k| std::env::var(k).ok()).unwrap();
+    let transports = ferry::TransportRegistry::new().with(Arc::new(HcclTransportFactory::new()));
+    // Built on this thread (block_on polls here), with no local rank anywhere.
+    let e = rt.block_on(ferry::builder().config(cfg).transports(transports).build()).unwrap();
+    let info = e.local_descriptor().rank_info.unwrap();
+    assert_eq!((info.device_phy_id, info.device_logic_id), (7, 1), "{info:?}");
+    assert_eq!(info.device_ip, "127.47.0.8", "hccn.conf address_7");
+    let buf = dev.alloc_huge(REGION as usize).unwrap();
+    register(&rt, &e, buf.addr(), REGION, Location::Any);
+    assert_eq!(e.local_descriptor().buffers[0].device_id, Some(7));
+    shutdown(&rt, vec![e]);
+}
+
+/// 2.10: a transfer that fails with work in flight (here: the emulated device takes 3 s, the
+/// transfer timeout is 1 s) aborts the stream, waits ADXL's 100 ms for AICPU, unbinds, and only
+/// then destroys the communicator. Read from the emulator's call log.
+#[test]
+fn a_failure_with_work_in_flight_aborts_waits_then_tears_down() {
+    const NAME: &str = "a_failure_with_work_in_flight_aborts_waits_then_tears_down";
+    let env = [
+        ("FERRY_CANN_EMU_DELAY_US", "HcclBatchGet:3000000"),
+        ("FERRY_TRANSFER_TIMEOUT_MS", "1000"),
+        ("FERRY_HCCL_RETRIES", "0"),
+        ("FERRY_CANN_EMU_LOG", "1"),
+    ];
+    if std::env::var_os(ROLE).is_none() {
+        let log = run_child(NAME, 48, &env);
+        // `[ferry-cann-emu <pid> <secs>.<micros>] <call>(...) -> <code>`
+        let at = |call: &str| -> Vec<f64> {
+            log.lines()
+                .filter(|l| l.contains(&format!("] {call}(")) && l.contains("-> 0"))
+                .filter_map(|l| l.split_whitespace().nth(2)?.trim_end_matches(']').parse().ok())
+                .collect()
+        };
+        let aborted = *at("aclrtStreamAbort").first().unwrap_or_else(|| panic!("no abort in the log:\n{log}"));
+        let unbound = at("HcclCommUnbindMem").into_iter().find(|&t| t > aborted).expect("an unbind after the abort");
+        let destroyed = at("HcclCommDestroy").into_iter().find(|&t| t > aborted).expect("a destroy after the abort");
+        assert!(unbound - aborted >= 0.099, "unbound {:.3} s after the abort returned", unbound - aborted);
+        assert!(destroyed >= unbound, "destroyed before unbinding");
+        return;
+    }
+    let rt = runtime();
+    let lib = Library::load().unwrap();
+    let (a, b) = (engine(&rt, 4), engine(&rt, 5));
+    let (_da, ma) = device_region(&lib, 4, 1);
+    let (_db, mb) = device_region(&lib, 5, 2);
+    register(&rt, &a, ma.addr(), REGION, Location::Npu(4));
+    register(&rt, &b, mb.addr(), REGION, Location::Npu(5));
+    let target = rt.block_on(a.open_segment(b.segment_name())).unwrap();
+    let req =
+        TransferRequest { opcode: Opcode::Read, source: ma.addr(), target, target_offset: mb.addr(), length: 4096 };
+    let err = rt.block_on(a.transfer(&[req])).expect_err("the read outlives its timeout");
+    assert_eq!(err.kind(), ferry::ErrorKind::Timeout, "{err}");
+    // The memory stays leased (unregistering is refused as busy) until the device let go of
+    // it: after the abort, the wait and the teardown.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while let Err(e) = rt.block_on(a.unregister_memory(ma.addr())) {
+        assert_eq!(e.kind(), ferry::ErrorKind::Busy, "{e}");
+        assert!(Instant::now() < deadline, "still busy after 15 s: {e}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
     shutdown(&rt, vec![a, b]);
 }

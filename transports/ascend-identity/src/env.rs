@@ -1,5 +1,5 @@
-//! The `env` link: the physical NPU from the environment (`ASCEND_NPU_PHY_ID`,
-//! `PHYSICAL_DEVICES`, `ASCEND_RT_VISIBLE_DEVICES`).
+//! The `env` link: the physical NPU (`ASCEND_NPU_PHY_ID`, `PHYSICAL_DEVICES`) and the user
+//! device (`ASCEND_RT_VISIBLE_DEVICES`, whose entries are logical ids) from the environment.
 
 use std::fmt;
 
@@ -173,12 +173,14 @@ fn parse_device_id(s: &str) -> std::result::Result<u32, String> {
 /// - `ASCEND_NPU_PHY_ID=<phy>`: the physical id itself.
 /// - `PHYSICAL_DEVICES=<phy>,<phy>,...`: entry `local_rank` (the only entry when there is one).
 /// - `ASCEND_RT_VISIBLE_DEVICES=<id>,<id>,...` (CANN's rules, see [`parse_visible_devices`]):
-///   entry `user_device`, where the user device is what an earlier link resolved; else, when an
-///   earlier link resolved the physical device, that device's position in the list (an error
-///   naming the variable and its value when the list lacks it); else the local rank (each rank
-///   sets the device of its own index, as vLLM does); else 0 when only one device is visible.
-///   Entries are taken as physical ids (true outside containers and in containers that mount
-///   every card; otherwise use a rank table, `PHYSICAL_DEVICES` or `ASCEND_NPU_PHY_ID`).
+///   the **user device** only. Its entries are *logical* ids (CANN's environment reference),
+///   which equal physical ids on bare metal only, so this link never claims a physical device
+///   from them: the `acl` link maps the user device through the runtime. The user device is
+///   what an earlier link resolved; else, when an earlier link resolved the physical device, its
+///   position in the list when the list names it (true on bare metal; inside a container the
+///   link does not answer and `acl` finds the visible device of that physical id); else the
+///   local rank (each rank sets the device of its own index, as vLLM does); else 0 when only one
+///   device is visible.
 ///
 /// So a decode rank 0 whose rank table names physical card 4, with all eight cards visible
 /// (`ASCEND_RT_VISIBLE_DEVICES=0,1,...,7`), gets user device 4 (not 0, which is card 0); with
@@ -247,38 +249,45 @@ impl SegmentResolver for EnvResolver {
                 (Some(u), _, _) => Some((u, format!("user device {u}"))),
                 // The physical device is already known (a rank table, the segment name, the
                 // config): the user device is its position in the list, whatever the rank.
-                (None, Some(phy), _) => {
-                    let position = ids.iter().position(|&id| id == phy).ok_or_else(|| {
-                        let from = known
-                            .details
-                            .get(&IdentityField::PhysicalDevice)
-                            .map(|d| format!(" ({d})"))
-                            .unwrap_or_default();
-                        Error::config(format!(
-                            "{VISIBLE_DEVICES_ENV}={v:?} does not list physical device {phy}{from}, resolved \
-                             earlier, so this process cannot use it; expected the variable to include {phy} (its \
-                             entries are taken as physical ids) or the earlier source to name a visible device"
+                // On bare metal logical ids are physical ids: the user device is the physical
+                // device's position in the list. Inside a container they are not; when the list
+                // lacks it this link does not answer and the `acl` link finds the visible device
+                // of that physical id (and were the position wrong, `acl`'s mapping disagrees and
+                // the identity is refused, never used).
+                (None, Some(phy), _) => match ids.iter().position(|&id| id == phy) {
+                    Some(position) => {
+                        let u = position as u32;
+                        Some((
+                            u,
+                            format!(
+                                "user device {u}, the position of {phy} (the physical device resolved earlier, read \
+                                 as a logical id: true on bare metal)"
+                            ),
                         ))
-                    })?;
-                    let u = position as u32;
-                    Some((u, format!("user device {u}, the position of physical device {phy} (resolved earlier)")))
-                }
+                    }
+                    None => None,
+                },
                 (None, None, Some(r)) => Some((r, format!("user device {r} = local rank {r}"))),
                 (None, None, None) if ids.len() == 1 => Some((0, "user device 0, the only one visible".to_owned())),
                 (None, None, None) => None,
             };
             if let Some((u, why)) = user {
-                let id = *ids.get(u as usize).ok_or_else(|| {
+                // The entries are *logical* ids (CANN's environment reference: "Device ID为昇腾AI处
+                // 理器的逻辑ID"): physical only on bare metal, so this link never claims a
+                // physical device from them; the `acl` link asks the runtime.
+                let logical = *ids.get(u as usize).ok_or_else(|| {
                     Error::config(format!(
                         "{VISIBLE_DEVICES_ENV}={v:?} makes {} device(s) visible, so {why} does not exist; expected \
                          one visible device per local rank (or set {NPU_PHY_ID_ENV})",
                         ids.len()
                     ))
                 })?;
-                claims.push((id, format!("{VISIBLE_DEVICES_ENV}={v:?} entry {u} ({why})")));
                 if known.user_device.is_none() {
                     out.user_device = Some(u);
-                    out.details.insert(IdentityField::UserDevice, why);
+                    out.details.insert(
+                        IdentityField::UserDevice,
+                        format!("{why}; {VISIBLE_DEVICES_ENV}={v:?} entry {u} is its logical id {logical}"),
+                    );
                 }
             } else {
                 tracing::debug!("{VISIBLE_DEVICES_ENV}={v:?} lists several devices and the local rank is unknown");
@@ -352,24 +361,26 @@ mod tests {
 
     #[tokio::test]
     async fn container_case_visible_devices_and_local_rank() {
+        // The entries are logical ids: the link answers the user device and never a physical
+        // one (inside a container logical 4 may be any card; the `acl` link asks the runtime).
         let r = env(&[(VISIBLE_DEVICES_ENV, "4,5")]);
         let id = local(&r, Some(1)).await.unwrap();
-        assert_eq!((id.physical_device, id.user_device), (Some(5), Some(1)));
+        assert_eq!((id.physical_device, id.user_device), (None, Some(1)));
         assert_eq!(
-            id.details[&IdentityField::PhysicalDevice],
-            "ASCEND_RT_VISIBLE_DEVICES=\"4,5\" entry 1 (user device 1 = local rank 1)"
+            id.details[&IdentityField::UserDevice],
+            "user device 1 = local rank 1; ASCEND_RT_VISIBLE_DEVICES=\"4,5\" entry 1 is its logical id 5"
         );
         let id = local(&r, Some(0)).await.unwrap();
-        assert_eq!(id.physical_device, Some(4));
+        assert_eq!((id.physical_device, id.user_device), (None, Some(0)));
         // The user device an earlier link found wins over the local rank.
         let known = Identity { user_device: Some(0), ..Identity::default() };
         let id = r.resolve(&ResolveQuery::local(None, Some(1)), &known).await.unwrap();
-        assert_eq!((id.physical_device, id.user_device), (Some(4), None));
+        assert!(id.is_empty(), "{id:?}");
         // Unknown index with several entries: no answer (and no guess).
         assert!(local(&r, None).await.unwrap().is_empty());
         // One visible device needs no index.
         let id = local(&env(&[(VISIBLE_DEVICES_ENV, "6")]), None).await.unwrap();
-        assert_eq!((id.physical_device, id.user_device), (Some(6), Some(0)));
+        assert_eq!((id.physical_device, id.user_device), (None, Some(0)));
     }
 
     #[tokio::test]
@@ -382,36 +393,29 @@ mod tests {
         // user device is 4 (entry 4), not the local rank's 0 (which is card 0).
         let all = env(&[(VISIBLE_DEVICES_ENV, "0,1,2,3,4,5,6,7")]);
         let id = all.resolve(&ResolveQuery::local(None, Some(0)), &earlier(4)).await.unwrap();
-        assert_eq!((id.physical_device, id.user_device), (Some(4), Some(4)));
-        assert_eq!(
-            id.details[&IdentityField::UserDevice],
-            "user device 4, the position of physical device 4 (resolved earlier)"
+        assert_eq!((id.physical_device, id.user_device), (None, Some(4)));
+        assert!(
+            id.details[&IdentityField::UserDevice].starts_with(
+                "user device 4, the position of 4 (the physical device resolved earlier, read as a logical id"
+            ),
+            "{id:?}"
         );
         // Without a local rank too: the position needs none.
         let id = all.resolve(&ResolveQuery::local(None, None), &earlier(7)).await.unwrap();
-        assert_eq!((id.physical_device, id.user_device), (Some(7), Some(7)));
-        // The container case: only cards 4 and 5 are visible, so card 5 is user device 1 (and
-        // card 4 user device 0) whatever the local rank says.
-        let container = env(&[(VISIBLE_DEVICES_ENV, "4,5")]);
-        let id = container.resolve(&ResolveQuery::local(None, Some(0)), &earlier(5)).await.unwrap();
-        assert_eq!((id.physical_device, id.user_device), (Some(5), Some(1)));
-        let id = container.resolve(&ResolveQuery::local(None, Some(1)), &earlier(4)).await.unwrap();
-        assert_eq!((id.physical_device, id.user_device), (Some(4), Some(0)));
-        // A card the process cannot see: an error naming the variable, its value and the source.
-        let e = container.resolve(&ResolveQuery::local(None, Some(0)), &earlier(6)).await.unwrap_err();
-        assert_eq!(e.kind(), ferry_core::ErrorKind::Config);
-        let m = e.message();
-        assert!(
-            m.contains("ASCEND_RT_VISIBLE_DEVICES=\"4,5\" does not list physical device 6")
-                && m.contains(
-                    "(ranktable.json decode_device_list[0]), resolved earlier, so this process cannot use it"
-                ),
-            "{m}"
-        );
-        // Another variable of the environment that names a different card is still an error.
+        assert_eq!(id.user_device, Some(7));
+        // Bare metal showing cards 4 and 5: card 5 is user device 1 whatever the local rank says.
+        let some = env(&[(VISIBLE_DEVICES_ENV, "4,5")]);
+        let id = some.resolve(&ResolveQuery::local(None, Some(0)), &earlier(5)).await.unwrap();
+        assert_eq!(id.user_device, Some(1));
+        // A card the list does not name (in a container the list holds logical ids): no answer
+        // here; the `acl` link finds the visible device of that physical id.
+        let id = some.resolve(&ResolveQuery::local(None, Some(0)), &earlier(6)).await.unwrap();
+        assert!(id.is_empty(), "{id:?}");
+        // Variables that name physical cards still answer, and disagree with the earlier link in
+        // the chain (which refuses the identity).
         let mixed = env(&[(VISIBLE_DEVICES_ENV, "4,5"), (NPU_PHY_ID_ENV, "4")]);
-        let e = mixed.resolve(&ResolveQuery::local(None, Some(0)), &earlier(5)).await.unwrap_err();
-        assert!(e.message().contains("the environment disagrees"), "{e}");
+        let id = mixed.resolve(&ResolveQuery::local(None, Some(0)), &earlier(5)).await.unwrap();
+        assert_eq!((id.physical_device, id.user_device), (Some(4), Some(1)));
     }
 
     #[tokio::test]

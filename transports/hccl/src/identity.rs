@@ -148,6 +148,97 @@ pub fn with_acl_link(mut chain: ResolverChain, acl: Arc<dyn SegmentResolver>) ->
     chain
 }
 
+/// Name of the current-device link.
+pub const CURRENT_DEVICE_RESOLVER_NAME: &str = "current_device";
+
+/// The device the thread that builds the engine has set (`aclrtGetDevice`), mapped to its
+/// physical NPU through ACL (`aclrtGetPhyDevIdByUserDevId`): how Mooncake's Ascend transports
+/// and ADXL learn their card, and what vLLM and torch_npu set before they create a transfer
+/// engine. It is the first link of the default chain, so a vLLM worker that sees several
+/// cards, has set one and exports no `LOCAL_RANK` starts on the card it set.
+///
+/// ACL's current device is per thread, so the link reads it when the chain is built
+/// ([`CurrentDeviceResolverFactory::create`] runs on the thread that builds the engine: the
+/// caller of `build_blocking`, the C API's and Python's `initialize`, or the task polling
+/// `build().await`). A thread with no device set, or a process without CANN, answers nothing.
+#[derive(Debug, Clone)]
+pub struct CurrentDeviceResolver {
+    /// The user id and what ACL made of it, read at creation.
+    device: Option<(u32, PhysicalLookup)>,
+}
+
+/// The physical id of a user device and the ACL call that answered, or why ACL could not.
+type PhysicalLookup = std::result::Result<(u32, &'static str), String>;
+
+impl CurrentDeviceResolver {
+    /// Reads the calling thread's current device from `lib`.
+    pub fn of_calling_thread(lib: &Library) -> Self {
+        let device = match lib.current_device() {
+            Ok(Some(user)) => Some((user, lib.physical_device(user).map_err(|e| e.to_string()))),
+            Ok(None) => None,
+            Err(e) => {
+                tracing::debug!(error = %e, "current_device resolver: aclrtGetDevice failed; not answering");
+                None
+            }
+        };
+        Self { device }
+    }
+
+    /// A link that answers nothing (no CANN, or no device set).
+    pub fn none() -> Self {
+        Self { device: None }
+    }
+}
+
+#[async_trait]
+impl SegmentResolver for CurrentDeviceResolver {
+    fn name(&self) -> &str {
+        CURRENT_DEVICE_RESOLVER_NAME
+    }
+
+    async fn resolve(&self, query: &ResolveQuery, _known: &Identity) -> Result<Identity> {
+        let mut out = Identity::default();
+        let Some((user, physical)) = &self.device else { return Ok(out) };
+        if !query.is_local() {
+            return Ok(out);
+        }
+        out.user_device = Some(*user);
+        out.details
+            .insert(IdentityField::UserDevice, format!("aclrtGetDevice on the thread that built the engine = {user}"));
+        match physical {
+            Ok((phy, call)) => {
+                out.physical_device = Some(*phy);
+                out.details.insert(IdentityField::PhysicalDevice, format!("{call}({user}) = {phy}"));
+            }
+            Err(why) => {
+                return Err(Error::config(format!(
+                    "the ACL runtime cannot map this thread's current device {user} to a physical NPU: {why}"
+                )));
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// Installs the `current_device` link: it reads the device of the thread that builds the engine
+/// (see [`CurrentDeviceResolver`]).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CurrentDeviceResolverFactory;
+
+impl ferry_core::ResolverFactory for CurrentDeviceResolverFactory {
+    fn name(&self) -> &str {
+        CURRENT_DEVICE_RESOLVER_NAME
+    }
+
+    fn create(&self, ctx: &ferry_core::ResolverContext<'_>) -> Result<Arc<dyn SegmentResolver>> {
+        let search = ferry_ascend_sys::SearchPath::from_env_with(|k| ctx.env.get(k));
+        Ok(Arc::new(match Library::load_from(&search) {
+            Ok(lib) => CurrentDeviceResolver::of_calling_thread(&lib),
+            Err(_) => CurrentDeviceResolver::none(),
+        }))
+    }
+}
+
 /// Installs the `acl` link in a [`ferry_core::ResolverRegistry`] (it then takes its place in the
 /// chain's order). CANN is looked up through the resolver environment's search path
 /// (`FERRY_ASCEND_LIB_DIR`, ...); without CANN the link answers nothing.
@@ -181,6 +272,14 @@ impl ferry_core::ResolverFactory for AclResolverFactory {
 pub fn install_resolvers(registry: &mut ferry_core::ResolverRegistry) {
     ferry_ascend_identity::install(registry);
     registry.install(Arc::new(AclResolverFactory));
+    // First: the device the caller set is what it means to drive.
+    let first = registry.default_order().first().map(|s| s.to_string());
+    registry.place_in_default_order(
+        CURRENT_DEVICE_RESOLVER_NAME,
+        first.as_deref(),
+        Some("the HCCL transport, crate ferry-transport-hccl"),
+    );
+    registry.install(Arc::new(CurrentDeviceResolverFactory));
 }
 
 /// The core's links plus every Ascend link ([`install_resolvers`]).

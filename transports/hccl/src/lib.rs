@@ -73,8 +73,9 @@ pub use ferry_ascend_identity as ascend_identity;
 pub use ferry_ascend_identity::RETRIES_ENV;
 pub use ferry_ascend_sys as sys;
 pub use identity::{
-    ACL_RESOLVER_NAME, AclQueryResolver, AclResolverFactory, DEFAULT_DEVICE_PORT, LocalIdentity, PairTable,
-    PeerIdentity, RankMember, install_resolvers, resolver_registry, with_acl_link,
+    ACL_RESOLVER_NAME, AclQueryResolver, AclResolverFactory, CURRENT_DEVICE_RESOLVER_NAME, CurrentDeviceResolver,
+    CurrentDeviceResolverFactory, DEFAULT_DEVICE_PORT, LocalIdentity, PairTable, PeerIdentity, RankMember,
+    install_resolvers, resolver_registry, with_acl_link,
 };
 
 use crate::peer::Peer;
