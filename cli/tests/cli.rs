@@ -4,7 +4,7 @@ use std::process::Command;
 
 fn ferry() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_ferry"));
-    c.env_remove("MOONCAKE_CONFIG_PATH").env_remove("LOCAL_RANK");
+    c.env_remove("MOONCAKE_CONFIG_PATH").env_remove("LOCAL_RANK").env_remove("MC_FORCE_TCP");
     for (k, _) in std::env::vars() {
         let identity = ["ASCEND_RT_VISIBLE_DEVICES", "PHYSICAL_DEVICES", "ASCEND_NPU_PHY_ID"];
         if k.starts_with("FERRY_")
@@ -151,7 +151,8 @@ fn doctor_reports_every_problem_with_file_and_position() {
     assert!(!out.status.success(), "{s}");
     assert!(s.contains("2 problem(s)"), "{s}");
     // The installed list depends on the features of this build (`null` with --all-features).
-    assert!(s.contains("unknown protocol \"rdma\"; installed: ascend, local, ") && s.contains("line 2"), "{s}");
+    assert!(s.contains("protocol \"rdma\" needs an RDMA transport") && s.contains("MC_FORCE_TCP=1"), "{s}");
+    assert!(s.contains("installed: ascend, local, ") && s.contains("line 2"), "{s}");
     assert!(s.contains("unknown scheme \"gopher\"") && s.contains("line 3"), "{s}");
 
     let p = tmp("broken.json", "{\"protocol\": ");
