@@ -53,9 +53,13 @@ fn demo_two_process_mode_moves_blocks_over_tcp() {
 /// Starts `ferry ARGS` and waits for its first line, which must start with `prefix`; returns
 /// the process and the rest of that line.
 fn serve(args: &[&str], prefix: &str) -> (std::process::Child, String) {
+    serve_with(ferry(), args, prefix)
+}
+
+fn serve_with(mut command: Command, args: &[&str], prefix: &str) -> (std::process::Child, String) {
     use std::io::BufRead;
     let mut child =
-        ferry().args(args).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::null()).spawn().unwrap();
+        command.args(args).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::null()).spawn().unwrap();
     let mut line = String::new();
     std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
     let rest = line.trim().strip_prefix(prefix).unwrap_or_else(|| panic!("`ferry {args:?}` said {line:?}")).to_owned();
@@ -491,9 +495,16 @@ fn doctor_refuses_a_fixed_control_port_with_base_port() {
 }
 
 /// Starts `ferry bench --mode=target` on `port` and returns it with its segment name.
+/// A bench target on RPC port `port` (FERRY_RPC_PORT: under P2PHANDSHAKE a port in the name is
+/// ignored, as by Mooncake).
 fn bench_target(port: u16) -> (std::process::Child, String) {
-    let name = format!("--local_server_name=127.0.0.1:{port}");
-    serve(&["bench", "--mode=target", "--buffer_size=64MiB", &name], "listening on ")
+    let mut command = ferry();
+    command.env("FERRY_RPC_PORT", port.to_string());
+    serve_with(
+        command,
+        &["bench", "--mode=target", "--buffer_size=64MiB", "--local_server_name=127.0.0.1"],
+        "listening on ",
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
