@@ -16,19 +16,6 @@ from _support import PEERS, REPO, Child, ferry_bin, fetch_descriptor, mooncake_p
 MOONCAKE_PEER = REPO / "tests" / "interop" / "mooncake_peer.py"
 
 
-@pytest.fixture
-def child_factory():
-    children = []
-
-    def make(child: Child) -> Child:
-        children.append(child)
-        return child
-
-    yield make
-    for c in children:
-        c.close()
-
-
 def test_two_python_processes(make_engine, host_buffer, child_factory):
     size = 4 << 20
     child = child_factory(python_child(PEERS / "ferry_peer.py", str(size), "7"))
