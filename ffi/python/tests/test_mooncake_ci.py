@@ -27,7 +27,7 @@ from _support import (
 
 HERE = Path(__file__).resolve().parent / "mooncake_ci"
 TARGET = HERE / "transfer_target.py"
-INITIATOR = HERE / "transfer_initiator_test.py"
+INITIATOR = HERE / "transfer_initiator.py"
 
 
 @pytest.fixture(scope="module")
