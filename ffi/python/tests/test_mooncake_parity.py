@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from _support import PEERS, alias_python, free_port, mooncake_metadata_server, mooncake_python
+from _support import PEERS, alias_python, ferry_metadata_server, free_port, mooncake_metadata_server, mooncake_python
 
 PROBE = PEERS / "parity_probe.py"
 
@@ -59,3 +59,16 @@ def test_store_behaviours_match_the_wheel_on_mooncakes_metadata_server(ferry_as_
     wheel, ours = results
     assert ours == wheel
     assert ours == {"same_name_twice": [0, -1], "probe_live": 0, "probe_unknown": -200}
+
+
+def test_mooncake_engines_detect_a_duplicate_name_on_ferry_metadata_server_as_on_their_own(ferry_as_mooncake):
+    """Mooncake engines learn that a name is taken from the server's 400 on the rpc_meta key:
+    `ferry metadata-server` answers as Mooncake's server does, for the wheel and for Ferry."""
+    for python in (mooncake_python(), ferry_as_mooncake):
+        port = free_port()
+        server = ferry_metadata_server(port)
+        try:
+            got = probe(python, "http", f"http://127.0.0.1:{port}/metadata")
+        finally:
+            server.close()
+        assert got == {"same_name_twice": [0, -1], "probe_live": 0, "probe_unknown": -200}, (python, got)
