@@ -116,7 +116,10 @@ say "tests"
 
 # The Python package, installed the way README says (one pip command), then its pytest suite:
 # two Python processes over P2PHANDSHAKE, Python against the Rust `ferry` binary and against
-# Mooncake's wheel. FERRY_CARGO_PROFILE=debug reuses the build above.
+# Mooncake's wheel; Mooncake's CI check of its transfer engine with the wheel and Ferry in both
+# roles on the wheel's own `mooncake_http_metadata_server` (tests/test_mooncake_ci.py), the calls
+# of vLLM, SGLang and vllm-ascend, and `python -m ferry.alias` in throw-away venvs (python3-venv
+# above). FERRY_CARGO_PROFILE=debug reuses the build above.
 say "python: pip install ./ffi/python, pytest"
 PYVENV=.venv-ferry
 if [ ! -x "$PYVENV/bin/python" ]; then

@@ -331,3 +331,93 @@ async fn p2p_backend_keeps_its_form_of_the_contract() {
     let e = b.get("mooncake/ram/127.0.0.1:1").await.unwrap_err();
     assert_eq!(e.kind(), ErrorKind::PeerUnreachable, "a peer that is not there: {e}");
 }
+
+#[tokio::test]
+async fn the_server_refuses_a_second_engines_rpc_meta_but_accepts_the_identical_entry() {
+    let (url, _stop) = http_server(Store::in_memory(), Limits::default()).await;
+    let c = reqwest::Client::new();
+    let key = format!("{url}?key=mooncake/rpc_meta/127.0.0.1:17000");
+    let first = r#"{"ip_or_host_name":"127.0.0.1","rpc_port":15001}"#;
+    let put = |body: &'static str| c.put(&key).body(body).send();
+    assert_eq!(put(first).await.unwrap().status().as_u16(), 200);
+    assert_eq!(put(first).await.unwrap().status().as_u16(), 200, "the identical entry again: idempotent");
+    let r = put(r#"{"ip_or_host_name":"127.0.0.1","rpc_port":15002}"#).await.unwrap();
+    assert_eq!(r.status().as_u16(), 400, "another engine's entry under a name in use, as Mooncake's servers");
+    assert_eq!(r.text().await.unwrap(), "Duplicate rpc_meta key not allowed");
+    let stored = c.get(&key).send().await.unwrap().text().await.unwrap();
+    assert_eq!(stored, first, "the first engine keeps its entry");
+    // Other keys are replaced as before.
+    let desc = format!("{url}?key=mooncake/ram/127.0.0.1:17000");
+    assert_eq!(c.put(&desc).body("1").send().await.unwrap().status().as_u16(), 200);
+    assert_eq!(c.put(&desc).body("2").send().await.unwrap().status().as_u16(), 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_engine_cannot_take_a_live_engines_name_but_replaces_a_dead_ones() {
+    let (url, _stop) = http_server(Store::in_memory(), Limits::default()).await;
+    let name = "127.0.0.1:40021";
+    let a = common::tcp_engine_on(&url, name).await;
+    let cfg = ferry::Config::from_json_str(
+        &format!(r#"{{"local_hostname": "{name}", "metadata_server": "{url}", "protocol": "tcp"}}"#),
+        None,
+    )
+    .unwrap();
+    let e = ferry::builder().config(cfg.clone()).build().await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::AlreadyExists, "{e}");
+    assert!(e.message().contains("segment name in use") && e.message().contains("answered a probe"), "{e}");
+    assert_eq!(a.probe(name).await.map_err(|e| e.to_string()), Ok(()), "the first engine is untouched");
+    a.shutdown().await.unwrap();
+    // A crashed engine's entry (its listener gone) is replaced.
+    let m = HttpMetadata::new(&url).unwrap();
+    let dead = common::free_port();
+    let stale = format!(r#"{{"ip_or_host_name":"127.0.0.1","rpc_port":{dead}}}"#);
+    m.put(&format!("mooncake/rpc_meta/{name}"), stale.as_bytes()).await.unwrap();
+    let b = ferry::builder().config(cfg).build().await.unwrap();
+    assert_eq!(rpc_entry(&url, name).await["rpc_port"], b.rpc_port().unwrap());
+    b.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_probe_reaches_a_live_peer_on_a_store_and_names_an_unknown_one() {
+    let (url, _stop) = http_server(Store::in_memory(), Limits::default()).await;
+    let a = common::tcp_engine_on(&url, "127.0.0.1:40031").await;
+    let b = common::tcp_engine_on(&url, "127.0.0.1:40032").await;
+    a.probe("127.0.0.1:40032").await.unwrap();
+    let e = a.probe("unreachable_peer:9").await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::NotFound, "{e}");
+    assert!(e.message().contains("no rpc entry"), "{e}");
+    b.shutdown().await.unwrap();
+    let e = a.probe("127.0.0.1:40032").await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::NotFound, "a cleanly stopped peer unpublished its entry: {e}");
+    a.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn p2p_engines_ignore_the_port_of_local_hostname_as_mooncake_does() {
+    // The port in the name is held by someone else, and two engines pass the same name: both
+    // start, each on a free RPC port of its own, and probe each other.
+    let held = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = held.local_addr().unwrap().port();
+    let make = || async {
+        let cfg = ferry::Config::from_json_str(
+            &format!(
+                r#"{{"local_hostname": "127.0.0.1:{port}", "metadata_server": "P2PHANDSHAKE", "protocol": "tcp"}}"#
+            ),
+            None,
+        )
+        .unwrap();
+        ferry::builder().config(cfg).build().await.unwrap()
+    };
+    let (a, b) = (make().await, make().await);
+    assert_ne!(a.segment_name(), b.segment_name());
+    for e in [&a, &b] {
+        assert_ne!(e.rpc_port(), Some(port), "{}", e.segment_name());
+        assert!((15000..17000).contains(&e.rpc_port().unwrap()), "{}", e.segment_name());
+    }
+    a.probe(b.segment_name()).await.unwrap();
+    b.probe(a.segment_name()).await.unwrap();
+    let e = a.probe("127.0.0.1:1").await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::PeerUnreachable, "{e}");
+    a.shutdown().await.unwrap();
+    b.shutdown().await.unwrap();
+}

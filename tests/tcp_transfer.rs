@@ -317,7 +317,9 @@ async fn a_peer_that_goes_away_fails_its_requests_and_a_restarted_one_is_reachab
     // The peer restarts on the same RPC port (new data port, new buffer): reachable again.
     let port: u16 = name.rsplit_once(':').unwrap().1.parse().unwrap();
     let cfg = ferry::Config::from_json_str(
-        &format!(r#"{{"local_hostname": "127.0.0.1:{port}", "metadata_server": "P2PHANDSHAKE", "protocol": "tcp"}}"#),
+        &format!(
+            r#"{{"local_hostname": "127.0.0.1", "rpc_port": {port}, "metadata_server": "P2PHANDSHAKE", "protocol": "tcp"}}"#
+        ),
         None,
     )
     .unwrap();

@@ -4,7 +4,7 @@ use std::process::Command;
 
 fn ferry() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_ferry"));
-    c.env_remove("MOONCAKE_CONFIG_PATH").env_remove("LOCAL_RANK");
+    c.env_remove("MOONCAKE_CONFIG_PATH").env_remove("LOCAL_RANK").env_remove("MC_FORCE_TCP");
     for (k, _) in std::env::vars() {
         let identity = ["ASCEND_RT_VISIBLE_DEVICES", "PHYSICAL_DEVICES", "ASCEND_NPU_PHY_ID"];
         if k.starts_with("FERRY_")
@@ -53,9 +53,13 @@ fn demo_two_process_mode_moves_blocks_over_tcp() {
 /// Starts `ferry ARGS` and waits for its first line, which must start with `prefix`; returns
 /// the process and the rest of that line.
 fn serve(args: &[&str], prefix: &str) -> (std::process::Child, String) {
+    serve_with(ferry(), args, prefix)
+}
+
+fn serve_with(mut command: Command, args: &[&str], prefix: &str) -> (std::process::Child, String) {
     use std::io::BufRead;
     let mut child =
-        ferry().args(args).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::null()).spawn().unwrap();
+        command.args(args).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::null()).spawn().unwrap();
     let mut line = String::new();
     std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
     let rest = line.trim().strip_prefix(prefix).unwrap_or_else(|| panic!("`ferry {args:?}` said {line:?}")).to_owned();
@@ -171,7 +175,8 @@ fn doctor_reports_every_problem_with_file_and_position() {
     assert!(!out.status.success(), "{s}");
     assert!(s.contains("2 problem(s)"), "{s}");
     // The installed list depends on the features of this build (`null` with --all-features).
-    assert!(s.contains("unknown protocol \"rdma\"; installed: ascend, local, ") && s.contains("line 2"), "{s}");
+    assert!(s.contains("protocol \"rdma\" needs an RDMA transport") && s.contains("MC_FORCE_TCP=1"), "{s}");
+    assert!(s.contains("installed: ascend, local, ") && s.contains("line 2"), "{s}");
     assert!(s.contains("unknown scheme \"gopher\"") && s.contains("line 3"), "{s}");
 
     let p = tmp("broken.json", "{\"protocol\": ");
@@ -536,9 +541,16 @@ fn doctor_refuses_a_fixed_control_port_with_base_port() {
 }
 
 /// Starts `ferry bench --mode=target` on `port` and returns it with its segment name.
+/// A bench target on RPC port `port` (FERRY_RPC_PORT: under P2PHANDSHAKE a port in the name is
+/// ignored, as by Mooncake).
 fn bench_target(port: u16) -> (std::process::Child, String) {
-    let name = format!("--local_server_name=127.0.0.1:{port}");
-    serve(&["bench", "--mode=target", "--buffer_size=64MiB", &name], "listening on ")
+    let mut command = ferry();
+    command.env("FERRY_RPC_PORT", port.to_string());
+    serve_with(
+        command,
+        &["bench", "--mode=target", "--buffer_size=64MiB", "--local_server_name=127.0.0.1"],
+        "listening on ",
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -21,6 +21,16 @@ use crate::segment_name::{DEVICE_ID_LIMIT, SegmentName};
 pub const CONFIG_PATH_ENV: &str = "MOONCAKE_CONFIG_PATH";
 /// Environment variable giving the metadata cluster id (Mooncake's).
 pub const CLUSTER_ID_ENV: &str = "MC_METADATA_CLUSTER_ID";
+/// Mooncake's switch to TCP: when the variable is present at all (any value, even `0` or
+/// empty: Mooncake tests `getenv("MC_FORCE_TCP") != NULL`), the engine runs the `tcp` protocol
+/// whatever protocol its config or `initialize` named. `FERRY_PROTOCOL` still wins over it.
+pub const FORCE_TCP_ENV: &str = "MC_FORCE_TCP";
+
+/// Protocols of Mooncake's RDMA-style NIC transports, which Ferry does not implement (yet).
+/// Mooncake's `initialize(..., "rdma", ...)` runs TCP when `MC_FORCE_TCP` is set; without it
+/// Ferry refuses them with an error naming `MC_FORCE_TCP` and `FERRY_PROTOCOL`, unless a plugin
+/// serves the name.
+pub const RDMA_FAMILY_PROTOCOLS: &[&str] = &["rdma", "efa", "barex", "cxi", "ub", "erdma"];
 
 /// Environment overrides of the core's fields: variable name, config field it overrides. Applied
 /// in this order, so for a field named twice the later variable wins (`FERRY_LOCAL_RANK` over
@@ -500,8 +510,17 @@ impl Config {
         Ok(cfg)
     }
 
-    /// Applies the [`ENV_OVERRIDES`]; an empty variable counts as unset.
+    /// Applies [`FORCE_TCP_ENV`] (`MC_FORCE_TCP`, present with any value: protocol `tcp`),
+    /// then the [`ENV_OVERRIDES`] (an empty variable counts as unset), so `FERRY_PROTOCOL` wins
+    /// over `MC_FORCE_TCP`.
     pub fn apply_env(&mut self, env: impl Fn(&str) -> Option<String>) -> Result<()> {
+        if env(FORCE_TCP_ENV).is_some() {
+            if self.protocol() != DEFAULT_PROTOCOL {
+                tracing::info!(configured = self.protocol(), "{FORCE_TCP_ENV} is set: using the tcp protocol");
+            }
+            self.protocol = Some(DEFAULT_PROTOCOL.to_owned());
+            self.sources.insert("protocol", FieldSource::Env(FORCE_TCP_ENV));
+        }
         self.apply_env_fields(env, |_| true)
     }
 
@@ -1224,5 +1243,26 @@ mod tests {
         assert!(e.message().contains("`role`"), "{e}");
         let e = c.field_error("local_rank", "bad");
         assert!(e.message().contains("environment variable FERRY_LOCAL_RANK"), "{e}");
+    }
+
+    #[test]
+    fn mc_force_tcp_selects_tcp_whatever_its_value_and_ferry_protocol_wins() {
+        for value in ["1", "true", "0", ""] {
+            let mut c = Config::from_json_str(r#"{"protocol": "rdma"}"#, None).unwrap();
+            c.apply_env(|k| (k == FORCE_TCP_ENV).then(|| value.to_owned())).unwrap();
+            assert_eq!(c.protocol(), "tcp", "MC_FORCE_TCP={value:?}");
+            assert_eq!(c.sources.get("protocol"), Some(&FieldSource::Env(FORCE_TCP_ENV)));
+        }
+        let mut c = Config::from_json_str(r#"{"protocol": "rdma"}"#, None).unwrap();
+        c.apply_env(|k| match k {
+            FORCE_TCP_ENV => Some("1".to_owned()),
+            "FERRY_PROTOCOL" => Some("local".to_owned()),
+            _ => None,
+        })
+        .unwrap();
+        assert_eq!(c.protocol(), "local", "FERRY_PROTOCOL wins");
+        let mut c = Config::from_json_str(r#"{"protocol": "rdma"}"#, None).unwrap();
+        c.apply_env(|_| None).unwrap();
+        assert_eq!(c.protocol(), "rdma", "unset: untouched");
     }
 }

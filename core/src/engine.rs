@@ -1160,9 +1160,21 @@ impl TransferEngine {
     /// Errors: [`ErrorKind::Unsupported`] when the backend has no control channel, the
     /// backend's error (for example [`ErrorKind::PeerUnreachable`]) otherwise.
     pub async fn send_notification(&self, name: &str, message: impl Into<String>) -> Result<()> {
+        self.send_notification_as(name, self.inner.name.clone(), message).await
+    }
+
+    /// [`send_notification`](Self::send_notification) with the `name` field of the
+    /// notification chosen by the caller (Mooncake's `TransferNotify.name`, which its receivers
+    /// see as given) instead of this engine's segment name.
+    pub async fn send_notification_as(
+        &self,
+        segment: &str,
+        sender: impl Into<String>,
+        message: impl Into<String>,
+    ) -> Result<()> {
         self.inner.check_open()?;
-        let n = crate::Notification { name: self.inner.name.clone(), notify_msg: message.into() };
-        self.inner.metadata.notify(name, &n).await
+        let n = crate::Notification { name: sender.into(), notify_msg: message.into() };
+        self.inner.metadata.notify(segment, &n).await
     }
 
     /// Submits `requests`, waits until every byte landed, then notifies the target segment of
@@ -1177,6 +1189,13 @@ impl TransferEngine {
         let target = self.inner.cached(first.target)?.name().to_owned();
         self.transfer(requests).await?;
         self.send_notification(&target, message).await
+    }
+
+    /// Checks that the owner of segment `name` is alive and answers on its control channel
+    /// (Mooncake's `send_probe`; SGLang uses it to decide whether a failed peer may be tried
+    /// again). Bounded by the backend's handshake timeout.
+    pub async fn probe(&self, name: &str) -> Result<()> {
+        self.inner.metadata.probe(name).await
     }
 
     /// Takes the notifications received so far, oldest first.

@@ -298,7 +298,11 @@ impl MemoryRegistry {
                 r.addr, r.len
             ))),
             _ => Err(Error::out_of_bounds(format!(
-                "local address {addr:#x} (+{len}) is not inside any registered region"
+                "local address {addr:#x} (+{len}) is not inside any registered region: this memory was never \
+                 registered with this engine (or was unregistered). Register the buffer before transferring \
+                 from or into it: register_memory(addr, length) or batch_register_memory(addrs, lengths) in \
+                 Python, ferry_register_memory in C ({} region(s) registered now)",
+                map.len()
             ))),
         }
     }

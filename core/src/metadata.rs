@@ -102,6 +102,22 @@ pub trait MetadataBackend: Send + Sync + 'static {
         Vec::new()
     }
 
+    /// Checks that the owner of `segment` is alive: sends a Probe over the control channel
+    /// (Mooncake's `send_probe`) and waits for its answer. Backends without a control channel
+    /// answer [`ErrorKind::Unsupported`](crate::ErrorKind::Unsupported).
+    ///
+    /// # Errors
+    /// [`ErrorKind::NotFound`](crate::ErrorKind::NotFound) when the segment publishes no
+    /// listener, [`ErrorKind::PeerUnreachable`](crate::ErrorKind::PeerUnreachable) or
+    /// [`ErrorKind::Timeout`](crate::ErrorKind::Timeout) when its listener does not answer.
+    async fn probe(&self, segment: &str) -> Result<()> {
+        let _ = segment;
+        Err(Error::new(
+            crate::ErrorKind::Unsupported,
+            format!("the {} metadata backend has no control channel to probe a peer over", self.name()),
+        ))
+    }
+
     /// Releases what the backend holds for its engine (a listening socket, for example), once
     /// the engine has unpublished itself at shutdown. When it returns, the resources are free
     /// (an engine of the same name can start at once).

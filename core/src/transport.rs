@@ -256,6 +256,16 @@ impl TransportRegistry {
         let name = config.protocol();
         match self.load(name, config) {
             Ok(Some(f)) => Ok(f),
+            Ok(None) if crate::config::RDMA_FAMILY_PROTOCOLS.contains(&name) => Err(config.field_error(
+                "protocol",
+                &format!(
+                    "protocol {name:?} needs an RDMA transport, which Ferry does not have yet. Mooncake runs such an \
+                     engine over TCP when {force} is set: set {force}=1 to do the same here, or choose TCP \
+                     explicitly with FERRY_PROTOCOL=tcp (or \"protocol\": \"tcp\"); {}",
+                    self.searched(config),
+                    force = crate::config::FORCE_TCP_ENV,
+                ),
+            )),
             Ok(None) => {
                 Err(config.field_error("protocol", &format!("unknown protocol {name:?}; {}", self.searched(config))))
             }
@@ -273,4 +283,25 @@ pub(crate) fn no_transport_for(desc: &SegmentDescriptor, searched: &str) -> Erro
             desc.name, desc.protocol,
         ),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_rdma_family_protocol_nobody_serves_names_the_two_ways_out() {
+        let registry = TransportRegistry::new();
+        for name in ["rdma", "efa"] {
+            let cfg = Config::from_json_str(&format!(r#"{{"protocol": "{name}"}}"#), None).unwrap();
+            let e = registry.for_config(&cfg).err().expect("no transport serves it");
+            assert_eq!(e.kind(), crate::ErrorKind::Config);
+            let m = e.message();
+            assert!(m.contains(&format!("protocol \"{name}\" needs an RDMA transport")), "{m}");
+            assert!(m.contains("MC_FORCE_TCP=1") && m.contains("FERRY_PROTOCOL=tcp"), "{m}");
+        }
+        let cfg = Config::from_json_str(r#"{"protocol": "gopher"}"#, None).unwrap();
+        let e = registry.for_config(&cfg).err().expect("unknown");
+        assert!(e.message().contains("unknown protocol \"gopher\""), "{e}");
+    }
 }

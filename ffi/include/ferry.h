@@ -405,13 +405,40 @@ int32_t ferry_kv_submit_blocks(FerryEngine engine, uint64_t local_layout, uint64
  * Sends `message` to the engine that owns segment `segment_name`; returns once the peer
  * accepted it.
  *
- * Needs the `P2PHANDSHAKE` metadata (`FERRY_E_UNSUPPORTED` with other backends);
- * `FERRY_E_PEER_UNREACHABLE` when the peer cannot be reached.
+ * Needs a metadata backend with a control channel (`P2PHANDSHAKE`, HTTP, Redis, etcd;
+ * `FERRY_E_UNSUPPORTED` with the in-process store); `FERRY_E_PEER_UNREACHABLE` when the peer
+ * cannot be reached.
  *
  * # Safety
  * `segment_name` and `message` are NUL-terminated strings.
  */
 int32_t ferry_notify(FerryEngine engine, const char *segment_name, const char *message);
+
+/**
+ * Sends `message` to the engine that owns segment `segment_name` with the notification's
+ * `name` field set to `sender_name` (Mooncake's `TransferNotify.name`: its receivers see it as
+ * given); NULL means this engine's segment name, as `ferry_notify` sends. Returns once the peer
+ * accepted it; errors as `ferry_notify`.
+ *
+ * # Safety
+ * `segment_name` and `message` are NUL-terminated strings; `sender_name` is NULL or one.
+ */
+int32_t ferry_notify_as(FerryEngine engine, const char *segment_name, const char *sender_name, const char *message);
+
+/**
+ * Checks that the engine owning segment `segment_name` is alive: sends a Probe frame to its
+ * handshake listener (found from its name with `P2PHANDSHAKE`, from its `rpc_meta` entry with
+ * a store) and waits for the answer, at most the handshake timeout (10 s). Mooncake's
+ * `send_probe`; Mooncake peers answer it too.
+ *
+ * Returns `FERRY_E_NOT_FOUND` when the segment publishes no rpc entry,
+ * `FERRY_E_PEER_UNREACHABLE` or `FERRY_E_TIMEOUT` when its listener does not answer,
+ * `FERRY_E_UNSUPPORTED` with the in-process metadata (no control channel).
+ *
+ * # Safety
+ * `segment_name` is a NUL-terminated string.
+ */
+int32_t ferry_probe(FerryEngine engine, const char *segment_name);
 
 /**
  * Takes the notifications this engine received so far and calls `callback(ctx, from,

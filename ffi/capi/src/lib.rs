@@ -51,7 +51,7 @@ pub use engine::{
 };
 pub use ferry_abi::{FerryTransferRequest, FerryTransferStatus};
 pub use kv::{ferry_kv_layout_register, ferry_kv_layout_unregister, ferry_kv_submit_blocks};
-pub use notify::{FerryNotificationFn, ferry_drain_notifications, ferry_notify};
+pub use notify::{FerryNotificationFn, ferry_drain_notifications, ferry_notify, ferry_notify_as, ferry_probe};
 
 /// Handle of an engine (0 is never valid).
 pub type FerryEngine = u64;

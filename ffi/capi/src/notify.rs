@@ -5,7 +5,7 @@ use std::ffi::{c_char, c_void};
 
 use crate::FerryEngine;
 use crate::engine::engine;
-use crate::errors::{Out, guard, invalid, str_arg, to_cstring_lossy};
+use crate::errors::{Out, guard, invalid, opt_str_arg, str_arg, to_cstring_lossy};
 
 /// Receives one notification: `from` is the sender's segment name, `message` its text; both are
 /// NUL-terminated and valid only during the call. `ctx` is the pointer given to
@@ -16,8 +16,9 @@ pub type FerryNotificationFn =
 /// Sends `message` to the engine that owns segment `segment_name`; returns once the peer
 /// accepted it.
 ///
-/// Needs the `P2PHANDSHAKE` metadata (`FERRY_E_UNSUPPORTED` with other backends);
-/// `FERRY_E_PEER_UNREACHABLE` when the peer cannot be reached.
+/// Needs a metadata backend with a control channel (`P2PHANDSHAKE`, HTTP, Redis, etcd;
+/// `FERRY_E_UNSUPPORTED` with the in-process store); `FERRY_E_PEER_UNREACHABLE` when the peer
+/// cannot be reached.
 ///
 /// # Safety
 /// `segment_name` and `message` are NUL-terminated strings.
@@ -33,6 +34,60 @@ pub unsafe extern "C" fn ferry_notify(engine: FerryEngine, segment_name: *const 
         }
         let e = self::engine(engine)?;
         e.block_on(e.send_notification(name, message))?
+    })
+}
+
+/// Sends `message` to the engine that owns segment `segment_name` with the notification's
+/// `name` field set to `sender_name` (Mooncake's `TransferNotify.name`: its receivers see it as
+/// given); NULL means this engine's segment name, as `ferry_notify` sends. Returns once the peer
+/// accepted it; errors as `ferry_notify`.
+///
+/// # Safety
+/// `segment_name` and `message` are NUL-terminated strings; `sender_name` is NULL or one.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ferry_notify_as(
+    engine: FerryEngine,
+    segment_name: *const c_char,
+    sender_name: *const c_char,
+    message: *const c_char,
+) -> i32 {
+    guard("ferry_notify_as", || {
+        // SAFETY: the caller passes NUL-terminated strings (this function's contract).
+        let name = unsafe { str_arg(segment_name, "segment_name") }?;
+        // SAFETY: as above; NULL is allowed for `sender_name`.
+        let sender = unsafe { opt_str_arg(sender_name, "sender_name") }?;
+        // SAFETY: as above.
+        let message = unsafe { str_arg(message, "message") }?;
+        if name.is_empty() {
+            return Err(invalid("`segment_name` is empty"));
+        }
+        let e = self::engine(engine)?;
+        let sender = sender.map_or_else(|| e.segment_name().to_owned(), str::to_owned);
+        e.block_on(e.send_notification_as(name, sender, message))?
+    })
+}
+
+/// Checks that the engine owning segment `segment_name` is alive: sends a Probe frame to its
+/// handshake listener (found from its name with `P2PHANDSHAKE`, from its `rpc_meta` entry with
+/// a store) and waits for the answer, at most the handshake timeout (10 s). Mooncake's
+/// `send_probe`; Mooncake peers answer it too.
+///
+/// Returns `FERRY_E_NOT_FOUND` when the segment publishes no rpc entry,
+/// `FERRY_E_PEER_UNREACHABLE` or `FERRY_E_TIMEOUT` when its listener does not answer,
+/// `FERRY_E_UNSUPPORTED` with the in-process metadata (no control channel).
+///
+/// # Safety
+/// `segment_name` is a NUL-terminated string.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ferry_probe(engine: FerryEngine, segment_name: *const c_char) -> i32 {
+    guard("ferry_probe", || {
+        // SAFETY: the caller passes a NUL-terminated string (this function's contract).
+        let name = unsafe { str_arg(segment_name, "segment_name") }?;
+        if name.is_empty() {
+            return Err(invalid("`segment_name` is empty"));
+        }
+        let e = self::engine(engine)?;
+        e.block_on(e.probe(name))?
     })
 }
 

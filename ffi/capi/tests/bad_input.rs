@@ -552,6 +552,18 @@ fn notifications_need_a_control_channel_and_valid_arguments() {
         fails(ferry_notify(e, c"x".as_ptr(), null()), FERRY_E_INVALID_ARGUMENT, &["`message` is null"]);
         fails(ferry_notify(e, c"".as_ptr(), c"m".as_ptr()), FERRY_E_INVALID_ARGUMENT, &["`segment_name` is empty"]);
         fails(
+            ferry_probe(e, c"127.0.0.1:1".as_ptr()),
+            FERRY_E_UNSUPPORTED,
+            &["the embedded metadata backend has no control channel to probe"],
+        );
+        fails(ferry_probe(e, null()), FERRY_E_INVALID_ARGUMENT, &["`segment_name` is null"]);
+        fails(ferry_probe(e, c"".as_ptr()), FERRY_E_INVALID_ARGUMENT, &["`segment_name` is empty"]);
+        fails(
+            ferry_notify_as(e, c"x".as_ptr(), NOT_UTF8.as_ptr(), c"m".as_ptr()),
+            FERRY_E_INVALID_ARGUMENT,
+            &["`sender_name` is not valid UTF-8"],
+        );
+        fails(
             ferry_notify(e, c"x".as_ptr(), NOT_UTF8.as_ptr()),
             FERRY_E_INVALID_ARGUMENT,
             &["`message` is not valid UTF-8"],

@@ -281,9 +281,23 @@ fn two_p2p_tcp_engines_transfer_and_notify_each_other() {
     assert!(drain(prefill).is_empty(), "draining empties the queue");
     assert_eq!(drain(decode), vec![(pn.clone(), "ack".to_owned())]);
 
+    // A name of the sender's choosing (Mooncake's TransferNotify.name); NULL: the segment name.
+    let (to, who, what) = (CString::new(pn.clone()).unwrap(), c"req-7", c"kv ready");
+    // SAFETY: valid C strings (NULL allowed for the sender).
+    ok(unsafe { ferry_notify_as(decode, to.as_ptr(), who.as_ptr(), what.as_ptr()) });
+    // SAFETY: as above.
+    ok(unsafe { ferry_notify_as(decode, to.as_ptr(), std::ptr::null(), what.as_ptr()) });
+    assert_eq!(drain(prefill), vec![("req-7".to_owned(), "kv ready".to_owned()), (dn.clone(), "kv ready".to_owned())]);
+
+    // A probe reaches a live peer's handshake listener.
+    // SAFETY: a valid C string.
+    ok(unsafe { ferry_probe(decode, to.as_ptr()) });
+
     // A peer that went away is unreachable.
     destroy(prefill);
     fails(notify(decode, &pn, "anyone?"), FERRY_E_PEER_UNREACHABLE, &["peer_unreachable", &pn]);
+    // SAFETY: a valid C string.
+    fails(unsafe { ferry_probe(decode, to.as_ptr()) }, FERRY_E_PEER_UNREACHABLE, &["peer_unreachable", &pn]);
     destroy(decode);
 }
 

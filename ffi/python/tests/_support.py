@@ -292,3 +292,78 @@ def wait_until(predicate, timeout: float = 10.0, interval: float = 0.02) -> bool
             return True
         time.sleep(interval)
     return predicate()
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def http_answers(url: str) -> bool:
+    """Whether `url` answers an HTTP GET (any status)."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        urllib.request.urlopen(url, timeout=1)
+        return True
+    except urllib.error.HTTPError:
+        return True
+    except OSError:
+        return False
+
+
+def mooncake_metadata_server(port: int) -> Child:
+    """Mooncake's own HTTP metadata server from the wheel (`mooncake_http_metadata_server`, as
+    Mooncake's scripts/run_tests.sh starts it) on 127.0.0.1:`port`; its URL is
+    http://127.0.0.1:`port`/metadata."""
+    server = mooncake_python().parent / "mooncake_http_metadata_server"
+    assert server.is_file(), f"{server} is missing: the Mooncake wheel installs it"
+    child = Child([str(server), "--host", "127.0.0.1", "--port", str(port)], quit=None)
+    assert wait_until(lambda: http_answers(f"http://127.0.0.1:{port}/metadata?key=probe"), timeout=30), (
+        f"Mooncake's metadata server did not start:\n{child.stderr_text()}"
+    )
+    return child
+
+
+def ferry_metadata_server(port: int) -> Child:
+    """`ferry metadata-server` on 127.0.0.1:`port` (URL http://127.0.0.1:`port`/metadata)."""
+    child = Child([str(ferry_bin()), "metadata-server", "--addr", f"127.0.0.1:{port}"], quit=None)
+    assert wait_until(lambda: http_answers(f"http://127.0.0.1:{port}/health"), timeout=30), (
+        f"ferry metadata-server did not start:\n{child.stderr_text()}"
+    )
+    return child
+
+
+def make_venv(path: Path, *site_dirs: Path) -> Path:
+    """A fresh virtual environment at `path` (no pip) that also sees `site_dirs` (through a .pth
+    file: their packages are importable and their distributions visible); returns its python."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(path)], check=True)
+    python = path / "bin" / "python"
+    purelib = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    if site_dirs:
+        Path(purelib, "zz_ferry_tests.pth").write_text("".join(f"{d}\n" for d in site_dirs))
+    return python
+
+
+def ferry_site() -> Path:
+    """The site directory the installed `ferry` package lives in."""
+    import ferry
+
+    return Path(ferry.__file__).resolve().parent.parent
+
+
+def alias_python(path: Path) -> Path:
+    """A fresh environment at `path` where Ferry is installed and `python -m ferry.alias install`
+    ran: `import mooncake.engine` loads Ferry there. Returns its python."""
+    python = make_venv(path, ferry_site())
+    done = subprocess.run([str(python), "-m", "ferry.alias", "install"], capture_output=True, text=True)
+    assert done.returncode == 0, f"ferry.alias install failed:\n{done.stdout}{done.stderr}"
+    return python

@@ -10,7 +10,7 @@ import pytest
 
 import ferry
 
-from _support import SilentPeer
+from _support import Child, SilentPeer
 
 
 @pytest.fixture
@@ -76,3 +76,17 @@ def host_buffer() -> Iterator[Callable[..., HostBuffer]]:
 
     yield make
     keep.clear()
+
+
+@pytest.fixture
+def child_factory():
+    """Registers child processes to close at the end of the test."""
+    children: List[Child] = []
+
+    def make(child: Child) -> Child:
+        children.append(child)
+        return child
+
+    yield make
+    for c in children:
+        c.close()

@@ -16,19 +16,6 @@ from _support import PEERS, REPO, Child, ferry_bin, fetch_descriptor, mooncake_p
 MOONCAKE_PEER = REPO / "tests" / "interop" / "mooncake_peer.py"
 
 
-@pytest.fixture
-def child_factory():
-    children = []
-
-    def make(child: Child) -> Child:
-        children.append(child)
-        return child
-
-    yield make
-    for c in children:
-        c.close()
-
-
 def test_two_python_processes(make_engine, host_buffer, child_factory):
     size = 4 << 20
     child = child_factory(python_child(PEERS / "ferry_peer.py", str(size), "7"))
@@ -74,7 +61,7 @@ def test_two_python_processes(make_engine, host_buffer, child_factory):
     assert ours.bytes(7, 1000) == pattern(0, 1000, 66)
     got = []
     assert wait_until(lambda: got.extend(me.get_notifies()) or got)
-    assert [(n.name, n.msg) for n in got] == [(peer, "wrote 1000")]
+    assert [(n.name, n.msg) for n in got] == [("", "wrote 1000")], "the name the child chose: empty"
 
     # Notifications the other way.
     me.notify(peer, "hello child")
@@ -173,10 +160,10 @@ def test_ferry_python_and_the_mooncake_wheel(make_engine, host_buffer, child_fac
     ]
     assert e.get_batch_transfer_status(ids) == 0
     assert mc.ask(f"check {5 * 4096} 4096 60") == "ok"
-    rc = e.transfer_sync(peer, local, remote, 16, TransferOpcode.Read, TransferNotify("", "kv ready"))
+    rc = e.transfer_sync(peer, local, remote, 16, TransferOpcode.Read, TransferNotify("prefill-7", "kv ready"))
     assert rc == 0
     notes = json.loads(mc.ask("notifies"))
-    assert [(n["name"], n["msg"]) for n in notes] == [(e.get_local_segment_name(), "kv ready")]
+    assert [(n["name"], n["msg"]) for n in notes] == [("prefill-7", "kv ready")], "the name as the sender chose it"
 
 
 def test_mooncake_wheel_reads_and_writes_a_ferry_python_engine(make_engine, child_factory):
@@ -271,7 +258,7 @@ def test_notifications_and_rpc_port_on_an_http_metadata_server(make_engine, host
     assert dst.bytes() == src.bytes()
     got = []
     assert wait_until(lambda: got.extend(b.get_notifies()) or got, timeout=10)
-    assert [(n.name, n.msg) for n in got] == [(a.get_local_segment_name(), "kv-ready")]
+    assert [(n.name, n.msg) for n in got] == [("", "kv-ready")]
 
 
 def _answers(url: str) -> bool:

@@ -1,5 +1,7 @@
 //! `ferry metadata-server`: Mooncake's HTTP metadata protocol (reference `mooncake-wire.md` §3)
-//! with what the reference servers lack: idempotent re-publish of any key, `GET /health`,
+//! with what the reference servers lack: idempotent re-publish of any key (an `rpc_meta` key
+//! only with the identical value, as Mooncake's servers: another value is a second engine
+//! taking a name in use, answered 400), `GET /health`,
 //! persistence across restarts (`--data-dir`), limits on key length and body size, graceful
 //! shutdown and request logging.
 
@@ -59,6 +61,9 @@ impl Default for Limits {
 struct App {
     store: Arc<Store>,
     limits: Limits,
+    /// Held while an `rpc_meta` key is compared and written, so two engines racing for one name
+    /// cannot both succeed.
+    rpc_meta: Arc<std::sync::Mutex<()>>,
 }
 
 /// The query string: `?key=...`.
@@ -95,8 +100,24 @@ async fn put_key(State(app): State<App>, Query(q): Query<KeyQuery>, body: Bytes)
         Err(r) => return r.into_response(),
     };
     let store = app.store.clone();
-    match tokio::task::spawn_blocking(move || store.put(&key, &body)).await {
-        Ok(Ok(())) => (StatusCode::OK, "metadata updated").into_response(),
+    let rpc_meta = app.rpc_meta.clone();
+    let written = tokio::task::spawn_blocking(move || {
+        // As Mooncake's servers do: a second engine may not take an `rpc_meta` name that is
+        // already published (Mooncake engines fail to start on the 400, which is how they learn
+        // the name is taken). Re-publishing the identical entry is accepted, as by its C++ server.
+        if key.contains("rpc_meta") {
+            let _one_at_a_time = rpc_meta.lock().unwrap_or_else(|p| p.into_inner());
+            if store.get(&key).is_some_and(|stored| stored != body) {
+                return Ok(false);
+            }
+            return store.put(&key, &body).map(|()| true);
+        }
+        store.put(&key, &body).map(|()| true)
+    })
+    .await;
+    match written {
+        Ok(Ok(false)) => (StatusCode::BAD_REQUEST, "Duplicate rpc_meta key not allowed").into_response(),
+        Ok(Ok(true)) => (StatusCode::OK, "metadata updated").into_response(),
         Ok(Err(e)) => {
             tracing::error!(error = %e, "metadata store write failed");
             (StatusCode::INTERNAL_SERVER_ERROR, format!("store write failed: {e}")).into_response()
@@ -141,7 +162,7 @@ pub fn router(store: Arc<Store>, limits: Limits) -> Router {
         .route("/health", get(health))
         .layer(DefaultBodyLimit::max(body_limit))
         .layer(middleware::from_fn(log_request))
-        .with_state(App { store, limits })
+        .with_state(App { store, limits, rpc_meta: Arc::default() })
 }
 
 /// Serves on `listener` until `shutdown` completes, then stops accepting, closes idle

@@ -145,8 +145,10 @@ fn random_port() -> u16 {
 /// Where a handshake listener's port comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RpcPortChoice {
-    /// Config `rpc_port`, else the port of the engine's `host:port` name, else a free port: the
-    /// P2P handshake, where the name is `host:rpc_port`.
+    /// Config `rpc_port`, else (with `base_port`) the port the rank's name was given, else a
+    /// free port: the P2P handshake, where the name becomes `host:rpc_port`. A port in
+    /// `local_hostname` itself is ignored, as Mooncake ignores it under `P2PHANDSHAKE` (several
+    /// processes of one host may pass the same `local_hostname`).
     NameOrFree,
     /// Config `rpc_port`, else a free port (published in the rpc entry): beside a store, as a
     /// Mooncake engine on a store does; the port in its name is not the RPC port.
@@ -166,8 +168,8 @@ impl HandshakeListener {
         let parsed = SegmentName::parse(&configured);
         let host = parsed.as_ref().map(|n| n.host().to_owned()).unwrap_or_else(|| configured.clone());
         let from_name = match choice {
-            RpcPortChoice::NameOrFree => parsed.map(|n| n.port()),
-            RpcPortChoice::ConfiguredOrFree => None,
+            RpcPortChoice::NameOrFree if config.base_port.is_some() => parsed.map(|n| n.port()),
+            RpcPortChoice::NameOrFree | RpcPortChoice::ConfiguredOrFree => None,
         };
         let fixed = config.rpc_port.or(from_name).filter(|p| *p != 0);
         let listener = match fixed {
@@ -254,6 +256,22 @@ pub async fn send_notification(host: &str, port: u16, notification: &Notificatio
     Ok(())
 }
 
+/// Sends a Probe to the handshake listener at `host:port` and checks it answered
+/// `{"status": "success"}` (Mooncake's `send_probe`).
+pub async fn send_probe(host: &str, port: u16) -> Result<()> {
+    let reply = exchange(host, port, FrameType::Probe, b"{}").await?;
+    let ok = serde_json::from_slice::<serde_json::Value>(&reply)
+        .map(|v| v.get("status").and_then(|s| s.as_str()) == Some("success"))
+        .unwrap_or(false);
+    if !ok {
+        return Err(Error::transport(format!(
+            "handshake listener {host}:{port} answered the probe with {:?}",
+            String::from_utf8_lossy(&reply)
+        )));
+    }
+    Ok(())
+}
+
 /// One request/reply exchange with the handshake listener at `host:port`.
 async fn exchange(host: &str, port: u16, kind: FrameType, payload: &[u8]) -> Result<Vec<u8>> {
     let talk = async {
@@ -277,8 +295,9 @@ async fn exchange(host: &str, port: u16, kind: FrameType, payload: &[u8]) -> Res
 }
 
 impl P2pMetadata {
-    /// Binds the RPC port (config `rpc_port`, else the port of `local_hostname`, else a free port
-    /// in 15000..17000) and starts answering handshakes.
+    /// Binds the RPC port (config `rpc_port`, else with `base_port` the rank's port, else a free
+    /// port in 15000..17000, as Mooncake picks one: a port in `local_hostname` is ignored) and
+    /// starts answering handshakes.
     pub async fn start(config: &Config) -> Result<Self> {
         Ok(Self { listener: HandshakeListener::start(config, RpcPortChoice::NameOrFree).await? })
     }
@@ -375,6 +394,11 @@ impl MetadataBackend for P2pMetadata {
         send_notification(&host, port, notification).await
     }
 
+    async fn probe(&self, segment: &str) -> Result<()> {
+        let (host, port) = host_port(segment)?;
+        send_probe(&host, port).await
+    }
+
     fn drain_notifications(&self) -> Vec<Notification> {
         self.listener.drain_notifications()
     }
@@ -393,6 +417,9 @@ pub struct NotifyingStore {
     keys: MetadataKeys,
     /// The engine's own descriptor key (its Metadata-frame answer mirrors what is published).
     own_key: Option<String>,
+    /// The engine's own rpc entry key: before taking it over from another value, the engine
+    /// checks that no live engine holds it.
+    own_rpc_key: Option<String>,
     listener: HandshakeListener,
 }
 
@@ -413,8 +440,69 @@ impl NotifyingStore {
             e.context(msg)
         })?;
         let keys = MetadataKeys::new(config.cluster_id());
-        let own_key = config.local_segment_name().ok().flatten().map(|name| keys.segment(&name));
-        Ok(Self { store, keys, own_key, listener })
+        let own_name = config.local_segment_name().ok().flatten();
+        let own_key = own_name.as_ref().map(|name| keys.segment(name));
+        let own_rpc_key = own_name.as_ref().map(|name| keys.rpc(name));
+        Ok(Self { store, keys, own_key, own_rpc_key, listener })
+    }
+}
+
+/// Time a live-owner check waits for the listener of an rpc entry about to be replaced. A
+/// listener that does not answer in this time is taken for a dead engine's.
+pub const OWNER_PROBE_TIMEOUT: Duration = Duration::from_secs(3);
+
+impl NotifyingStore {
+    /// Before this engine publishes its rpc entry under `key`: if another value is stored there
+    /// and the listener it names answers a probe, a live engine (Ferry or Mooncake) already
+    /// uses this segment name, and taking it over would cut that engine off: refused with
+    /// [`ErrorKind::AlreadyExists`]. An entry whose listener does not answer is a dead engine's
+    /// (a crash leaves it behind) and may be replaced.
+    async fn refuse_a_live_owner(&self, key: &str, value: &[u8]) -> Result<()> {
+        let Some(stored) = self.store.get(key).await? else { return Ok(()) };
+        if stored == value {
+            return Ok(());
+        }
+        let Ok(rpc) = serde_json::from_slice::<RpcMeta>(&stored) else { return Ok(()) };
+        if rpc.rpc_port == 0 || rpc.ip_or_host_name.is_empty() {
+            return Ok(());
+        }
+        let probe = tokio::time::timeout(OWNER_PROBE_TIMEOUT, send_probe(&rpc.ip_or_host_name, rpc.rpc_port)).await;
+        if matches!(probe, Ok(Ok(()))) {
+            return Err(Error::new(
+                ErrorKind::AlreadyExists,
+                format!(
+                    "segment name in use: the {} metadata's rpc entry {key} names a live engine (its handshake \
+                     listener at {}:{} answered a probe). Give this engine another local_hostname (host:port), or \
+                     stop the other one first",
+                    self.store.name(),
+                    rpc.ip_or_host_name,
+                    rpc.rpc_port
+                ),
+            ));
+        }
+        tracing::info!(key, stale = %String::from_utf8_lossy(&stored), "replacing the rpc entry of an engine that no longer answers");
+        Ok(())
+    }
+
+    /// The handshake listener `segment`'s rpc entry names (`what`: for the error text).
+    async fn listener_of(&self, segment: &str, what: &str) -> Result<RpcMeta> {
+        let key = self.keys.rpc(segment);
+        let entry = self.store.get(&key).await?.ok_or_else(|| {
+            Error::not_found(format!(
+                "segment `{segment}` has no rpc entry in the {} metadata (key {key}): nowhere to {what}",
+                self.store.name()
+            ))
+        })?;
+        let rpc: RpcMeta = serde_json::from_slice(&entry).map_err(|e| {
+            Error::invalid(format!("the rpc entry of `{segment}` (key {key}) is not valid: {e}")).with_source(e)
+        })?;
+        if rpc.rpc_port == 0 || rpc.ip_or_host_name.is_empty() {
+            return Err(Error::invalid(format!(
+                "the rpc entry of `{segment}` (key {key}) names no listener: {:?}:{}",
+                rpc.ip_or_host_name, rpc.rpc_port
+            )));
+        }
+        Ok(rpc)
     }
 }
 
@@ -429,6 +517,9 @@ impl MetadataBackend for NotifyingStore {
     }
 
     async fn put(&self, key: &str, value: &[u8]) -> Result<()> {
+        if self.own_rpc_key.as_deref() == Some(key) {
+            self.refuse_a_live_owner(key, value).await?;
+        }
         self.store.put(key, value).await?;
         if self.own_key.as_deref() == Some(key) {
             self.listener.serve_descriptor(Some(value.to_vec()));
@@ -456,23 +547,13 @@ impl MetadataBackend for NotifyingStore {
     }
 
     async fn notify(&self, segment: &str, notification: &Notification) -> Result<()> {
-        let key = self.keys.rpc(segment);
-        let entry = self.store.get(&key).await?.ok_or_else(|| {
-            Error::not_found(format!(
-                "segment `{segment}` has no rpc entry in the {} metadata (key {key}): nowhere to send a notification",
-                self.store.name()
-            ))
-        })?;
-        let rpc: RpcMeta = serde_json::from_slice(&entry).map_err(|e| {
-            Error::invalid(format!("the rpc entry of `{segment}` (key {key}) is not valid: {e}")).with_source(e)
-        })?;
-        if rpc.rpc_port == 0 || rpc.ip_or_host_name.is_empty() {
-            return Err(Error::invalid(format!(
-                "the rpc entry of `{segment}` (key {key}) names no listener: {:?}:{}",
-                rpc.ip_or_host_name, rpc.rpc_port
-            )));
-        }
+        let rpc = self.listener_of(segment, "send a notification").await?;
         send_notification(&rpc.ip_or_host_name, rpc.rpc_port, notification).await
+    }
+
+    async fn probe(&self, segment: &str) -> Result<()> {
+        let rpc = self.listener_of(segment, "send a probe").await?;
+        send_probe(&rpc.ip_or_host_name, rpc.rpc_port).await
     }
 
     fn drain_notifications(&self) -> Vec<Notification> {

@@ -82,6 +82,8 @@ _PROTOTYPES = {
     "ferry_batch_failed_blocks": (c_int32, [c_uint64, POINTER(c_uint32), c_size_t, POINTER(c_size_t)]),
     "ferry_transfer_sync": (c_int32, [c_uint64, POINTER(TransferRequest), c_size_t, c_uint64]),
     "ferry_notify": (c_int32, [c_uint64, c_char_p, c_char_p]),
+    "ferry_notify_as": (c_int32, [c_uint64, c_char_p, c_char_p, c_char_p]),
+    "ferry_probe": (c_int32, [c_uint64, c_char_p]),
     "ferry_drain_notifications": (c_int32, [c_uint64, NotificationFn, c_void_p, POINTER(c_size_t)]),
     "ferry_kv_layout_register": (
         c_int32,

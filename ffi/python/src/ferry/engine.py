@@ -33,8 +33,14 @@ from .errors import (
     E_INVALID_ARGUMENT,
     E_NOT_FOUND,
     E_OUT_OF_BOUNDS,
+    E_PEER_UNREACHABLE,
     E_SHUTDOWN,
     E_TIMEOUT,
+    E_UNSUPPORTED,
+    MC_ERR_INVALID_ARGUMENT,
+    MC_ERR_METADATA,
+    MC_ERR_NOT_IMPLEMENTED,
+    MC_ERR_SOCKET,
     OK,
     FerryError,
     code_name,
@@ -67,9 +73,9 @@ Write = TransferOpcode.Write
 class TransferNotify:
     """A notification (``mooncake.engine.TransferNotify``): ``name`` and ``msg``.
 
-    Received notifications carry the sender's segment name in ``name`` (Ferry's wire format
-    fills it in); for an outgoing one only ``msg`` is sent. ``notify_msg`` is an alias of
-    ``msg`` (the field's name on the wire).
+    Both travel as given, as in Mooncake: the receiver's ``get_notifies`` sees the ``name`` the
+    sender put here (:meth:`TransferEngine.notify`, the Pythonic call, sends the sender's segment
+    name). ``notify_msg`` is an alias of ``msg`` (the field's name on the wire).
     """
 
     __slots__ = ("name", "msg")
@@ -172,6 +178,10 @@ _libc.munmap.restype = ctypes.c_int
 _libc.munmap.argtypes = [c_void_p, c_size_t]
 _MAP_FAILED = ctypes.c_void_p(-1).value
 
+_BOUNDS_WARNINGS = 8
+"""Transfers refused for unregistered (or out-of-range) memory that are logged at WARNING per
+engine; later ones are logged at DEBUG."""
+
 
 class TransferEngine:
     """Ferry's transfer engine with the interface of ``mooncake.engine.TransferEngine``.
@@ -194,6 +204,7 @@ class TransferEngine:
         self._managed: Dict[int, int] = {}
         self._layouts: Dict[int, RegisteredKvLayout] = {}
         self._tls = threading.local()
+        self._bounds_warnings = 0
 
     # --- lifetime ----------------------------------------------------------------------------
 
@@ -301,6 +312,13 @@ class TransferEngine:
     def _initialize(
         self, local_hostname: str, metadata_server: str, protocol: str, device_name: str, metadata_type: Optional[str]
     ) -> int:
+        if self._handle:
+            # A second initialize replaces the engine, as in Mooncake: the old one is destroyed
+            # first (so a store-published name is free again). Managed buffers stay mapped and
+            # are registered with the new engine; regions of register_memory are not (Mooncake's
+            # new engine does not know them either).
+            _log.info("initialize on an initialized engine: replacing %r", self)
+            self._close(keep_managed=True)
         config: Dict[str, Any] = {}
         if local_hostname.strip():
             config["local_hostname"] = local_hostname.strip()
@@ -314,19 +332,36 @@ class TransferEngine:
         timeout = _mooncake_timeout_ms()
         if timeout is not None:
             config["transfer_timeout_ms"] = timeout
-        return -1 if self._create(json.dumps(config)) != OK else 0
+        if self._create(json.dumps(config)) != OK:
+            return -1
+        self._adopt_managed()
+        return 0
+
+    def _adopt_managed(self) -> None:
+        """Registers the managed buffers kept from a replaced engine with the new one."""
+        with self._lock:
+            managed = list(self._managed.items())
+        for addr, size in managed:
+            rc = _capi.lib.ferry_register_memory(self._handle, addr, size, b"*")
+            if rc != OK:
+                self._fail(rc, "initialize (managed buffer)")
+                _log.warning("managed buffer %#x could not be registered with the new engine: %s", addr, self.last_error())
 
     def close(self) -> None:
         """Destroys the engine: pending batches are cancelled and freed, registrations dropped,
         managed buffers unmapped. Idempotent."""
+        self._close(keep_managed=False)
+
+    def _close(self, keep_managed: bool) -> None:
         with self._lock:
             handle, self._handle = self._handle, 0
             pending = list(self._pending.values())
-            managed = list(self._managed.items())
+            managed = [] if keep_managed else list(self._managed.items())
             self._pending.clear()
             self._segments.clear()
             self._regions.clear()
-            self._managed.clear()
+            if not keep_managed:
+                self._managed.clear()
             self._layouts.clear()
         for batch in pending:
             if batch:
@@ -340,7 +375,8 @@ class TransferEngine:
                     # could let them write into freed pages. Leak it instead.
                     _log.warning("leaking %d managed buffer(s) still in use by transfers", len(managed))
                     return
-        # After the engine is gone no transfer can touch the managed buffers any more.
+        # After the engine is gone no transfer can touch the managed buffers any more (with
+        # keep_managed they stay mapped for the engine that replaces this one).
         for addr, length in managed:
             _libc.munmap(addr, length)
 
@@ -373,7 +409,14 @@ class TransferEngine:
         if not text:
             text = f"failed with {code_name(code)}"
         self._tls.error = (code, f"{what}: {text}")
-        _log.debug("%s failed (%s): %s", what, code_name(code), text)
+        if code == E_OUT_OF_BOUNDS and "transfer" in what and self._bounds_warnings < _BOUNDS_WARNINGS:
+            # Unregistered local memory is a set-up mistake that Mooncake's TCP path hides and
+            # callers such as SGLang only debug-log at registration: say it loudly (the first few
+            # times per engine; later ones at debug level).
+            self._bounds_warnings += 1
+            _log.warning("%s failed: %s", what, text)
+        else:
+            _log.debug("%s failed (%s): %s", what, code_name(code), text)
         return code
 
     def _error(self, code: int) -> FerryError:
@@ -420,6 +463,46 @@ class TransferEngine:
             self._fail(rc, "get_rpc_port")
             return -1
         return port.value
+
+    def get_engine_ptr(self) -> int:
+        """The C API handle of this engine (``FerryEngine``, for ``ferry_*`` calls from C or
+        another binding in this process), or 0 when it is not initialized. Mooncake returns the
+        address of its C++ ``TransferEngine``; no Ferry object lives at such an address, so the
+        handle (a table index that cannot be dereferenced) is what is returned instead."""
+        return self._handle
+
+    def get_local_topology(self, device_name: Optional[str] = None) -> str:
+        """What this engine sees, as JSON text in Mooncake's topology format: every host memory
+        location (``cpu:<numa node>``) mapped to ``[preferred NICs, other NICs]``. Ferry has no
+        RDMA transport, so both lists are empty, as Mooncake reports on a host without RDMA
+        NICs. ``device_name`` (Mooncake's NIC filter) is accepted and changes nothing."""
+        if device_name is not None:
+            _text(device_name, "device_name")
+        return json.dumps({loc: [[], []] for loc in _numa_locations()}, indent=1)
+
+    def send_probe(self, peer_server_name: str) -> int:
+        """Checks that the engine owning segment ``peer_server_name`` is alive: a Probe frame to
+        its handshake listener, answered within 10 s (Mooncake's ``send_probe``). Returns 0, or
+        Mooncake's code: -200 no such segment in the metadata, -102 its listener did not answer,
+        -303 the in-process metadata (no control channel), -1 otherwise."""
+        name = _text(peer_server_name, "peer_server_name")
+        handle = self._live("send_probe")
+        if not handle:
+            return -1
+        if not name:
+            self._fail(E_INVALID_ARGUMENT, "send_probe", "peer_server_name is empty")
+            return MC_ERR_INVALID_ARGUMENT
+        rc = _capi.lib.ferry_probe(handle, name.encode("utf-8"))
+        if rc == OK:
+            return 0
+        self._fail(rc, "send_probe")
+        return _PROBE_CODES.get(rc, MC_ERR_INVALID_ARGUMENT)
+
+    def warmup_efa_segment(self, segment_name: str) -> int:
+        """Mooncake's EFA connection warm-up: Ferry has no EFA transport, so there is nothing to
+        warm up and it returns 0, as Mooncake does when its EFA transport is not installed."""
+        _text(segment_name, "segment_name")
+        return 0
 
     def get_first_buffer_address(self, segment_name: str) -> int:
         """The address of the first buffer ``segment_name``'s descriptor lists: its first
@@ -675,7 +758,9 @@ class TransferEngine:
                 self._fail(rc, what)
                 return -1
         if notify is not None:
-            rc = _capi.lib.ferry_notify(handle, target.encode("utf-8"), notify.msg.encode("utf-8"))
+            rc = _capi.lib.ferry_notify_as(
+                handle, target.encode("utf-8"), notify.name.encode("utf-8"), notify.msg.encode("utf-8")
+            )
             if rc != OK:
                 self._fail(rc, f"{what} (notification)")
                 return -1
@@ -844,8 +929,8 @@ class TransferEngine:
     def transfer_submit_write(
         self, target_hostname: str, buffer: int, peer_buffer_address: int, length: int, transport_hint: str = ""
     ) -> int:
-        """Starts one write. Returns its batch id (for :meth:`transfer_check_status`), or -1 on
-        failure."""
+        """Starts one write. Returns its batch id (for :meth:`transfer_check_status`), or 0 on
+        failure (Mooncake's documented failure sentinel for every async submit)."""
         target = _text(target_hostname, "target_hostname")
         triple = (
             check_int(buffer, "buffer"),
@@ -853,8 +938,7 @@ class TransferEngine:
             check_int(length, "length"),
         )
         _hint(transport_hint)
-        batch_id = self._submit("transfer_submit_write", target, _capi.OPCODE_WRITE, [triple])
-        return batch_id if batch_id else -1
+        return self._submit("transfer_submit_write", target, _capi.OPCODE_WRITE, [triple])
 
     def transfer_check_status(self, batch_id: int) -> int:
         """Polls a batch without blocking: 1 completed, 0 still in progress, -1 failed, -2
@@ -922,8 +1006,8 @@ class TransferEngine:
     # --- notifications -----------------------------------------------------------------------
 
     def get_notifies(self) -> List[TransferNotify]:
-        """Takes the notifications received so far, oldest first. ``name`` is the sender's
-        segment name, ``msg`` the message."""
+        """Takes the notifications received so far, oldest first: ``name`` as the sender set it
+        (a Ferry sender's :meth:`notify` sets its segment name), ``msg`` the message."""
         handle = self._live("get_notifies")
         if not handle:
             return []
@@ -1088,3 +1172,24 @@ def _release_batch(handle: int) -> None:
     if _capi.lib.ferry_batch_free(handle) != OK:
         _capi.lib.ferry_batch_cancel(handle)
         _capi.lib.ferry_batch_free(handle)
+
+
+_PROBE_CODES = {
+    E_NOT_FOUND: MC_ERR_METADATA,
+    E_PEER_UNREACHABLE: MC_ERR_SOCKET,
+    E_TIMEOUT: MC_ERR_SOCKET,
+    E_UNSUPPORTED: MC_ERR_NOT_IMPLEMENTED,
+}
+"""Mooncake's ``send_probe`` codes for Ferry's errors (others: -1)."""
+
+
+def _numa_locations() -> List[str]:
+    """``cpu:<n>`` for every NUMA node of this host (``["cpu:0"]`` when sysfs does not say)."""
+    nodes = []
+    try:
+        for entry in os.listdir("/sys/devices/system/node"):
+            if entry.startswith("node") and entry[4:].isdigit():
+                nodes.append(int(entry[4:]))
+    except OSError:
+        pass
+    return [f"cpu:{n}" for n in sorted(nodes)] or ["cpu:0"]
