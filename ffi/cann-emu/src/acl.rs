@@ -595,7 +595,7 @@ fn map_id(name: &'static str, id: i32, what: &str, answer: *mut i32, map: fn(i32
     )
 }
 
-/// Physical id of user device `user_dev_id` (107001 when out of range). CITE:rule4_phy_user
+/// Physical id of user device `user_dev_id` (107001 when out of range). (runtime `device.cpp` l.515-578; docs/ascend.md rule 4)
 ///
 /// # Safety
 /// `phy_dev_id` is NULL or valid for writing an `int32_t`.
@@ -605,7 +605,7 @@ pub unsafe extern "C" fn aclrtGetPhyDevIdByUserDevId(user_dev_id: i32, phy_dev_i
 }
 
 /// Physical id of a device; as CANN documents it, the argument is the *user* id (the id
-/// `aclrtSetDevice` takes), whatever its name says. CITE:rule4_phy_logic
+/// `aclrtSetDevice` takes), whatever its name says. (runtime `04_device_management.md`: the argument "实际为userDevId"; docs/ascend.md rule 4)
 ///
 /// # Safety
 /// `phy_dev_id` is NULL or valid for writing an `int32_t`.
@@ -615,7 +615,7 @@ pub unsafe extern "C" fn aclrtGetPhyDevIdByLogicDevId(logic_dev_id: i32, phy_dev
 }
 
 /// Logical id (the entry of `ASCEND_RT_VISIBLE_DEVICES`) of user device `user_dev_id`.
-/// CITE:rule4_logic_user
+/// (runtime `acl_rt.h` l.5113-5163; docs/ascend.md rule 4)
 ///
 /// # Safety
 /// `logic_dev_id` is NULL or valid for writing an `int32_t`.

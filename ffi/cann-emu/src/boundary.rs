@@ -161,7 +161,7 @@ fn finish(name: &str, args: Option<String>, result: EmuResult<()>) -> i32 {
 }
 
 /// HCCL calls that change unlocked process globals and so must never run at the same time in
-/// one process. CITE:rule1
+/// one process. HCOMM `op_base.cc` writes the one-sided globals without a lock in init; HIXL `comm_channel.cc` l.29-31 serialises init because "the underlying hccl library does not support parallel HcclCommInitClusterInfoMemConfig calls" (docs/ascend.md, rule 1).
 pub(crate) const LIFECYCLE_SYMBOLS: &[&str] = &["HcclCommInitClusterInfoMemConfig", "HcclCommDestroy"];
 
 static LIFECYCLE: Mutex<Option<&'static str>> = Mutex::new(None);

@@ -165,7 +165,7 @@ fn load() -> Config {
         Err(_) => (0..physical_devices).collect(),
     };
     // The variable lists logical ids, checked against the number of cards the process can see
-    // (the mounted ones) (CITE:rule4).
+    // (the mounted ones) (runtime `runtime.cc` `GetVisibleDevices`; docs/ascend.md rule 4).
     let logical_count = mounted.len() as u32;
     let visible_logical = match std::env::var("ASCEND_RT_VISIBLE_DEVICES") {
         Ok(v) => parse_visible_devices(&v, logical_count),

@@ -175,7 +175,7 @@ pub unsafe extern "C" fn HcclCommDestroy(comm: HcclComm) -> i32 {
         || format!("{comm:p}"),
         || {
             let c = lookup(comm)?;
-            // A one-sided communicator with memory still bound is refused and kept (CITE:rule2_destroy).
+            // A one-sided communicator with memory still bound is refused and kept (HCOMM `hccl_one_sided_service.cc` `DeInit`, docs/ascend.md rule 2).
             #[cfg(feature = "onesided")]
             if let Some(os) = &c.one_sided
                 && os.has_bound()

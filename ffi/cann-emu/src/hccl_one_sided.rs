@@ -80,7 +80,7 @@ impl GlobalMem {
         addr < self.addr + self.size && self.addr < addr + size
     }
 
-    /// Whether Prepare can register this memory with the device (CITE:rule5): device memory
+    /// Whether Prepare can register this memory with the device (HCOMM `mem_mapping_manager_host.cc` l.15-39; HIXL RegisterMem doc; docs/ascend.md rule 5): device memory
     /// must be emulated device memory of the communicator's device; host memory must come from
     /// `aclrtMallocHost` (Prepare hands it to `aclrtHostRegister`, which refuses anything else).
     fn check_registrable(&self, name: &str, user_id: u32) -> EmuResult<()> {
@@ -117,9 +117,9 @@ impl GlobalMem {
 }
 
 /// What `HcclCommPrepare` returns when bound memory cannot be registered with the device or
-/// exchanged with a peer (CITE:prepare_code).
+/// exchanged with a peer (`aclrtHostRegister failed` → `HCCL_E_RUNTIME`, HCOMM `mem_mapping_manager_host.cc`; IPC alignment, `adapter_rts.cc` l.1257-1284; docs/ascend.md rules 5 and 6).
 const PREPARE_REGISTER_FAILED: i32 = HCCL_E_RUNTIME;
-/// Alignment HCCS IPC needs of device memory shared with a rank on the same server (CITE:rule6).
+/// Alignment HCCS IPC needs of device memory shared with a rank on the same server (HIXL `CacheManager.md` l.179, `HIXL-interface.md` l.430; docs/ascend.md rule 6).
 pub const IPC_ALIGNMENT: usize = 2 << 20;
 
 static MEMS: LazyLock<Mutex<HashMap<u64, Arc<GlobalMem>>>> = LazyLock::new(Default::default);
@@ -173,7 +173,7 @@ impl Peer {
 pub(crate) struct OneSided {
     bound: RwLock<Vec<Arc<GlobalMem>>>,
     /// What Prepare registered and exchanged (set once, by the first successful Prepare):
-    /// only this memory is reachable, locally and by the peers (CITE:rule3).
+    /// only this memory is reachable, locally and by the peers (HCOMM `hccl_one_sided_service.cc` `Prepare`/`BindMem`; docs/ascend.md rule 3).
     exported: RwLock<Option<Vec<Arc<GlobalMem>>>>,
     /// Whether a Prepare of this communicator succeeded (later calls are no-ops).
     prepared: AtomicBool,
@@ -309,7 +309,7 @@ pub unsafe extern "C" fn HcclRegisterGlobalMem(mem: *const CommMem, mem_handle: 
                 return Err(err(HCCL_E_PARA, format!("HcclRegisterGlobalMem: unknown memory type {}", m.mem_type)));
             }
             // Only recorded here: whether the device can use the memory is found out by
-            // HcclCommPrepare (CITE:rule2_register). The same range again is the same handle;
+            // HcclCommPrepare (HCOMM `global_mem_manager.cc` `CheckOverlapAndInsert`; docs/ascend.md rule 2). The same range again is the same handle;
             // a different range overlapping a registered one is refused.
             let mut mems = lock(&MEMS);
             if let Some(same) = mems.values().find(|g| g.addr == addr && g.size == size && g.mem_type == m.mem_type) {
@@ -356,7 +356,7 @@ pub unsafe extern "C" fn HcclDeregisterGlobalMem(mem_handle: *mut c_void) -> i32
         || {
             let m = lookup_mem(mem_handle)?;
             let mut st = lock(&m.state);
-            // CITE:rule2_dereg
+            // HCOMM `global_mem_manager.cc` `DeReg`: "still bound to comm(s)" → HCCL_E_PARA (docs/ascend.md rule 2)
             if !st.bound.is_empty() {
                 return Err(err(
                     HCCL_E_PARA,
@@ -499,7 +499,7 @@ fn io_error(name: &str, peer: u32, e: &std::io::Error) -> EmuError {
 }
 
 /// Prepare's checks of what it registers with the device and the NIC, and of the rank table,
-/// before any exchange (CITE:rule5, CITE:rule6, CITE:rule8).
+/// before any exchange (HCOMM `mem_mapping_manager_host.cc` l.15-39; HIXL RegisterMem doc; docs/ascend.md rule 5, HIXL `CacheManager.md` l.179, `HIXL-interface.md` l.430; docs/ascend.md rule 6, HIXL `rank_table_generator.cc`; docs/ascend.md rule 8).
 fn check_prepare(c: &Comm, os: &OneSided) -> EmuResult<Vec<Arc<GlobalMem>>> {
     const NAME: &str = "HcclCommPrepare";
     let bound = read(&os.bound).clone();
@@ -561,7 +561,7 @@ pub(crate) fn is_a3(soc: &str) -> bool {
 fn prepare(c: &Comm, os: &OneSided, timeout: Duration) -> EmuResult<()> {
     const NAME: &str = "HcclCommPrepare";
     if os.prepared.load(Ordering::Acquire) {
-        // Prepared once already: the exchange is not repeated (CITE:rule3).
+        // Prepared once already: the exchange is not repeated (HCOMM `hccl_one_sided_service.cc` `Prepare`/`BindMem`; docs/ascend.md rule 3).
         debug(|| format!("{NAME}: communicator key {:#x} rank {} is already prepared; nothing to do", c.key, c.rank));
         return Ok(());
     }
@@ -886,7 +886,7 @@ fn batch(
                 ));
             }
             if !os.reachable_in(&bound, d.local, d.len) {
-                // Bound after Prepare: never registered with the NIC (CITE:rule3).
+                // Bound after Prepare: never registered with the NIC (HCOMM `hccl_one_sided_service.cc` `Prepare`/`BindMem`; docs/ascend.md rule 3).
                 return Err(err(
                     HCCL_E_INTERNAL,
                     format!(
@@ -898,7 +898,7 @@ fn batch(
             }
         }
     }
-    // Only what the peer exchanged at Prepare is known here; it is never asked again (CITE:rule3).
+    // Only what the peer exchanged at Prepare is known here; it is never asked again (HCOMM `hccl_one_sided_service.cc` `Prepare`/`BindMem`; docs/ascend.md rule 3).
     if let Some((i, d)) = descs.iter().enumerate().find(|(_, d)| !peer.covers(d.remote, d.len)) {
         return Err(err(
             HCCL_E_INTERNAL,

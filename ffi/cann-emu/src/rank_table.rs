@@ -94,7 +94,7 @@ pub(crate) fn parse(json: &str) -> Result<RankTable, String> {
     for (si, server) in servers.iter().enumerate() {
         let at = format!("server_list[{si}]");
         let server_id = string_field(server, "server_id", &at)?.to_string();
-        // CITE:rule7
+        // HCOMM `topoinfo_ranktableConcise.cc` `GetSingleServer`, `hccl_ip_address.cc`: a host name is "invalid IPv4 address" → HCCL_E_PARA (docs/ascend.md rule 7).
         if server.get("host_ip").is_some() {
             let host_ip = string_field(server, "host_ip", &at)?;
             host_ip.parse::<IpAddr>().map_err(|_| {

@@ -158,7 +158,7 @@ pub const CURRENT_DEVICE_RESOLVER_NAME: &str = "current_device";
 /// cards, has set one and exports no `LOCAL_RANK` starts on the card it set.
 ///
 /// ACL's current device is per thread, so the link reads it when the chain is built
-/// ([`CurrentDeviceResolverFactory::create`] runs on the thread that builds the engine: the
+/// (the [`CurrentDeviceResolverFactory`] creates it on the thread that builds the engine: the
 /// caller of `build_blocking`, the C API's and Python's `initialize`, or the task polling
 /// `build().await`). A thread with no device set, or a process without CANN, answers nothing.
 #[derive(Debug, Clone)]
