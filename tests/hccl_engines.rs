@@ -68,8 +68,13 @@ fn run_child(test: &str, net: u8, env: &[(&str, &str)]) -> String {
 
 /// An engine on emulated card `card` (user id = physical id: no visible-devices filter).
 fn engine(rt: &tokio::runtime::Runtime, card: u32) -> TransferEngine {
+    engine_on(rt, "127.0.0.1", card)
+}
+
+/// An engine of host `host` (a loopback address: another "server" than 127.0.0.1).
+fn engine_on(rt: &tokio::runtime::Runtime, host: &str, card: u32) -> TransferEngine {
     let mut cfg = Config::from_json_str(
-        r#"{"local_hostname": "127.0.0.1", "metadata_server": "P2PHANDSHAKE", "protocol": "ascend"}"#,
+        &format!(r#"{{"local_hostname": "{host}", "metadata_server": "P2PHANDSHAKE", "protocol": "ascend"}}"#),
         None,
     )
     .unwrap();
@@ -383,5 +388,34 @@ fn a_failure_with_work_in_flight_aborts_waits_then_tears_down() {
         assert!(Instant::now() < deadline, "still busy after 15 s: {e}");
         std::thread::sleep(Duration::from_millis(50));
     }
+    shutdown(&rt, vec![a, b]);
+}
+
+/// 2.6: on Atlas A3 (`aclrtGetSocName` = `Ascend910_93xx`) engines on different servers build a
+/// v1.2 rank table with each device's super-pod ids (`aclrtGetDeviceInfo`), which HCCL needs
+/// between A3 servers; the ids are published in `rank_info`.
+#[test]
+fn atlas_a3_servers_use_v12_rank_tables() {
+    const NAME: &str = "atlas_a3_servers_use_v12_rank_tables";
+    let env = [("FERRY_CANN_EMU_SOC", "Ascend910_9391"), ("FERRY_CANN_EMU_SUPER_DEVICE_BASE", "33554432")];
+    if !in_child(NAME, 49, &env) {
+        return;
+    }
+    let rt = runtime();
+    let lib = Library::load().unwrap();
+    // Two servers: 127.0.0.1 and 127.0.0.2 (cross-server rules: RoCE, and v1.2 on A3).
+    let (a, b) = (engine_on(&rt, "127.0.0.1", 4), engine_on(&rt, "127.0.0.2", 5));
+    let info = b.local_descriptor().rank_info.unwrap();
+    assert_eq!(info.super_device_id.as_deref(), Some("33554437"), "{info:?}");
+    assert_eq!(info.super_pod_id.as_deref(), Some("0"));
+    let (_da, ma) = device_region(&lib, 4, 1);
+    let (_db, mb) = device_region(&lib, 5, 2);
+    register(&rt, &a, ma.addr(), REGION, Location::Npu(4));
+    register(&rt, &b, mb.addr(), REGION, Location::Npu(5));
+    read(&rt, &a, &b, ma.addr(), mb.addr() + 4096, 4096);
+    let mut got = vec![0u8; 4096];
+    ma.read(0, &mut got).unwrap();
+    assert_eq!(got, pattern(2, REGION as usize)[4096..8192]);
+    assert_eq!(stats().failed_attempts, 0, "{:?}", stats());
     shutdown(&rt, vec![a, b]);
 }

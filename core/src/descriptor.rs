@@ -71,6 +71,13 @@ pub struct RankInfo {
     /// Owning process id.
     #[serde(default)]
     pub pid: u64,
+    /// Atlas A3 only: the device's id within its super pod (Ferry's extension; a v1.2 rank
+    /// table between servers needs it). Absent elsewhere.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub super_device_id: Option<String>,
+    /// Atlas A3 only: the device's super pod (Ferry's extension, as `super_device_id`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub super_pod_id: Option<String>,
     /// Fields this version does not know.
     #[serde(flatten, skip_deserializing)]
     pub extra: Map<String, Value>,

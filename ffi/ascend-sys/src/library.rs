@@ -76,6 +76,7 @@ pub(crate) struct OptionalFns {
     pub(crate) pointer_attributes: Option<raw::AclrtPointerGetAttributes>,
     pub(crate) logic_by_user: Option<raw::AclrtGetPhyDevId>,
     pub(crate) malloc_host: Option<raw::AclrtMallocHost>,
+    pub(crate) device_info: Option<raw::AclrtGetDeviceInfo>,
     pub(crate) free_host: Option<raw::AclrtFree>,
     pub(crate) recent_err_msg: Option<raw::AclGetText>,
     pub(crate) soc_name: Option<raw::AclGetText>,
@@ -118,6 +119,7 @@ const OPTIONAL_ACL: &[&str] = &[
     "aclrtGetLogicDevIdByUserDevId",
     "aclrtMallocHost",
     "aclrtFreeHost",
+    "aclrtGetDeviceInfo",
     "aclGetRecentErrMsg",
     "aclrtGetSocName",
     "aclrtGetVersion",
@@ -315,6 +317,7 @@ impl Library {
             pointer_attributes: acl_opt!("aclrtPointerGetAttributes"),
             logic_by_user: acl_opt!("aclrtGetLogicDevIdByUserDevId"),
             malloc_host: acl_opt!("aclrtMallocHost"),
+            device_info: acl_opt!("aclrtGetDeviceInfo"),
             free_host: acl_opt!("aclrtFreeHost"),
             recent_err_msg: acl_opt!("aclGetRecentErrMsg"),
             soc_name: acl_opt!("aclrtGetSocName"),
@@ -435,6 +438,27 @@ impl Library {
         let code = unsafe { f(id, &mut logic) };
         self.acl_check("aclrtGetLogicDevIdByUserDevId", code)?;
         Ok(u32::try_from(logic).ok())
+    }
+
+    /// Whether this is an Atlas A3 part (`aclrtGetSocName` answers `Ascend910_93xx`, the SoCs
+    /// HIXL builds v1.2 rank tables for: `rank_table_generator.cc` l.65-80).
+    pub fn is_atlas_a3(&self) -> bool {
+        self.soc_name().is_some_and(|s| s.starts_with("Ascend910_93"))
+    }
+
+    /// User device `user_id`'s Atlas A3 super-pod device id and super pod id
+    /// (`aclrtGetDeviceInfo` with `ACL_DEV_ATTR_SUPER_POD_DEVICE_ID`, `ACL_DEV_ATTR_SUPER_POD_ID`,
+    /// as HIXL's v1.2 rank-table generator reads them). `None` when the release lacks the call.
+    pub fn super_pod_ids(&self, user_id: u32) -> Result<Option<(i64, i64)>> {
+        self.ensure_initialized()?;
+        let Some(f) = self.opt.device_info else { return Ok(None) };
+        let read = |attr: i32| {
+            let mut v = 0i64;
+            // SAFETY: `v` is a valid out-pointer for the call's duration.
+            let code = unsafe { f(user_id, attr, &mut v) };
+            self.acl_check("aclrtGetDeviceInfo", code).map(|()| v)
+        };
+        Ok(Some((read(raw::dev_attr::SUPER_POD_DEVICE_ID)?, read(raw::dev_attr::SUPER_POD_ID)?)))
     }
 
     /// The calling thread's current device as a user id (`aclrtGetDevice`): what vLLM and

@@ -184,6 +184,15 @@ pub type AclrtGetPhyDevId = unsafe extern "C" fn(id: i32, phy: *mut i32) -> AclE
 /// `aclrtPointerGetAttributes`.
 pub type AclrtPointerGetAttributes =
     unsafe extern "C" fn(ptr: *const c_void, attr: *mut AclrtPtrAttributes) -> AclError;
+/// `aclrtGetDeviceInfo(deviceId, attr, value)`.
+pub type AclrtGetDeviceInfo = unsafe extern "C" fn(device_id: u32, attr: c_int, value: *mut i64) -> AclError;
+/// `aclrtDevAttr` values Ferry reads (runtime `acl_rt.h` l.683-686).
+pub mod dev_attr {
+    /// `ACL_DEV_ATTR_SUPER_POD_DEVICE_ID`: the device's id within its Atlas A3 super pod.
+    pub const SUPER_POD_DEVICE_ID: i32 = 403;
+    /// `ACL_DEV_ATTR_SUPER_POD_ID`: the device's Atlas A3 super pod.
+    pub const SUPER_POD_ID: i32 = 405;
+}
 /// `aclrtGetVersion`.
 pub type AclrtGetVersion = unsafe extern "C" fn(major: *mut i32, minor: *mut i32, patch: *mut i32) -> AclError;
 /// `aclGetRecentErrMsg` / `aclrtGetSocName`.

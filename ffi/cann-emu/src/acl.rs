@@ -470,6 +470,55 @@ pub unsafe extern "C" fn aclrtSynchronizeStreamWithTimeout(stream: AclrtStream, 
     )
 }
 
+/// `aclrtDevAttr` `ACL_DEV_ATTR_SUPER_POD_DEVICE_ID`: the device's id within its Atlas A3 super
+/// pod (runtime `acl_rt.h` l.683-686).
+pub const ACL_DEV_ATTR_SUPER_POD_DEVICE_ID: i32 = 403;
+/// `aclrtDevAttr` `ACL_DEV_ATTR_SUPER_POD_ID`: the Atlas A3 super pod of the device.
+pub const ACL_DEV_ATTR_SUPER_POD_ID: i32 = 405;
+
+/// A device attribute of user device `device_id`. The emulator answers the Atlas A3 super-pod
+/// attributes HIXL's v1.2 rank tables need: `ACL_DEV_ATTR_SUPER_POD_DEVICE_ID` (403) is
+/// `FERRY_CANN_EMU_SUPER_DEVICE_BASE` (default 0) plus the physical id, `ACL_DEV_ATTR_SUPER_POD_ID`
+/// (405) is `FERRY_CANN_EMU_SUPER_POD` (default 0); on a SoC that is not an A3 part, and for
+/// other attributes, `ACL_ERROR_FEATURE_UNSUPPORTED` (207000).
+///
+/// # Safety
+/// `value` is NULL or valid for writing an `int64_t`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn aclrtGetDeviceInfo(device_id: u32, attr: i32, value: *mut i64) -> i32 {
+    entry(
+        Api::Acl,
+        "aclrtGetDeviceInfo",
+        || format!("{device_id}, {attr}, {value:p}"),
+        || {
+            if value.is_null() {
+                return Err(null("value"));
+            }
+            let physical = device::physical_id(i32::try_from(device_id).unwrap_or(i32::MAX))?;
+            let cfg = config();
+            let v = match attr {
+                _ if !crate::config::is_a3(&cfg.soc_name) => {
+                    return Err(err(
+                        ACL_ERROR_FEATURE_UNSUPPORTED,
+                        format!("aclrtGetDeviceInfo: attribute {attr} is not supported on {}", cfg.soc_name),
+                    ));
+                }
+                ACL_DEV_ATTR_SUPER_POD_DEVICE_ID => cfg.super_device_base + i64::from(physical),
+                ACL_DEV_ATTR_SUPER_POD_ID => cfg.super_pod,
+                _ => {
+                    return Err(err(
+                        ACL_ERROR_FEATURE_UNSUPPORTED,
+                        format!("aclrtGetDeviceInfo: the emulator does not model attribute {attr}"),
+                    ));
+                }
+            };
+            // SAFETY: non-null, valid per this function's contract.
+            unsafe { out(value, v) };
+            Ok(())
+        },
+    )
+}
+
 /// Aborts the work on `stream` (NULL = the default stream): queued operations are discarded, the
 /// running one is waited for; the next synchronize returns `ACL_ERROR_RT_STREAM_ABORT` (107023).
 ///

@@ -23,6 +23,8 @@ pub const ACL_ERROR_RT_CONTEXT_NULL: i32 = 107002;
 pub const ACL_ERROR_RT_STREAM_CONTEXT: i32 = 107003;
 /// Runtime: a queued operation waited longer than `HCCL_EXEC_TIMEOUT` for its peer.
 pub const ACL_ERROR_RT_TASK_TIMEOUT: i32 = 107020;
+/// `ACL_ERROR_FEATURE_UNSUPPORTED`: the call or attribute is not supported here.
+pub const ACL_ERROR_FEATURE_UNSUPPORTED: i32 = 207000;
 /// `ACL_ERROR_RT_NO_DEVICE`: no device visible (also an invalid `ASCEND_RT_VISIBLE_DEVICES`).
 pub const ACL_ERROR_RT_NO_DEVICE: i32 = 207004;
 /// `ACL_ERROR_RT_STREAM_ABORT`: the stream's tasks were aborted (`aclrtStreamAbort`).

@@ -46,6 +46,10 @@ pub(crate) struct Config {
     pub(crate) soc_name: String,
     /// `HCCL_INTRA_ROCE_ENABLE=1`: ranks of one server talk over RoCE, not HCCS IPC.
     pub(crate) intra_roce: bool,
+    /// `FERRY_CANN_EMU_SUPER_POD`: the Atlas A3 super pod id `aclrtGetDeviceInfo` answers.
+    pub(crate) super_pod: i64,
+    /// `FERRY_CANN_EMU_SUPER_DEVICE_BASE`: added to the physical id for the super-pod device id.
+    pub(crate) super_device_base: i64,
     /// `HCCL_CONNECT_TIMEOUT`.
     pub(crate) connect_timeout: Duration,
     /// `HCCL_EXEC_TIMEOUT`.
@@ -124,6 +128,22 @@ pub fn parse_mounted(value: &str, physical: u32) -> Result<Vec<u32>, String> {
     Ok(out)
 }
 
+/// Whether a SoC name is an Atlas A3 part (`Ascend910_93xx`; HIXL `rank_table_generator.cc`
+/// l.65-80 lists `Ascend910_9391/9381/9392/9382/9372/9362`).
+pub(crate) fn is_a3(soc: &str) -> bool {
+    soc.starts_with("Ascend910_93")
+}
+
+fn number_var(name: &str) -> i64 {
+    match std::env::var(name) {
+        Ok(v) => v.trim().parse().unwrap_or_else(|_| {
+            warn(&format!("{name}={v:?} is not a whole number; using 0"));
+            0
+        }),
+        Err(_) => 0,
+    }
+}
+
 fn warn(message: &str) {
     eprintln!("[ferry-cann-emu] warning: {message}");
 }
@@ -197,6 +217,8 @@ fn load() -> Config {
         visible,
         soc_name,
         intra_roce: std::env::var("HCCL_INTRA_ROCE_ENABLE").is_ok_and(|v| v.trim() == "1"),
+        super_pod: number_var("FERRY_CANN_EMU_SUPER_POD"),
+        super_device_base: number_var("FERRY_CANN_EMU_SUPER_DEVICE_BASE"),
         connect_timeout: seconds_var("HCCL_CONNECT_TIMEOUT", DEFAULT_CONNECT_TIMEOUT_S),
         exec_timeout: seconds_var("HCCL_EXEC_TIMEOUT", DEFAULT_EXEC_TIMEOUT_S),
         if_ip,

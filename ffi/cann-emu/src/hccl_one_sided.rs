@@ -535,7 +535,7 @@ fn check_prepare(c: &Comm, os: &OneSided) -> EmuResult<Vec<Arc<GlobalMem>>> {
                     ));
                 }
             }
-        } else if is_a3(&cfg.soc_name) && (os.version != "1.2" || !os.super_fields || !p.super_fields) {
+        } else if crate::config::is_a3(&cfg.soc_name) && (os.version != "1.2" || !os.super_fields || !p.super_fields) {
             return Err(err(
                 HCCL_E_PARA,
                 format!(
@@ -551,11 +551,6 @@ fn check_prepare(c: &Comm, os: &OneSided) -> EmuResult<Vec<Arc<GlobalMem>>> {
         }
     }
     Ok(bound)
-}
-
-/// Whether a SoC name is an Atlas A3 part (`Ascend910_93xx`).
-pub(crate) fn is_a3(soc: &str) -> bool {
-    soc.starts_with("Ascend910_93")
 }
 
 fn prepare(c: &Comm, os: &OneSided, timeout: Duration) -> EmuResult<()> {

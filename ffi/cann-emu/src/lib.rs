@@ -32,6 +32,7 @@
 //! | `FERRY_CANN_EMU_MOUNTED` | a container: the physical ids of the cards it mounts, in its logical order (`6,7`: logical 0 is physical 6); unset = bare metal, logical = physical; see [`parse_mounted`] |
 //! | `ASCEND_RT_VISIBLE_DEVICES` | CANN's visible-device list of *logical* ids; see [`parse_visible_devices`] for the rules |
 //! | `FERRY_CANN_EMU_SOC` | what `aclrtGetSocName` answers (default `Ascend910B3`, an Atlas A2; `Ascend910_9391` makes an Atlas A3) |
+//! | `FERRY_CANN_EMU_SUPER_POD`, `FERRY_CANN_EMU_SUPER_DEVICE_BASE` | on an A3 SoC, the super pod id `aclrtGetDeviceInfo` answers, and the base its super-pod device ids start from (the physical id is added); both default 0 |
 //! | `HCCL_INTRA_ROCE_ENABLE` | `1`: ranks on one server use RoCE rules instead of HCCS IPC |
 //! | `FERRY_CANN_EMU_FAIL` | `<symbol>:<n>[:<code>][,...]`: the n-th call (1-based, per process) of `symbol` fails; `n` may be `a-b` (inclusive) or `*` (every call); the code defaults to a plausible one for the symbol (see `faults`) |
 //! | `FERRY_CANN_EMU_DELAY_US` | `<symbol>:<us>[,...]`: each call of `symbol` takes `us` microseconds longer; for the stream-ordered calls (`aclrtMemcpyAsync`, `HcclSend`, `HcclRecv`, `HcclBatchGet`, `HcclBatchPut`) the delay is added to the queued operation, not to the call |
@@ -117,6 +118,7 @@ pub const BASE_SYMBOLS: &[&str] = &[
     "aclrtGetPhyDevIdByLogicDevId",
     "aclrtGetLogicDevIdByUserDevId",
     "aclrtStreamAbort",
+    "aclrtGetDeviceInfo",
     "aclrtPointerGetAttributes",
     "aclrtGetSocName",
     "aclGetRecentErrMsg",

@@ -388,7 +388,12 @@ fn host_ip_must_be_a_literal_address() {
 #[test]
 fn atlas_a3_needs_a_v12_table_across_servers() {
     const NAME: &str = "atlas_a3_needs_a_v12_table_across_servers";
-    if !child(NAME, &[("FERRY_CANN_EMU_SOC", "Ascend910_9391")]) {
+    let env = [
+        ("FERRY_CANN_EMU_SOC", "Ascend910_9391"),
+        ("FERRY_CANN_EMU_SUPER_POD", "7"),
+        ("FERRY_CANN_EMU_SUPER_DEVICE_BASE", "100"),
+    ];
+    if !child(NAME, &env) {
         return;
     }
     let soc = {
@@ -398,6 +403,15 @@ fn atlas_a3_needs_a_v12_table_across_servers() {
         unsafe { std::ffi::CStr::from_ptr(p) }.to_string_lossy().into_owned()
     };
     assert_eq!(soc, "Ascend910_9391");
+    let info = |dev: u32, attr: i32| {
+        let mut v = -1i64;
+        // SAFETY: valid out-parameter.
+        let code = unsafe { aclrtGetDeviceInfo(dev, attr, &mut v) };
+        (code, v)
+    };
+    assert_eq!(info(5, ACL_DEV_ATTR_SUPER_POD_DEVICE_ID), (0, 5 + 100), "base + physical id");
+    assert_eq!(info(5, ACL_DEV_ATTR_SUPER_POD_ID), (0, 7));
+    assert_eq!(info(5, 1).0, ACL_ERROR_FEATURE_UNSUPPORTED);
     let pods = r#","super_pod_list":[{"super_pod_id":"0","server_list":[{"server_id":"s0"},{"server_id":"s1"}]}]"#;
     let v12 = table(
         free_ports(),

@@ -1,4 +1,6 @@
-//! The `hccn_conf` link: a device's NIC IP from `/etc/hccn.conf`.
+//! The `hccn_conf` link: a device's NIC IP from `/etc/hccn.conf` (`address_<phy>`, then
+//! `IPv6address_<phy>`), or from the driver's `hccn_tool` when that file does not exist — the
+//! order of HIXL's `GetDeviceIp` (`src/hixl/common/hixl_utils.cc` l.112-171).
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -10,6 +12,12 @@ use ferry_core::{Error, Identity, IdentityField, ResolveQuery, Result, SegmentRe
 
 /// Where the driver's tool `hccn_tool` writes device network settings.
 pub const DEFAULT_HCCN_CONF: &str = "/etc/hccn.conf";
+/// Where the driver installs `hccn_tool` (else it is looked for on `PATH`).
+pub const DEFAULT_HCCN_TOOL: &str = "/usr/local/Ascend/driver/tools/hccn_tool";
+/// Names the `hccn_tool` to run instead of the driver's (for tests and unusual installs).
+pub const HCCN_TOOL_ENV: &str = "FERRY_HCCN_TOOL";
+/// How long one `hccn_tool` query may take.
+const HCCN_TOOL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// One `address_<phy>=<ip>` line of `hccn.conf`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -25,6 +33,15 @@ pub struct HccnAddress {
 /// `address_` line whose device is not a number or whose value is not an IP, and a device given
 /// twice, are errors naming `file` and the line.
 pub fn parse_hccn_conf(text: &str, file: &str) -> Result<BTreeMap<u32, HccnAddress>> {
+    parse_hccn_keys(text, file, "address_")
+}
+
+/// The `IPv6address_<phy>=<ip>` lines of `hccn.conf`, with the rules of [`parse_hccn_conf`].
+pub fn parse_hccn_conf_v6(text: &str, file: &str) -> Result<BTreeMap<u32, HccnAddress>> {
+    parse_hccn_keys(text, file, "IPv6address_")
+}
+
+fn parse_hccn_keys(text: &str, file: &str, prefix: &str) -> Result<BTreeMap<u32, HccnAddress>> {
     let mut out: BTreeMap<u32, HccnAddress> = BTreeMap::new();
     for (i, raw) in text.lines().enumerate() {
         let line = i + 1;
@@ -34,10 +51,10 @@ pub fn parse_hccn_conf(text: &str, file: &str) -> Result<BTreeMap<u32, HccnAddre
         }
         let Some((key, value)) = trimmed.split_once('=') else { continue };
         let key = key.trim();
-        let Some(dev) = key.strip_prefix("address_") else { continue };
+        let Some(dev) = key.strip_prefix(prefix) else { continue };
         let bad = |msg: String| Error::config(format!("{file} line {line}: {msg}"));
         if dev.is_empty() || !dev.bytes().all(|b| b.is_ascii_digit()) {
-            return Err(bad(format!("key {key:?} is not `address_<N>` with N a physical NPU id")));
+            return Err(bad(format!("key {key:?} is not `{prefix}<N>` with N a physical NPU id")));
         }
         let phy: u32 = dev.parse().map_err(|_| bad(format!("key {key:?}: device id is too large")))?;
         let ip = value.trim();
@@ -53,22 +70,79 @@ pub fn parse_hccn_conf(text: &str, file: &str) -> Result<BTreeMap<u32, HccnAddre
 }
 
 /// The `hccn_conf` link: the device IP of the physical NPU an earlier link resolved, from
-/// `hccn.conf` (`address_<phy>=<ip>`).
+/// `hccn.conf` (`address_<phy>=<ip>`, then `IPv6address_<phy>=<ip>`), or, when the file does
+/// not exist, from `hccn_tool -i <phy> -ip -g` (then `-ip -inet6 -g`), as HIXL finds it.
 ///
 /// Answers only for this process (the file describes this host), and only once the physical
-/// device is known. A missing file at the default path answers nothing; a missing file at a
-/// configured path (config `hccn_conf_path`, `FERRY_HCCN_CONF`) is an error, as is a file with
-/// no line for the device (unless an earlier link already answered the device IP).
+/// device is known. A missing file at the default path falls back to `hccn_tool` (the driver's,
+/// else one on `PATH`, or the one `FERRY_HCCN_TOOL` names), and answers nothing when there is
+/// none; a missing file at a configured path (config `hccn_conf_path`, `FERRY_HCCN_CONF`) is an
+/// error, as is a file with no line for the device (unless an earlier link already answered the
+/// device IP). Errors name all three sources.
 #[derive(Debug, Clone)]
 pub struct HccnConfResolver {
     path: PathBuf,
     configured_by: Option<String>,
+    tool: Option<PathBuf>,
 }
 
 impl Default for HccnConfResolver {
     fn default() -> Self {
-        Self { path: PathBuf::from(DEFAULT_HCCN_CONF), configured_by: None }
+        Self { path: PathBuf::from(DEFAULT_HCCN_CONF), configured_by: None, tool: None }
     }
+}
+
+/// The `hccn_tool` to ask: `FERRY_HCCN_TOOL`, else the driver's, else `hccn_tool` on `PATH`.
+pub fn find_hccn_tool(env: impl Fn(&str) -> Option<String>) -> Option<PathBuf> {
+    if let Some(t) = env(HCCN_TOOL_ENV).filter(|t| !t.is_empty()) {
+        return Some(PathBuf::from(t));
+    }
+    let driver = PathBuf::from(DEFAULT_HCCN_TOOL);
+    if driver.is_file() {
+        return Some(driver);
+    }
+    let path = env("PATH")?;
+    std::env::split_paths(&path).map(|d| d.join("hccn_tool")).find(|p| p.is_file())
+}
+
+/// The device IP `hccn_tool` reports for physical device `phy` (`ipaddr:<ip>` in its output):
+/// IPv4 first, then IPv6. `Ok(None)` when it reports none.
+fn ask_hccn_tool(tool: &std::path::Path, phy: u32) -> std::result::Result<Option<(String, String)>, String> {
+    for query in [&["-ip", "-g"][..], &["-ip", "-inet6", "-g"][..]] {
+        let mut cmd = std::process::Command::new(tool);
+        cmd.arg("-i").arg(phy.to_string()).args(query);
+        cmd.stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        let shown = format!("{} -i {phy} {}", tool.display(), query.join(" "));
+        let mut child = cmd.spawn().map_err(|e| format!("`{shown}` cannot run: {e}"))?;
+        let deadline = std::time::Instant::now() + HCCN_TOOL_TIMEOUT;
+        loop {
+            match child.try_wait() {
+                Ok(Some(_)) => break,
+                Ok(None) if std::time::Instant::now() < deadline => {
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                }
+                Ok(None) => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    return Err(format!("`{shown}` did not answer within {HCCN_TOOL_TIMEOUT:?}"));
+                }
+                Err(e) => return Err(format!("`{shown}`: {e}")),
+            }
+        }
+        let out = child.wait_with_output().map_err(|e| format!("`{shown}`: {e}"))?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        if let Some(ip) = text.lines().find_map(|l| l.trim().strip_prefix("ipaddr:")).map(str::trim)
+            && !ip.is_empty()
+        {
+            if ip.parse::<IpAddr>().is_err() {
+                return Err(format!("`{shown}` answered `ipaddr:{ip}`, which is not an IP address"));
+            }
+            return Ok(Some((ip.to_owned(), shown)));
+        }
+    }
+    Ok(None)
 }
 
 impl HccnConfResolver {
@@ -80,7 +154,13 @@ impl HccnConfResolver {
     /// Reads `path`, which `configured_by` (e.g. "config field `hccn_conf_path`") says must
     /// exist.
     pub fn at(path: impl Into<PathBuf>, configured_by: impl Into<String>) -> Self {
-        Self { path: path.into(), configured_by: Some(configured_by.into()) }
+        Self { path: path.into(), configured_by: Some(configured_by.into()), tool: None }
+    }
+
+    /// Asks `tool` (see [`find_hccn_tool`]) when the default `hccn.conf` does not exist.
+    pub fn with_tool(mut self, tool: Option<PathBuf>) -> Self {
+        self.tool = tool;
+        self
     }
 
     /// The file read.
@@ -101,8 +181,28 @@ impl SegmentResolver for HccnConfResolver {
         let text = match std::fs::read_to_string(&self.path) {
             Ok(t) => t,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound && self.configured_by.is_none() => {
-                tracing::debug!(%file, "no hccn.conf: device IP not answered by hccn_conf");
-                return Ok(Identity::default());
+                let Some(tool) = self.tool.clone() else {
+                    tracing::debug!(%file, "no hccn.conf and no hccn_tool: device IP not answered by hccn_conf");
+                    return Ok(Identity::default());
+                };
+                let asked = tokio::task::spawn_blocking(move || ask_hccn_tool(&tool, phy))
+                    .await
+                    .map_err(|e| Error::config(format!("asking hccn_tool: {e}")))?;
+                return match asked {
+                    Ok(Some((ip, shown))) => Ok(Identity { device_ip: Some(ip), ..Identity::default() }
+                        .with_detail(IdentityField::DeviceIp, format!("{file} does not exist; `{shown}`"))),
+                    Ok(None) if known.device_ip.is_some() => Ok(Identity::default()),
+                    Ok(None) => Err(Error::config(format!(
+                        "no device IP for physical device {phy}: {file} does not exist and hccn_tool reports no \
+                         `ipaddr:` for it (-ip -g, -ip -inet6 -g); set it with `hccn_tool -i {phy} -ip -s address <ip> \
+                         netmask <mask>`, or give `address_{phy}=<ip>` (or `IPv6address_{phy}=<ip>`) in an hccn.conf"
+                    ))),
+                    Err(why) if known.device_ip.is_some() => {
+                        tracing::debug!(why, "hccn_tool failed; the device IP is known already");
+                        Ok(Identity::default())
+                    }
+                    Err(why) => Err(Error::config(format!("no device IP for physical device {phy}: {why}"))),
+                };
             }
             Err(e) => {
                 let by = self.configured_by.as_deref().map(|b| format!(" (set by {b})")).unwrap_or_default();
@@ -110,15 +210,18 @@ impl SegmentResolver for HccnConfResolver {
             }
         };
         let table = parse_hccn_conf(&text, &file)?;
-        match table.get(&phy) {
-            Some(a) => Ok(Identity { device_ip: Some(a.ip.clone()), ..Identity::default() }
-                .with_detail(IdentityField::DeviceIp, format!("{file} line {} address_{phy}", a.line))),
+        let v6 = parse_hccn_conf_v6(&text, &file)?;
+        let found = table.get(&phy).map(|a| ("address", a)).or_else(|| v6.get(&phy).map(|a| ("IPv6address", a)));
+        match found {
+            Some((key, a)) => Ok(Identity { device_ip: Some(a.ip.clone()), ..Identity::default() }
+                .with_detail(IdentityField::DeviceIp, format!("{file} line {} {key}_{phy}", a.line))),
             None if known.device_ip.is_some() => Ok(Identity::default()),
             None => {
-                let listed: Vec<u32> = table.keys().copied().collect();
+                let listed: Vec<u32> = table.keys().chain(v6.keys()).copied().collect();
                 Err(Error::config(format!(
-                    "{file} has no `address_{phy}=<ip>` line for physical device {phy} (it lists devices {listed:?}); \
-                     expected the device IP of every NPU this host uses"
+                    "{file} has no `address_{phy}=<ip>` or `IPv6address_{phy}=<ip>` line for physical device {phy} \
+                     (it lists devices {listed:?}; hccn_tool is asked only when the file does not exist); expected \
+                     the device IP of every NPU this host uses"
                 )))
             }
         }
@@ -187,9 +290,65 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn ipv6_lines_answer_after_ipv4_ones() {
+        let p = tmp("v6.conf", "IPv6address_2=fd00::2\naddress_3=29.0.0.3\nIPv6address_3=fd00::3\n");
+        let r = HccnConfResolver::at(&p, "test");
+        let q = ResolveQuery::local(None, None);
+        let id = r.resolve(&q, &known(2)).await.unwrap();
+        assert_eq!(id.device_ip.as_deref(), Some("fd00::2"));
+        assert!(id.details[&IdentityField::DeviceIp].ends_with("line 1 IPv6address_2"), "{:?}", id.details);
+        assert_eq!(r.resolve(&q, &known(3)).await.unwrap().device_ip.as_deref(), Some("29.0.0.3"), "IPv4 first");
+        let e = r.resolve(&q, &known(4)).await.unwrap_err();
+        assert!(e.message().contains("`address_4=<ip>` or `IPv6address_4=<ip>`"), "{e}");
+        assert!(e.message().contains("hccn_tool is asked only when the file does not exist"), "{e}");
+        assert!(parse_hccn_conf_v6("IPv6address_1=x", "f").is_err());
+    }
+
+    /// A stand-in `hccn_tool` printing what the driver's prints for `-i <phy> -ip -g`.
+    fn fake_tool(name: &str, script: &str) -> PathBuf {
+        use std::os::unix::fs::PermissionsExt;
+        let p = tmp(name, &format!("#!/bin/sh\n{script}\n"));
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+        p
+    }
+
+    #[tokio::test]
+    async fn without_hccn_conf_hccn_tool_is_asked() {
+        let q = ResolveQuery::local(None, None);
+        let missing = |tool: Option<PathBuf>| HccnConfResolver {
+            path: "/nonexistent/hccn.conf".into(),
+            configured_by: None,
+            tool,
+        };
+        let v4 = fake_tool(
+            "hccn_tool_v4",
+            r#"[ "$1 $2 $3 $4" = "-i 6 -ip -g" ] && printf 'ipaddr:29.1.1.7\nnetmask:255.255.255.0\n'; exit 0"#,
+        );
+        let id = missing(Some(v4.clone())).resolve(&q, &known(6)).await.unwrap();
+        assert_eq!(id.device_ip.as_deref(), Some("29.1.1.7"));
+        assert!(id.details[&IdentityField::DeviceIp].contains("-i 6 -ip -g"), "{:?}", id.details);
+        let v6 = fake_tool("hccn_tool_v6", r#"[ "$3 $4" = "-ip -inet6" ] && echo 'ipaddr:fd00::7'; exit 0"#);
+        assert_eq!(missing(Some(v6)).resolve(&q, &known(6)).await.unwrap().device_ip.as_deref(), Some("fd00::7"));
+        // Nothing reported: an error naming all three sources.
+        let e = missing(Some(v4)).resolve(&q, &known(2)).await.unwrap_err();
+        let m = e.message();
+        assert!(m.contains("does not exist") && m.contains("hccn_tool") && m.contains("IPv6address_2"), "{m}");
+        let bad = fake_tool("hccn_tool_bad", "echo 'ipaddr:not-an-ip'");
+        let e = missing(Some(bad)).resolve(&q, &known(2)).await.unwrap_err();
+        assert!(e.message().contains("not an IP address"), "{e}");
+        // A tool named by FERRY_HCCN_TOOL wins; none on PATH means none.
+        let named = find_hccn_tool(|k| (k == HCCN_TOOL_ENV).then(|| "/x/hccn_tool".to_owned()));
+        assert_eq!(named, Some(PathBuf::from("/x/hccn_tool")));
+        if !PathBuf::from(DEFAULT_HCCN_TOOL).is_file() {
+            assert_eq!(find_hccn_tool(|k| (k == "PATH").then(|| "/nonexistent".to_owned())), None);
+        }
+    }
+
+    #[tokio::test]
     async fn missing_files() {
         let q = ResolveQuery::local(None, None);
-        let default_missing = HccnConfResolver { path: "/nonexistent/hccn.conf".into(), configured_by: None };
+        let default_missing =
+            HccnConfResolver { path: "/nonexistent/hccn.conf".into(), configured_by: None, tool: None };
         assert!(default_missing.resolve(&q, &known(0)).await.unwrap().is_empty());
         let configured = HccnConfResolver::at("/nonexistent/hccn.conf", "FERRY_HCCN_CONF");
         let e = configured.resolve(&q, &known(0)).await.unwrap_err();

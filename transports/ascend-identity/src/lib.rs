@@ -40,7 +40,10 @@ pub use env::{
     DEVICE_ID_LIMIT, EnvResolver, NPU_PHY_ID_ENV, PHYSICAL_DEVICES_ENV, VISIBLE_DEVICES_ENV, VisibleDevices,
     VisibleDevicesProblem, VisibleEntryProblem, parse_device_list, parse_visible_devices,
 };
-pub use hccn::{DEFAULT_HCCN_CONF, HccnAddress, HccnConfResolver, parse_hccn_conf};
+pub use hccn::{
+    DEFAULT_HCCN_CONF, DEFAULT_HCCN_TOOL, HCCN_TOOL_ENV, HccnAddress, HccnConfResolver, find_hccn_tool,
+    parse_hccn_conf, parse_hccn_conf_v6,
+};
 pub use options::{
     AscendOptions, HCCL_CONTROL_PORT, HCCL_RETRIES, HCCN_CONF_PATH, OPTIONS, RANK_TABLE_PATH, RETRIES_ENV,
 };
@@ -131,7 +134,7 @@ impl ResolverFactory for HccnConfResolverFactory {
                 let by = p.describe(&HCCN_CONF_PATH);
                 HccnConfResolver::at(p.value, by)
             }
-            None => HccnConfResolver::new(),
+            None => HccnConfResolver::new().with_tool(hccn::find_hccn_tool(|k| ctx.env.get(k))),
         }))
     }
 }

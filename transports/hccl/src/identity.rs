@@ -306,6 +306,19 @@ pub struct LocalIdentity {
     pub device_port: u16,
     /// Rank id published (the resolved rank, else the physical id as Mooncake does).
     pub rank: u32,
+    /// Atlas A3: the device's super-pod device id and super pod id (what v1.2 rank tables
+    /// between servers need), read with `aclrtGetDeviceInfo`; `None` elsewhere.
+    pub super_pod: Option<SuperPod>,
+}
+
+/// An Atlas A3 device's place in its super pod (HIXL's v1.2 rank tables: `super_device_id` per
+/// device, `super_pod_list` per server).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SuperPod {
+    /// `ACL_DEV_ATTR_SUPER_POD_DEVICE_ID`.
+    pub device_id: String,
+    /// `ACL_DEV_ATTR_SUPER_POD_ID`.
+    pub pod_id: String,
 }
 
 impl LocalIdentity {
@@ -341,9 +354,10 @@ impl LocalIdentity {
         })?;
         let device_ip = id.device_ip.clone().ok_or_else(|| {
             Error::config(format!(
-                "ascend transport: no device IP for physical NPU {physical}; add `address_{physical}=<ip>` to \
-                 /etc/hccn.conf (or the file named by hccn_conf_path / FERRY_HCCN_CONF), or use a rank table \
-                 that lists it{}",
+                "ascend transport: no device IP for physical NPU {physical}; add `address_{physical}=<ip>` (or \
+                 `IPv6address_{physical}=<ip>`) to /etc/hccn.conf (or the file named by hccn_conf_path / \
+                 FERRY_HCCN_CONF), set it with `hccn_tool -i {physical} -ip -s address <ip> netmask <mask>` (asked \
+                 when there is no hccn.conf), or use a rank table that lists it{}",
                 explain()
             ))
         })?;
@@ -355,6 +369,7 @@ impl LocalIdentity {
             device_ip,
             device_port: id.device_port.unwrap_or(DEFAULT_DEVICE_PORT),
             rank: id.rank.unwrap_or(physical),
+            super_pod: None,
         })
     }
 
@@ -370,6 +385,8 @@ impl LocalIdentity {
             device_ip: self.device_ip.clone(),
             device_port: u64::from(self.device_port),
             pid: u64::from(std::process::id()),
+            super_device_id: self.super_pod.as_ref().map(|s| s.device_id.clone()),
+            super_pod_id: self.super_pod.as_ref().map(|s| s.pod_id.clone()),
             extra: Default::default(),
         }
     }
@@ -382,6 +399,7 @@ impl LocalIdentity {
             device_id: self.physical_device,
             device_ip: self.device_ip.clone(),
             device_port: self.device_port,
+            super_pod: self.super_pod.clone(),
         }
     }
 }
@@ -414,6 +432,10 @@ impl PeerIdentity {
             u16::try_from(r.host_port).ok().filter(|p| *p != 0).ok_or_else(|| bad("hostPort is not a port"))?;
         let device_port = u16::try_from(r.device_port).map_err(|_| bad("devicePort is not a port"))?;
         let device_id = u32::try_from(r.device_phy_id).map_err(|_| bad("devicePhyId is out of range"))?;
+        let super_pod = match (&r.super_device_id, &r.super_pod_id) {
+            (Some(d), Some(p)) => Some(SuperPod { device_id: d.clone(), pod_id: p.clone() }),
+            _ => None,
+        };
         Ok(Self {
             segment: d.name.clone(),
             host_ip: r.host_ip.clone(),
@@ -424,6 +446,7 @@ impl PeerIdentity {
                 device_id,
                 device_ip: r.device_ip.clone(),
                 device_port,
+                super_pod,
             },
         })
     }
@@ -442,9 +465,13 @@ pub struct RankMember {
     pub device_ip: String,
     /// Device port.
     pub device_port: u16,
+    /// Atlas A3: its place in its super pod.
+    pub super_pod: Option<SuperPod>,
 }
 
-/// A two-rank HCCL v1.0 rank table (the JSON string HCCL takes), and each member's rank.
+/// A two-rank HCCL rank table (the JSON string HCCL takes), and each member's rank: v1.2 with
+/// `super_device_id` and `super_pod_list` when both members are Atlas A3 devices (HCCL needs
+/// them between servers there: HIXL's `RankTableGeneratorV2`), else v1.0.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PairTable {
     /// The table.
@@ -463,27 +490,51 @@ impl PairTable {
         let key = |m: &RankMember| (m.server.clone(), m.device_id, m.segment.clone());
         let a_first = key(a) <= key(b);
         let ordered = if a_first { [a, b] } else { [b, a] };
-        let mut servers: Vec<(String, Vec<serde_json::Value>)> = Vec::new();
+        let a3 = ordered.iter().all(|m| m.super_pod.is_some());
+        let mut servers: Vec<(String, Vec<serde_json::Value>, Option<String>)> = Vec::new();
         for (rank, m) in ordered.iter().enumerate() {
-            let dev = json!({
+            let mut dev = json!({
                 "device_id": m.device_id.to_string(),
                 "device_ip": m.device_ip,
                 "device_port": m.device_port.to_string(),
                 "rank_id": rank.to_string(),
             });
-            match servers.iter_mut().find(|(s, _)| *s == m.server) {
-                Some((_, devs)) => devs.push(dev),
-                None => servers.push((m.server.clone(), vec![dev])),
+            if let (true, Some(sp)) = (a3, &m.super_pod) {
+                dev["super_device_id"] = json!(sp.device_id);
+            }
+            let pod = m.super_pod.as_ref().filter(|_| a3).map(|sp| sp.pod_id.clone());
+            match servers.iter_mut().find(|(s, _, _)| *s == m.server) {
+                Some((_, devs, _)) => devs.push(dev),
+                None => servers.push((m.server.clone(), vec![dev], pod)),
             }
         }
-        let server_list: Vec<serde_json::Value> =
-            servers.into_iter().map(|(s, devs)| json!({"server_id": s, "host_ip": s, "device": devs})).collect();
-        let table = json!({
+        // `host_ip` must be a literal IP address (HCCL refuses a host name with HCCL_E_PARA) and
+        // is optional: given only when the server's name is one.
+        let server_list: Vec<serde_json::Value> = servers
+            .iter()
+            .map(|(s, devs, _)| match s.parse::<std::net::IpAddr>() {
+                Ok(_) => json!({"server_id": s, "host_ip": s, "device": devs}),
+                Err(_) => json!({"server_id": s, "device": devs}),
+            })
+            .collect();
+        let mut table = json!({
             "status": "completed",
-            "version": "1.0",
+            "version": if a3 { "1.2" } else { "1.0" },
             "server_count": server_list.len().to_string(),
             "server_list": server_list,
         });
+        if a3 {
+            let mut pods: Vec<(String, Vec<serde_json::Value>)> = Vec::new();
+            for (s, _, pod) in &servers {
+                let pod = pod.clone().unwrap_or_default();
+                match pods.iter_mut().find(|(p, _)| *p == pod) {
+                    Some((_, list)) => list.push(json!({"server_id": s})),
+                    None => pods.push((pod, vec![json!({"server_id": s})])),
+                }
+            }
+            table["super_pod_list"] =
+                pods.into_iter().map(|(p, list)| json!({"super_pod_id": p, "server_list": list})).collect();
+        }
         let (rank_a, rank_b) = if a_first { (0, 1) } else { (1, 0) };
         Self { json: table.to_string(), rank_a, rank_b }
     }
@@ -535,6 +586,7 @@ mod tests {
             device_id: dev,
             device_ip: format!("192.168.1.{dev}"),
             device_port: 16666,
+            super_pod: None,
         }
     }
 
@@ -556,6 +608,27 @@ mod tests {
         assert!(PairTable::check_member(&from_p.json, 1, &d).is_ok());
         let e = PairTable::check_member(&from_p.json, 0, &d).unwrap_err();
         assert!(e.contains("physical NPU 0"), "{e}");
+    }
+
+    #[test]
+    fn atlas_a3_members_get_a_v12_table_and_names_no_host_ip() {
+        let sp = |d: &str| Some(SuperPod { device_id: d.into(), pod_id: "3".into() });
+        let a = RankMember { super_pod: sp("100"), ..member("10.0.0.1:1", "10.0.0.1", 4) };
+        let b = RankMember { super_pod: sp("105"), ..member("node-b:2", "node-b", 5) };
+        let t = PairTable::build(&a, &b);
+        let v: serde_json::Value = serde_json::from_str(&t.json).unwrap();
+        assert_eq!(v["version"], "1.2");
+        assert_eq!(v["server_list"][0]["device"][0]["super_device_id"], "100");
+        assert_eq!(v["server_list"][1]["device"][0]["super_device_id"], "105");
+        assert_eq!(v["server_list"][0]["host_ip"], "10.0.0.1");
+        assert!(v["server_list"][1].get("host_ip").is_none(), "a host name is never a host_ip: {v}");
+        assert_eq!(v["super_pod_list"][0]["super_pod_id"], "3");
+        assert_eq!(v["super_pod_list"][0]["server_list"].as_array().unwrap().len(), 2);
+        // One member without super-pod ids: v1.0, no A3 fields.
+        let t = PairTable::build(&a, &member("x:1", "10.0.0.9", 1));
+        let v: serde_json::Value = serde_json::from_str(&t.json).unwrap();
+        assert_eq!(v["version"], "1.0");
+        assert!(v.get("super_pod_list").is_none() && v["server_list"][0]["device"][0].get("super_device_id").is_none());
     }
 
     #[test]

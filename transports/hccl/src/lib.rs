@@ -74,7 +74,7 @@ pub use ferry_ascend_identity::RETRIES_ENV;
 pub use ferry_ascend_sys as sys;
 pub use identity::{
     ACL_RESOLVER_NAME, AclQueryResolver, AclResolverFactory, CURRENT_DEVICE_RESOLVER_NAME, CurrentDeviceResolver,
-    CurrentDeviceResolverFactory, DEFAULT_DEVICE_PORT, LocalIdentity, PairTable, PeerIdentity, RankMember,
+    CurrentDeviceResolverFactory, DEFAULT_DEVICE_PORT, LocalIdentity, PairTable, PeerIdentity, RankMember, SuperPod,
     install_resolvers, resolver_registry, with_acl_link,
 };
 
@@ -419,7 +419,27 @@ impl HcclTransport {
         let resolution =
             chain.resolve(&query).await.map_err(|e| e.context(format!("ascend transport: {}", e.message())))?;
         let host = published_host(ctx, &resolution)?;
-        let me = LocalIdentity::from_resolution(&ctx.segment_name, &host, &resolution)?;
+        let mut me = LocalIdentity::from_resolution(&ctx.segment_name, &host, &resolution)?;
+        if lib.is_atlas_a3() {
+            // HCCL needs a v1.2 rank table with each device's super-pod ids between A3 servers
+            // (HIXL reads them the same way for its own tables).
+            let (l, user) = (lib.clone(), me.user_device);
+            let ids = tokio::task::spawn_blocking(move || l.super_pod_ids(user))
+                .await
+                .map_err(|e| Error::new(ErrorKind::Internal, format!("ascend transport: {e}")))?
+                .map_err(|e| {
+                    Error::config(format!("ascend transport: reading the Atlas A3 super-pod ids of device {user}: {e}"))
+                        .with_source(e)
+                })?;
+            match ids {
+                Some((device_id, pod_id)) => {
+                    me.super_pod = Some(SuperPod { device_id: device_id.to_string(), pod_id: pod_id.to_string() });
+                }
+                None => tracing::warn!(
+                    "Atlas A3 without aclrtGetDeviceInfo: rank tables stay v1.0, which HCCL cannot use between servers"
+                ),
+            }
+        }
 
         let main = {
             let (lib, user) = (lib.clone(), me.user_device);

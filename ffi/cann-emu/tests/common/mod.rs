@@ -32,6 +32,11 @@ const EMU_VARS: &[&str] = &[
     "HCCL_IF_IP",
     "HCCL_CONNECT_TIMEOUT",
     "HCCL_EXEC_TIMEOUT",
+    "HCCL_INTRA_ROCE_ENABLE",
+    "FERRY_CANN_EMU_MOUNTED",
+    "FERRY_CANN_EMU_SOC",
+    "FERRY_CANN_EMU_SUPER_POD",
+    "FERRY_CANN_EMU_SUPER_DEVICE_BASE",
 ];
 
 /// The role this process plays, if it is a child.
