@@ -28,6 +28,44 @@ pub(crate) struct OneSided {
     bound: BTreeMap<u64, Arc<GlobalMem>>,
     /// What the peer bound before its Prepare (from the control channel), when known.
     peer_buffers: Option<Vec<(u64, u64)>>,
+    _counted: CardCommunicators,
+}
+
+/// One live one-sided communicator of this process on a card, counted: HIXL documents at most
+/// [`MAX_COMMUNICATORS_PER_CARD`](crate::MAX_COMMUNICATORS_PER_CARD) per card (its
+/// `HIXL-interface.md`, Connect), and more risk device OOM, so passing it is warned about.
+struct CardCommunicators(u32);
+
+impl CardCommunicators {
+    fn per_card() -> std::sync::MutexGuard<'static, std::collections::HashMap<u32, usize>> {
+        static PER_CARD: std::sync::LazyLock<Mutex<std::collections::HashMap<u32, usize>>> =
+            std::sync::LazyLock::new(Default::default);
+        PER_CARD.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn open(card: u32) -> Self {
+        let mut all = Self::per_card();
+        let n = all.entry(card).or_default();
+        *n += 1;
+        if *n > crate::MAX_COMMUNICATORS_PER_CARD {
+            tracing::warn!(
+                card,
+                communicators = *n,
+                "more one-sided communicators on this card than HIXL's documented limit of {}: device memory may \
+                 run out; fewer peers per card, or fewer engines per process, keep under it",
+                crate::MAX_COMMUNICATORS_PER_CARD
+            );
+        }
+        Self(card)
+    }
+}
+
+impl Drop for CardCommunicators {
+    fn drop(&mut self) {
+        if let Some(n) = Self::per_card().get_mut(&self.0) {
+            *n = n.saturating_sub(1);
+        }
+    }
 }
 
 /// Whether `[addr, addr + len)` lies inside one of `ranges`.
@@ -495,6 +533,7 @@ impl Peer {
         self.slot_changed.notify_waiters();
         let name = PairTable { json: table.clone(), rank_a: my_rank, rank_b: peer_rank }.comm_name(epoch);
         let prepare_timeout = shared.settings.timeout;
+        let card = shared.me.physical_device;
         let me = self.clone();
         let submitted = worker.submit(move |dev, st| {
             let _ = st.drop_one_sided();
@@ -517,7 +556,7 @@ impl Peer {
                     let _ = teardown(comm, bound.values());
                     return Err(e);
                 }
-                Ok(OneSided { epoch, comm, peer_rank, bound, peer_buffers })
+                Ok(OneSided { epoch, comm, peer_rank, bound, peer_buffers, _counted: CardCommunicators::open(card) })
             })();
             match built {
                 Ok(c) => {
@@ -1420,6 +1459,20 @@ mod tests {
         assert_eq!(join_decision(&slot(2, Unsupported), None, 3, None), Ok(()));
         // The counter at its end: refused, no overflow.
         assert!(matches!(join_decision(&slot(u64::MAX, Ready), None, u64::MAX, None), Err(Reply::Error { .. })));
+    }
+
+    #[test]
+    fn live_communicators_are_counted_per_card() {
+        let count = |card| CardCommunicators::per_card().get(&card).copied().unwrap_or(0);
+        let a = CardCommunicators::open(900);
+        let b = CardCommunicators::open(900);
+        let c = CardCommunicators::open(901);
+        assert_eq!((count(900), count(901)), (2, 1));
+        drop(a);
+        drop(c);
+        assert_eq!((count(900), count(901)), (1, 0));
+        drop(b);
+        assert_eq!(count(900), 0);
     }
 
     #[test]
