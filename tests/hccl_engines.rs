@@ -8,7 +8,10 @@
 //!
 //! Each test runs its body in a child process (the test binary re-executed with
 //! `FERRY_HCCL_ENGINES_ROLE`), so the emulator's environment (read once per process) is the
-//! test's own. The emulated CANN must be built (`cargo build -p ferry-cann-emu`).
+//! test's own. The emulated CANN must be built (`cargo build -p ferry-cann-emu`). Each test's
+//! emulated devices live in its own loopback net `127.<net>.0.0/24`, nets 61-69 here
+//! (`tests/hccl_transfer.rs` uses 21-34, the Python tests 41-46 and the smoke test its own), so
+//! suites running at once never share a device endpoint.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -127,7 +130,7 @@ fn shutdown(rt: &tokio::runtime::Runtime, engines: Vec<TransferEngine>) {
 #[test]
 fn two_engines_build_communicators_at_once_without_overlapping_inits() {
     const NAME: &str = "two_engines_build_communicators_at_once_without_overlapping_inits";
-    if !in_child(NAME, 41, &[("FERRY_CANN_EMU_DELAY_US", "HcclCommInitClusterInfoMemConfig:300000")]) {
+    if !in_child(NAME, 61, &[("FERRY_CANN_EMU_DELAY_US", "HcclCommInitClusterInfoMemConfig:300000")]) {
         return;
     }
     let rt = runtime();
@@ -157,7 +160,7 @@ fn two_engines_build_communicators_at_once_without_overlapping_inits() {
 #[test]
 fn memory_registered_after_the_communicator_was_prepared_is_reached_at_once() {
     const NAME: &str = "memory_registered_after_the_communicator_was_prepared_is_reached_at_once";
-    if !in_child(NAME, 42, &[]) {
+    if !in_child(NAME, 62, &[]) {
         return;
     }
     let rt = runtime();
@@ -197,7 +200,7 @@ fn memory_registered_after_the_communicator_was_prepared_is_reached_at_once() {
 fn a_failed_build_leaves_nothing_bound() {
     const NAME: &str = "a_failed_build_leaves_nothing_bound";
     let env = [("FERRY_CANN_EMU_FAIL", "HcclCommPrepare:1:15"), ("FERRY_TRANSFER_TIMEOUT_MS", "3000")];
-    if !in_child(NAME, 43, &env) {
+    if !in_child(NAME, 63, &env) {
         return;
     }
     let rt = runtime();
@@ -224,7 +227,7 @@ fn a_failed_build_leaves_nothing_bound() {
 #[test]
 fn location_any_is_asked_of_the_runtime() {
     const NAME: &str = "location_any_is_asked_of_the_runtime";
-    if !in_child(NAME, 44, &[]) {
+    if !in_child(NAME, 64, &[]) {
         return;
     }
     let rt = runtime();
@@ -249,7 +252,7 @@ fn location_any_is_asked_of_the_runtime() {
 #[test]
 fn host_memory_hccl_cannot_use_is_refused_at_once() {
     const NAME: &str = "host_memory_hccl_cannot_use_is_refused_at_once";
-    if !in_child(NAME, 45, &[]) {
+    if !in_child(NAME, 65, &[]) {
         return;
     }
     let rt = runtime();
@@ -286,7 +289,7 @@ fn host_memory_hccl_cannot_use_is_refused_at_once() {
 #[test]
 fn one_range_registered_by_two_engines_is_shared() {
     const NAME: &str = "one_range_registered_by_two_engines_is_shared";
-    if !in_child(NAME, 46, &[("HCCL_INTRA_ROCE_ENABLE", "1")]) {
+    if !in_child(NAME, 66, &[("HCCL_INTRA_ROCE_ENABLE", "1")]) {
         return;
     }
     let rt = runtime();
@@ -316,7 +319,7 @@ fn one_range_registered_by_two_engines_is_shared() {
 #[test]
 fn the_engine_drives_the_device_the_caller_set() {
     const NAME: &str = "the_engine_drives_the_device_the_caller_set";
-    if !in_child(NAME, 47, &[("FERRY_CANN_EMU_MOUNTED", "2,3,6,7"), ("ASCEND_RT_VISIBLE_DEVICES", "2,3")]) {
+    if !in_child(NAME, 67, &[("FERRY_CANN_EMU_MOUNTED", "2,3,6,7"), ("ASCEND_RT_VISIBLE_DEVICES", "2,3")]) {
         return;
     }
     let rt = runtime();
@@ -333,7 +336,7 @@ fn the_engine_drives_the_device_the_caller_set() {
     let e = rt.block_on(ferry::builder().config(cfg).transports(transports).build()).unwrap();
     let info = e.local_descriptor().rank_info.unwrap();
     assert_eq!((info.device_phy_id, info.device_logic_id), (7, 1), "{info:?}");
-    assert_eq!(info.device_ip, "127.47.0.8", "hccn.conf address_7");
+    assert_eq!(info.device_ip, "127.67.0.8", "hccn.conf address_7");
     let buf = dev.alloc_huge(REGION as usize).unwrap();
     register(&rt, &e, buf.addr(), REGION, Location::Any);
     assert_eq!(e.local_descriptor().buffers[0].device_id, Some(7));
@@ -353,7 +356,7 @@ fn a_failure_with_work_in_flight_aborts_waits_then_tears_down() {
         ("FERRY_CANN_EMU_LOG", "1"),
     ];
     if std::env::var_os(ROLE).is_none() {
-        let log = run_child(NAME, 48, &env);
+        let log = run_child(NAME, 68, &env);
         // `[ferry-cann-emu <pid> <secs>.<micros>] <call>(...) -> <code>`
         let at = |call: &str| -> Vec<f64> {
             log.lines()
@@ -398,7 +401,7 @@ fn a_failure_with_work_in_flight_aborts_waits_then_tears_down() {
 fn atlas_a3_servers_use_v12_rank_tables() {
     const NAME: &str = "atlas_a3_servers_use_v12_rank_tables";
     let env = [("FERRY_CANN_EMU_SOC", "Ascend910_9391"), ("FERRY_CANN_EMU_SUPER_DEVICE_BASE", "33554432")];
-    if !in_child(NAME, 49, &env) {
+    if !in_child(NAME, 69, &env) {
         return;
     }
     let rt = runtime();
