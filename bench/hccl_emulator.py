@@ -9,7 +9,7 @@ network); the difference is the transport's own overhead per batch (queueing to 
 thread, descriptors, completion). Prints one JSON object.
 
 Build first (release):
-    cargo build --release -p ferry-cann-emu --example ascend_peer
+    cargo build --release -p ferry-cann-emu && cargo build --release --example ascend_peer
     cargo build --release -p ferry-cann-emu --no-default-features --target-dir target/cann-emu-legacy
 Then:
     python3 bench/hccl_emulator.py [--repeat 2000]
@@ -85,8 +85,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--repeat", type=int, default=2000)
     ap.add_argument("--profile", default="release")
+    ap.add_argument("--root", default=ROOT, help="the Ferry checkout whose build to measure (default: this one)")
     args = ap.parse_args()
-    target = os.path.join(ROOT, "target", args.profile)
+    target = os.path.join(args.root, "target", args.profile)
     peer_bin = os.path.join(target, "examples", "ascend_peer")
     emu = os.path.join(target, "libferry_cann_emu.so")
     for f in (peer_bin, emu):

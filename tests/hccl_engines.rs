@@ -284,8 +284,10 @@ fn host_memory_hccl_cannot_use_is_refused_at_once() {
     drop(plain);
 }
 
-/// 2.11: one range registered by both engines of a process is one HCCL registration: the first
-/// engine's unregistering does not pull it from under the second.
+/// 2.11: one range registered by two engines of a process on the same card is one HCCL
+/// registration (HCCL hands both the same, uncounted handle): the first engine's unregistering
+/// does not pull it from under the second. On another card the same range is a registration of
+/// its own (HCCL keeps one registry per device).
 #[test]
 fn one_range_registered_by_two_engines_is_shared() {
     const NAME: &str = "one_range_registered_by_two_engines_is_shared";
@@ -294,22 +296,34 @@ fn one_range_registered_by_two_engines_is_shared() {
     }
     let rt = runtime();
     let lib = Library::load().unwrap();
-    let (a, b) = (engine(&rt, 4), engine(&rt, 5));
-    let (_da, ma) = device_region(&lib, 4, 1);
-    let (_db, mb) = device_region(&lib, 5, 2);
-    register(&rt, &a, ma.addr(), REGION, Location::Npu(4));
-    register(&rt, &b, mb.addr(), REGION, Location::Npu(5));
+    // a and b on card 4 (two engines of one worker), c on card 5, d on card 6: a talks to c,
+    // b to d (two engines of one card cannot be the two ranks of one rank table).
+    let (a, b, c, d) = (engine(&rt, 4), engine(&rt, 4), engine(&rt, 5), engine(&rt, 6));
+    let (_dc, mc) = device_region(&lib, 5, 3);
+    let (_dd, md) = device_region(&lib, 6, 4);
+    register(&rt, &c, mc.addr(), REGION, Location::Npu(5));
+    register(&rt, &d, md.addr(), REGION, Location::Npu(6));
     let shared: HostBuffer = Device::bind(&lib, 4).unwrap().alloc_host(65536).unwrap();
     register(&rt, &a, shared.addr(), 65536, Location::Any);
     register(&rt, &b, shared.addr(), 65536, Location::Any);
-    // Both build communicators binding the shared range (RoCE rules: host memory allowed).
-    read(&rt, &a, &b, ma.addr(), mb.addr(), 4096);
-    read(&rt, &b, &a, mb.addr(), ma.addr(), 4096);
+    // The same range on card 5 too: its own registration there.
+    register(&rt, &c, shared.addr(), 65536, Location::Any);
+    read(&rt, &a, &c, shared.addr(), mc.addr(), 4096);
+    read(&rt, &b, &d, shared.addr(), md.addr(), 4096);
     rt.block_on(a.unregister_memory(shared.addr())).unwrap_or_else(|e| panic!("a lets go of the shared range: {e}"));
-    read(&rt, &b, &a, shared.addr(), ma.addr(), 4096);
+    read(&rt, &b, &d, shared.addr(), md.addr() + 4096, 4096);
+    let got = unsafe_read(&shared, 4096);
+    assert_eq!(got, pattern(4, REGION as usize)[4096..8192], "b still reads into the range a let go of");
     rt.block_on(b.unregister_memory(shared.addr())).unwrap_or_else(|e| panic!("b lets go of it too: {e}"));
+    rt.block_on(c.unregister_memory(shared.addr())).unwrap_or_else(|e| panic!("c lets go of its own: {e}"));
     assert_eq!(stats().failed_attempts, 0, "{:?}", stats());
-    shutdown(&rt, vec![a, b]);
+    shutdown(&rt, vec![a, b, c, d]);
+}
+
+/// The first `len` bytes of `buf`, read after the transfers into it completed.
+fn unsafe_read(buf: &HostBuffer, len: usize) -> Vec<u8> {
+    // SAFETY: the buffer is live and no transfer into it is in flight (each read completed).
+    unsafe { std::slice::from_raw_parts(buf.addr() as *const u8, len) }.to_vec()
 }
 
 /// 2.5: a worker that sees several cards, has set one on the thread that builds the engine (as

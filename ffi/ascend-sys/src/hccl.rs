@@ -77,9 +77,9 @@ pub enum MemKind {
     Host,
 }
 
-/// Memory registered with the one-sided service (`HcclRegisterGlobalMem`). Process-wide: one
-/// handle may be bound to several communicators, and every engine of the process that
-/// registers the same range shares it ([`GlobalMem::register`] hands out one `Arc` per range:
+/// Memory registered with the one-sided service (`HcclRegisterGlobalMem`) on one device: one
+/// handle may be bound to several communicators of that device, and every engine of the process
+/// that registers the same range on the same device shares it ([`GlobalMem::register`] hands out one `Arc` per range:
 /// HCCL answers an identical range with the same handle and keeps no count, so the first
 /// deregistration would pull it from under the others). Deregistered when the last holder
 /// drops it (unbind it from every communicator first).
@@ -112,8 +112,11 @@ impl GlobalMem {
     /// of the returned handle dropped it, and readable and writable by peers bound to it
     /// meanwhile.
     pub unsafe fn register(device: &Device, kind: MemKind, addr: u64, len: u64) -> Result<Arc<Self>> {
+        // HCCL keeps one registry per device: the same range on another device is another
+        // registration (HCOMM `global_mem_manager.cc`, `GlobalMemRegMgr::GetInstance`).
+        let key = (device.user_id(), addr, len, kind);
         let mut registrations = registrations();
-        if let Some(live) = registrations.get(&(addr, len, kind)).and_then(Weak::upgrade) {
+        if let Some(live) = registrations.get(&key).and_then(Weak::upgrade) {
             return Ok(live);
         }
         let lib = device.library();
@@ -132,7 +135,7 @@ impl GlobalMem {
         lib.hccl_check("HcclRegisterGlobalMem", code)?;
         let g = Arc::new(Self { lib: lib.clone(), handle, addr, len, kind });
         registrations.retain(|_, w| w.strong_count() > 0);
-        registrations.insert((addr, len, kind), Arc::downgrade(&g));
+        registrations.insert(key, Arc::downgrade(&g));
         Ok(g)
     }
 
@@ -192,7 +195,8 @@ impl Drop for GlobalMem {
     }
 }
 
-type Registrations = HashMap<(u64, u64, MemKind), Weak<GlobalMem>>;
+/// Live registrations by (user device, address, length, kind).
+type Registrations = HashMap<(u32, u64, u64, MemKind), Weak<GlobalMem>>;
 
 fn registrations() -> MutexGuard<'static, Registrations> {
     static REGISTRATIONS: LazyLock<Mutex<Registrations>> = LazyLock::new(Default::default);

@@ -66,6 +66,10 @@ pub(crate) struct GlobalMem {
     size: usize,
     /// `CommMem.type`: what the caller says the memory is (checked only at Prepare).
     mem_type: i32,
+    /// The user device that was current at registration: HCCL keeps one registry per device
+    /// (`GlobalMemRegMgr::GetInstance`, HCOMM `global_mem_manager.cc` l.20-40), and a handle is
+    /// valid only where it was registered.
+    device: u32,
     _alloc: Option<Arc<Allocation>>,
     state: Mutex<MemState>,
 }
@@ -283,6 +287,23 @@ fn lookup_mem(ptr: *const c_void) -> EmuResult<Arc<GlobalMem>> {
         .ok_or_else(|| err(HCCL_E_PARA, format!("{ptr:p} is not a registered global memory handle")))
 }
 
+/// The handle as the registry of `device` knows it ("The parameter memHandle[%p] is invalid."
+/// for a handle registered on another device: HCOMM keeps one registry per device).
+fn lookup_mem_on(name: &str, ptr: *const c_void, device: u32) -> EmuResult<Arc<GlobalMem>> {
+    let m = lookup_mem(ptr)?;
+    if m.device != device {
+        return Err(err(
+            HCCL_E_PARA,
+            format!(
+                "{name}: the parameter memHandle[{ptr:p}] is invalid on device {device}: it was registered while \
+                 device {} was current (HCCL keeps one registry per device)",
+                m.device
+            ),
+        ));
+    }
+    Ok(m)
+}
+
 /// Registers memory for one-sided access (type 0 device, type 1 host).
 ///
 /// # Safety
@@ -311,14 +332,16 @@ pub unsafe extern "C" fn HcclRegisterGlobalMem(mem: *const CommMem, mem_handle: 
             // Only recorded here: whether the device can use the memory is found out by
             // HcclCommPrepare (HCOMM `global_mem_manager.cc` `CheckOverlapAndInsert`; docs/ascend.md rule 2). The same range again is the same handle;
             // a different range overlapping a registered one is refused.
+            let device = hccl::current_device("HcclRegisterGlobalMem")?.user_id;
             let mut mems = lock(&MEMS);
-            if let Some(same) = mems.values().find(|g| g.addr == addr && g.size == size && g.mem_type == m.mem_type) {
+            let mut mine = mems.values().filter(|g| g.device == device);
+            if let Some(same) = mine.clone().find(|g| g.addr == addr && g.size == size && g.mem_type == m.mem_type) {
                 // SAFETY: non-null, valid per this function's contract.
                 unsafe { mem_handle.write_unaligned(handles::to_ptr(same.handle)) };
                 return Ok(());
             }
             // Overlap is checked among ranges of the same type only.
-            if let Some(other) = mems.values().find(|g| g.mem_type == m.mem_type && g.overlaps(addr, size)) {
+            if let Some(other) = mine.find(|g| g.mem_type == m.mem_type && g.overlaps(addr, size)) {
                 return Err(err(
                     HCCL_E_PARA,
                     format!(
@@ -332,6 +355,7 @@ pub unsafe extern "C" fn HcclRegisterGlobalMem(mem: *const CommMem, mem_handle: 
                 addr,
                 size,
                 mem_type: m.mem_type,
+                device,
                 _alloc: memory::find(addr, size),
                 state: Mutex::new(MemState::default()),
             });
@@ -354,7 +378,8 @@ pub unsafe extern "C" fn HcclDeregisterGlobalMem(mem_handle: *mut c_void) -> i32
         "HcclDeregisterGlobalMem",
         || format!("{mem_handle:p}"),
         || {
-            let m = lookup_mem(mem_handle)?;
+            let device = hccl::current_device("HcclDeregisterGlobalMem")?.user_id;
+            let m = lookup_mem_on("HcclDeregisterGlobalMem", mem_handle, device)?;
             let mut st = lock(&m.state);
             // HCOMM `global_mem_manager.cc` `DeReg`: "still bound to comm(s)" → HCCL_E_PARA (docs/ascend.md rule 2)
             if !st.bound.is_empty() {
@@ -447,7 +472,7 @@ pub unsafe extern "C" fn HcclCommBindMem(comm: HcclComm, mem_handle: *mut c_void
         || {
             let c = hccl::lookup(comm)?;
             let os = one_sided("HcclCommBindMem", &c)?;
-            let m = lookup_mem(mem_handle)?;
+            let m = lookup_mem_on("HcclCommBindMem", mem_handle, c.user_id)?;
             {
                 let mut st = lock(&m.state);
                 if st.dead {
@@ -1097,6 +1122,7 @@ mod tests {
             addr,
             size,
             mem_type: HCCL_MEM_TYPE_DEVICE,
+            device: 0,
             _alloc: None,
             state: Mutex::new(MemState::default()),
         })

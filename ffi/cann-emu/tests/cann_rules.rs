@@ -212,6 +212,25 @@ fn bound_memory_holds_the_communicator_and_registrations_are_by_range() {
         ok(HcclCommDestroy(r.comm), "destroy once nothing is bound");
         ok(HcclDeregisterGlobalMem(h), "deregister");
     }
+    // One registry per device: the same host range on two devices is two registrations, and a
+    // handle is unknown to the other device's registry and communicators.
+    let host = host_alloc(8192);
+    set_device(2);
+    let on2 = register(HCCL_MEM_TYPE_HOST, host, 8192);
+    let r5 = rank(5, 1, &two_servers(), &[]);
+    let on5 = register(HCCL_MEM_TYPE_HOST, host, 8192);
+    assert_ne!(on2, on5, "a registration per device");
+    // SAFETY: live handles.
+    unsafe {
+        assert_eq!(HcclCommBindMem(r5.comm, on2), HCCL_E_PARA, "device 2's handle on device 5's communicator");
+        assert!(recent_error().contains("invalid on device 5"));
+        assert_eq!(HcclDeregisterGlobalMem(on2), HCCL_E_PARA, "deregistered where it is not known");
+        ok(HcclDeregisterGlobalMem(on5), "deregister on its own device");
+        set_device(2);
+        ok(HcclDeregisterGlobalMem(on2), "deregister on its own device");
+    }
+    set_device(5);
+    teardown(r5);
 }
 
 /// Rule 3: Prepare exchanges memory once. Memory bound after it is reachable neither by the
