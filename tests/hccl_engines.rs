@@ -99,6 +99,26 @@ fn device_region(lib: &Arc<Library>, card: u32, seed: u8) -> (Device, DeviceBuff
     (dev, buf)
 }
 
+/// Two engines on cards 4 and 5, each with one device region (`ma` of pattern 1, `mb` of 2)
+/// registered with the locations given.
+struct Pair {
+    a: TransferEngine,
+    b: TransferEngine,
+    ma: DeviceBuffer,
+    mb: DeviceBuffer,
+    _devices: (Device, Device),
+}
+
+fn pair(rt: &tokio::runtime::Runtime, lib: &Arc<Library>, at: [Location; 2]) -> Pair {
+    let (a, b) = (engine(rt, 4), engine(rt, 5));
+    let (da, ma) = device_region(lib, 4, 1);
+    let (db, mb) = device_region(lib, 5, 2);
+    let [la, lb] = at;
+    register(rt, &a, ma.addr(), REGION, la);
+    register(rt, &b, mb.addr(), REGION, lb);
+    Pair { a, b, ma, mb, _devices: (da, db) }
+}
+
 fn pattern(seed: u8, len: usize) -> Vec<u8> {
     (0..len).map(|i| (i as u8).wrapping_mul(7) ^ seed).collect()
 }
@@ -135,11 +155,7 @@ fn two_engines_build_communicators_at_once_without_overlapping_inits() {
     }
     let rt = runtime();
     let lib = Library::load().unwrap();
-    let (a, b) = (engine(&rt, 4), engine(&rt, 5));
-    let (_da, ma) = device_region(&lib, 4, 1);
-    let (_db, mb) = device_region(&lib, 5, 2);
-    register(&rt, &a, ma.addr(), REGION, Location::Npu(4));
-    register(&rt, &b, mb.addr(), REGION, Location::Npu(5));
+    let Pair { a, b, ma, mb, .. } = pair(&rt, &lib, [Location::Npu(4), Location::Npu(5)]);
     // Each reads the other's second half into its own first half, at the same time.
     let (pa, pb) = (ma.addr(), mb.addr());
     std::thread::scope(|s| {
@@ -165,11 +181,7 @@ fn memory_registered_after_the_communicator_was_prepared_is_reached_at_once() {
     }
     let rt = runtime();
     let lib = Library::load().unwrap();
-    let (a, b) = (engine(&rt, 4), engine(&rt, 5));
-    let (_da, ma) = device_region(&lib, 4, 1);
-    let (_db, mb) = device_region(&lib, 5, 2);
-    register(&rt, &a, ma.addr(), REGION, Location::Npu(4));
-    register(&rt, &b, mb.addr(), REGION, Location::Npu(5));
+    let Pair { a, b, ma, mb, .. } = pair(&rt, &lib, [Location::Npu(4), Location::Npu(5)]);
     read(&rt, &a, &b, ma.addr(), mb.addr(), 4096);
     let built = stats().communicators_built;
     // A new region on the target side, then one on the initiator's side (ACL's current device
@@ -205,18 +217,16 @@ fn a_failed_build_leaves_nothing_bound() {
     }
     let rt = runtime();
     let lib = Library::load().unwrap();
-    let (a, b) = (engine(&rt, 4), engine(&rt, 5));
-    let (_da, ma) = device_region(&lib, 4, 1);
-    let (_db, mb) = device_region(&lib, 5, 2);
-    register(&rt, &a, ma.addr(), REGION, Location::Npu(4));
-    register(&rt, &b, mb.addr(), REGION, Location::Npu(5));
+    let Pair { a, b, ma, mb, .. } = pair(&rt, &lib, [Location::Npu(4), Location::Npu(5)]);
     let target = rt.block_on(a.open_segment(b.segment_name())).unwrap();
     let req =
         TransferRequest { opcode: Opcode::Read, source: ma.addr(), target, target_offset: mb.addr(), length: 4096 };
-    // The side whose Prepare failed tears its communicator down; the other side's Prepare fails
-    // or times out; either way the pair builds again (within this read's deadline or the next).
-    let _ = rt.block_on(a.transfer(&[req]));
-    read(&rt, &a, &b, ma.addr(), mb.addr(), 4096);
+    // The side whose Prepare failed tears its communicator down; the other side's Prepare waits
+    // for it until the (short) timeout, as on real HCCL; then the pair builds again.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while let Err(e) = rt.block_on(a.transfer(&[req])) {
+        assert!(Instant::now() < deadline, "the pair never recovered: {e}");
+    }
     rt.block_on(a.unregister_memory(ma.addr())).unwrap_or_else(|e| panic!("unregistering on a: {e}"));
     rt.block_on(b.unregister_memory(mb.addr())).unwrap_or_else(|e| panic!("unregistering on b: {e}"));
     shutdown(&rt, vec![a, b]);
@@ -232,11 +242,7 @@ fn location_any_is_asked_of_the_runtime() {
     }
     let rt = runtime();
     let lib = Library::load().unwrap();
-    let (a, b) = (engine(&rt, 4), engine(&rt, 5));
-    let (_da, ma) = device_region(&lib, 4, 1);
-    let (_db, mb) = device_region(&lib, 5, 2);
-    register(&rt, &a, ma.addr(), REGION, Location::Any);
-    register(&rt, &b, mb.addr(), REGION, Location::Any);
+    let Pair { a, b, ma, mb, .. } = pair(&rt, &lib, [Location::Any, Location::Any]);
     assert_eq!(b.local_descriptor().buffers[0].device_id, Some(5), "published as device memory of card 5");
     read(&rt, &a, &b, ma.addr(), mb.addr() + 8192, 4096);
     let mut got = vec![0u8; 4096];
@@ -257,11 +263,7 @@ fn host_memory_hccl_cannot_use_is_refused_at_once() {
     }
     let rt = runtime();
     let lib = Library::load().unwrap();
-    let (a, b) = (engine(&rt, 4), engine(&rt, 5));
-    let (_da, ma) = device_region(&lib, 4, 1);
-    let (_db, mb) = device_region(&lib, 5, 2);
-    register(&rt, &a, ma.addr(), REGION, Location::Npu(4));
-    register(&rt, &b, mb.addr(), REGION, Location::Npu(5));
+    let Pair { a, b, ma, mb, .. } = pair(&rt, &lib, [Location::Npu(4), Location::Npu(5)]);
     let plain = vec![0u8; 65536];
     register(&rt, &a, plain.as_ptr() as u64, plain.len() as u64, Location::Any);
     let pinned: HostBuffer = Device::bind(&lib, 4).unwrap().alloc_host(65536).unwrap();
@@ -387,11 +389,7 @@ fn a_failure_with_work_in_flight_aborts_waits_then_tears_down() {
     }
     let rt = runtime();
     let lib = Library::load().unwrap();
-    let (a, b) = (engine(&rt, 4), engine(&rt, 5));
-    let (_da, ma) = device_region(&lib, 4, 1);
-    let (_db, mb) = device_region(&lib, 5, 2);
-    register(&rt, &a, ma.addr(), REGION, Location::Npu(4));
-    register(&rt, &b, mb.addr(), REGION, Location::Npu(5));
+    let Pair { a, b, ma, mb, .. } = pair(&rt, &lib, [Location::Npu(4), Location::Npu(5)]);
     let target = rt.block_on(a.open_segment(b.segment_name())).unwrap();
     let req =
         TransferRequest { opcode: Opcode::Read, source: ma.addr(), target, target_offset: mb.addr(), length: 4096 };

@@ -446,8 +446,14 @@ pub unsafe extern "C" fn HcclCommInitClusterInfoMemConfig(
             // SAFETY: non-null and NUL-terminated per this function's contract.
             let text = unsafe { CStr::from_ptr(rank_table) };
             let text = text.to_str().map_err(|_| err(HCCL_E_PARA, format!("{NAME}: the rank table is not UTF-8")))?;
-            let table = rank_table::parse(text).map_err(|e| err(HCCL_E_PARA, format!("{NAME}: {e}")))?;
+            let mut table = rank_table::parse(text).map_err(|e| err(HCCL_E_PARA, format!("{NAME}: {e}")))?;
             let comm_name = read_config_name(config)?;
+            // HCCL tells communicators apart by name (`IsCommNameExistInOneSidedComms`, HCOMM
+            // `op_base.cc`): two communicators of one rank table with different names (a pair's
+            // next generation, for instance) never meet each other's ranks.
+            if !comm_name.is_empty() {
+                table.key = rank_table::keyed_by_name(table.key, &comm_name);
+            }
             let ctx = hccl::current_device(NAME)?;
             let c = build_table_comm(NAME, &ctx, table, rank, Role::OneSided)?;
             debug(|| format!("{NAME}: communicator {comm_name:?} key {:#x} rank {rank}", c.key));

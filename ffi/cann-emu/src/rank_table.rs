@@ -60,6 +60,11 @@ fn fnv1a(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3))
 }
 
+/// The key of a named communicator of a table whose key is `key`.
+pub(crate) fn keyed_by_name(key: u64, name: &str) -> u64 {
+    fnv1a(format!("{key:016x};{name}").as_bytes())
+}
+
 /// Parses a rank table; the error names the field and what was expected.
 pub(crate) fn parse(json: &str) -> Result<RankTable, String> {
     if json.len() > MAX_RANK_TABLE {
