@@ -9,7 +9,7 @@
 //! Each test runs its body in a child process (the test binary re-executed with
 //! `FERRY_HCCL_ENGINES_ROLE`), so the emulator's environment (read once per process) is the
 //! test's own. The emulated CANN must be built (`cargo build -p ferry-cann-emu`). Each test's
-//! emulated devices live in its own loopback net `127.<net>.0.0/24`, nets 61-69 here
+//! emulated devices live in its own loopback net `127.<net>.0.0/24`, nets 60-69 here
 //! (`tests/hccl_transfer.rs` uses 21-34, the Python tests 41-46 and the smoke test its own), so
 //! suites running at once never share a device endpoint.
 
@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use ferry::{Config, Location, Opcode, TransferEngine, TransferRequest};
 use ferry_transport_hccl::sys::test_support::{Emulator, TempDir, emulator_lib_dir};
-use ferry_transport_hccl::sys::{Device, DeviceBuffer, HostBuffer, Library};
+use ferry_transport_hccl::sys::{Device, DeviceBuffer, HostBuffer, Library, PointerKind};
 use ferry_transport_hccl::{HcclTransportFactory, stats};
 
 const ROLE: &str = "FERRY_HCCL_ENGINES_ROLE";
@@ -284,6 +284,57 @@ fn host_memory_hccl_cannot_use_is_refused_at_once() {
     assert_eq!(stats().failed_attempts, 0, "{:?}", stats());
     shutdown(&rt, vec![a, b]);
     drop(plain);
+}
+
+/// 2.8 (second half): an ascend engine's host memory comes from `aclrtMallocHost` (the
+/// runtime calls it pinned host memory), so HCCL can move it: two engines (RoCE between them,
+/// as HCCS IPC carries device memory only) read each other's whole allocation. Freeing it is
+/// refused while it is registered, and it outlives its engine.
+#[test]
+fn engines_allocate_host_memory_hccl_can_move() {
+    const NAME: &str = "engines_allocate_host_memory_hccl_can_move";
+    if !in_child(NAME, 60, &[("HCCL_INTRA_ROCE_ENABLE", "1")]) {
+        return;
+    }
+    const LEN: usize = 1 << 20;
+    let rt = runtime();
+    let lib = Library::load().unwrap();
+    let (a, b) = (engine(&rt, 4), engine(&rt, 5));
+    // Bound after the engines were built (they start on the caller's current device).
+    let probe = Device::bind(&lib, 4).unwrap();
+    let ma = rt.block_on(a.allocate_host_memory(LEN)).unwrap();
+    let mb = rt.block_on(b.allocate_host_memory(LEN)).unwrap();
+    for m in [&ma, &mb] {
+        assert_eq!(m.origin(), "aclrtMallocHost");
+        assert_eq!(probe.pointer_kind(m.addr()).unwrap(), Some(PointerKind::PinnedHost));
+        // SAFETY: the allocation owns LEN bytes; nothing else touches them yet.
+        let bytes = unsafe { std::slice::from_raw_parts(m.addr() as *const u8, LEN) };
+        assert!(bytes.iter().all(|&x| x == 0), "zero-filled");
+    }
+    // SAFETY: as above.
+    unsafe { std::slice::from_raw_parts_mut(mb.addr() as *mut u8, LEN) }.copy_from_slice(&pattern(3, LEN));
+    register(&rt, &a, ma.addr(), LEN as u64, Location::Any);
+    register(&rt, &b, mb.addr(), LEN as u64, Location::Any);
+    read(&rt, &a, &b, ma.addr(), mb.addr(), LEN as u64);
+    // SAFETY: the transfer finished; nothing touches the memory now.
+    let got = unsafe { std::slice::from_raw_parts(ma.addr() as *const u8, LEN) };
+    assert!(got == pattern(3, LEN).as_slice(), "every byte moved");
+    assert_eq!(stats().failed_attempts, 0, "{:?}", stats());
+    let (ma, busy) = ma.free().expect_err("registered memory is not freed");
+    assert_eq!(busy.kind(), ferry::ErrorKind::Busy, "{busy}");
+    rt.block_on(a.unregister_memory(ma.addr())).unwrap();
+    ma.free().unwrap();
+    shutdown(&rt, vec![a, b]);
+    // After its engine shut down the memory is still pinned host memory, and is freed on the
+    // transport's device thread, which the allocation kept.
+    assert_eq!(probe.pointer_kind(mb.addr()).unwrap(), Some(PointerKind::PinnedHost));
+    let addr = mb.addr();
+    mb.free().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while probe.pointer_kind(addr).unwrap() == Some(PointerKind::PinnedHost) {
+        assert!(Instant::now() < deadline, "aclrtFreeHost never ran");
+        std::thread::sleep(Duration::from_millis(5));
+    }
 }
 
 /// 2.11: one range registered by two engines of a process on the same card is one HCCL

@@ -11,6 +11,7 @@ use crate::batch::{Batch, Opcode, SegmentHandle, TransferRequest, ValidatedReque
 use crate::config::{Config, MetadataServer};
 use crate::descriptor::{BufferDesc, MetadataKeys, RpcMeta, SegmentDescriptor};
 use crate::error::{Error, ErrorKind, Result};
+use crate::host_memory::HostAllocation;
 use crate::kv::{BlockRun, BlockTransfer, KvLayout, plan_block_transfer};
 use crate::memory::{Location, MemoryRegistry, Region};
 use crate::metadata::{MetadataBackend, MetadataRegistry, WatchEvent};
@@ -920,6 +921,66 @@ impl TransferEngine {
         self.block_on(self.unregister_memory(addr))?
     }
 
+    /// Allocates `len` bytes of zero-filled host memory suited to this engine's transports:
+    /// the first transport that allocates host memory its own way
+    /// ([`Transport::allocate_host`]; the primary transport is asked first, then the others in
+    /// the order they are tried) provides it — `aclrtMallocHost` memory for the `ascend`
+    /// transport — else the process allocator does ([`HostAllocation::zeroed`], aligned to
+    /// [`HOST_ALIGNMENT`](crate::HOST_ALIGNMENT)).
+    ///
+    /// The memory is not registered: register it with
+    /// [`register_memory`](Self::register_memory) (location `*` lets the transports detect
+    /// it). The allocation watches this engine's memory registry: while a region overlapping it
+    /// is registered here, [`HostAllocation::free`] refuses with [`ErrorKind::Busy`] and
+    /// dropping it leaks the memory instead of freeing it, so memory a transport may still touch
+    /// is never given back. It may outlive the engine (its deallocator does not need the engine).
+    ///
+    /// Errors: [`ErrorKind::InvalidArgument`] for a zero `len`, [`ErrorKind::Shutdown`] after
+    /// shutdown, the transport's error when its allocator fails (no fallback then: memory the
+    /// transport cannot move would only fail later).
+    pub async fn allocate_host_memory(&self, len: usize) -> Result<HostAllocation> {
+        self.inner.check_open()?;
+        if len == 0 {
+            return Err(Error::invalid("cannot allocate 0 bytes of host memory"));
+        }
+        let transports = self.inner.transports();
+        let primary = std::iter::once(&self.inner.primary);
+        let others = transports.iter().filter(|t| !Arc::ptr_eq(t, &self.inner.primary));
+        let mut allocated = None;
+        for t in primary.chain(others) {
+            if let Some(r) = t.allocate_host(len).await {
+                let a = r.map_err(|e| {
+                    let msg = format!(
+                        "the {} transport could not allocate {len} bytes of host memory: {}",
+                        t.protocol(),
+                        e.message()
+                    );
+                    e.context(msg)
+                })?;
+                tracing::debug!(
+                    addr = a.addr(),
+                    len,
+                    transport = t.protocol(),
+                    origin = a.origin(),
+                    "host memory allocated"
+                );
+                allocated = Some(a);
+                break;
+            }
+        }
+        let mut a = match allocated {
+            Some(a) => a,
+            None => HostAllocation::zeroed(len)?,
+        };
+        a.watch(self.inner.memory.clone());
+        Ok(a)
+    }
+
+    /// Blocking form of [`allocate_host_memory`](Self::allocate_host_memory).
+    pub fn allocate_host_memory_blocking(&self, len: usize) -> Result<HostAllocation> {
+        self.block_on(self.allocate_host_memory(len))?
+    }
+
     /// Opens the segment `name` (this engine's own name included): looks it up in the cache, or
     /// fetches its descriptor from metadata and picks the transport that serves it. A cached
     /// descriptor marked stale (its peer failed, or metadata reported a change) is refetched.
@@ -1359,6 +1420,85 @@ mod tests {
         let err = builder(bad, &factory).build().await.unwrap_err();
         assert_eq!(err.kind(), ErrorKind::Config);
         assert!(err.message().contains("unknown resolver \"dns\""), "{err}");
+    }
+
+    /// A transport that allocates host memory its own way and counts the frees.
+    struct Pinned(Arc<AtomicU64>);
+    #[async_trait::async_trait]
+    impl Transport for Pinned {
+        fn protocol(&self) -> &str {
+            "still"
+        }
+        fn capabilities(&self) -> Capabilities {
+            Capabilities::default()
+        }
+        fn submit(&self, _: &Arc<OpenSegment>, _: &Arc<Batch>, _: &[u32]) -> Result<()> {
+            Err(Error::invalid("pinned moves nothing"))
+        }
+        async fn allocate_host(&self, len: usize) -> Option<Result<HostAllocation>> {
+            let mut bytes = vec![0u8; len].into_boxed_slice();
+            let addr = bytes.as_mut_ptr() as u64;
+            let frees = self.0.clone();
+            #[allow(unsafe_code)]
+            // SAFETY: the boxed slice is zeroed, owned by the deallocator and dropped by it alone.
+            Some(Ok(unsafe {
+                HostAllocation::new(addr, len, "pinned", move || {
+                    drop(bytes);
+                    frees.fetch_add(1, Ordering::SeqCst);
+                })
+            }))
+        }
+    }
+    struct PinnedFactory(Arc<AtomicU64>);
+    #[async_trait::async_trait]
+    impl TransportFactory for PinnedFactory {
+        fn protocol(&self) -> &'static str {
+            "still"
+        }
+        async fn create(&self, _: &TransportContext) -> Result<Arc<dyn Transport>> {
+            Ok(Arc::new(Pinned(self.0.clone())))
+        }
+    }
+
+    #[tokio::test]
+    #[allow(unsafe_code)]
+    async fn host_memory_comes_from_the_transport_else_the_fallback_and_is_not_freed_while_registered() {
+        let text = r#"{"local_hostname": "10.0.0.5:1", "protocol": "still"}"#;
+        // A transport without an allocator: the process allocator, page-aligned.
+        let e = builder(text, &Arc::new(StillFactory::default())).build().await.unwrap();
+        let a = e.allocate_host_memory(100).await.unwrap();
+        assert_eq!(a.origin(), "the process allocator");
+        assert_eq!(a.addr() % crate::HOST_ALIGNMENT as u64, 0);
+        assert_eq!(e.allocate_host_memory(0).await.unwrap_err().kind(), ErrorKind::InvalidArgument);
+        a.free().unwrap();
+
+        // One with an allocator: its memory, watched by the engine's registry.
+        let frees = Arc::new(AtomicU64::new(0));
+        let mut b = EngineBuilder::new()
+            .config(Config::from_json_str(text, None).unwrap())
+            .metadata(InProcessMetadata::new() as Arc<dyn MetadataBackend>);
+        b.transports_mut().install(Arc::new(PinnedFactory(frees.clone())));
+        let e = b.build().await.unwrap();
+        let a = e.allocate_host_memory(4096).await.unwrap();
+        assert_eq!((a.origin(), a.len()), ("pinned", 4096));
+        // SAFETY: `a` owns the memory; it is unregistered before it is freed (the test checks
+        // that freeing earlier is refused).
+        unsafe { e.register_memory(a.addr(), 4096, Location::Any) }.await.unwrap();
+        let (a, err) = a.free().unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Busy, "{err}");
+        assert_eq!(frees.load(Ordering::SeqCst), 0);
+        e.unregister_memory(a.addr()).await.unwrap();
+        a.free().unwrap();
+        assert_eq!(frees.load(Ordering::SeqCst), 1);
+
+        // Dropped while registered: leaked, not freed.
+        let a = e.allocate_host_memory(10).await.unwrap();
+        // SAFETY: as above; the memory is leaked, so it stays valid for the registration.
+        unsafe { e.register_memory(a.addr(), 10, Location::Any) }.await.unwrap();
+        drop(a);
+        assert_eq!(frees.load(Ordering::SeqCst), 1);
+        e.shutdown().await.unwrap();
+        assert_eq!(e.allocate_host_memory(1).await.unwrap_err().kind(), ErrorKind::Shutdown);
     }
 
     #[test]

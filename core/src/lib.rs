@@ -3,7 +3,10 @@
 //! The device-free heart of Ferry, a KV-cache transfer engine for disaggregated LLM serving.
 //! This crate holds no sockets, no FFI and no device code, and never dereferences a pointer: its
 //! only `unsafe` items are the registration functions, whose contract (the memory is valid until
-//! unregistered) is what the transports rely on. It defines the three traits everything else
+//! unregistered) is what the transports rely on, and [`HostAllocation::new`], whose contract
+//! (the memory is the allocation's to free) is what callers of
+//! [`TransferEngine::allocate_host_memory`] rely on; its only `unsafe` code is that function's
+//! fallback allocator ([`HostAllocation::zeroed`], the process allocator). It defines the three traits everything else
 //! plugs into and the engine that ties them together.
 //!
 //! - [`Transport`]: moves bytes between local registered memory and a remote segment.
@@ -26,6 +29,7 @@ pub mod config;
 pub mod descriptor;
 pub mod engine;
 pub mod error;
+pub mod host_memory;
 pub mod kv;
 pub mod memory;
 pub mod metadata;
@@ -40,6 +44,7 @@ pub use config::{BasePort, ByteSize, Config, ConfigStyle, FieldSource, MetadataS
 pub use descriptor::{BufferDesc, MetadataKeys, RankInfo, RpcMeta, SegmentDescriptor};
 pub use engine::{BlockBatch, EngineBuilder, KvLayoutId, TransferEngine};
 pub use error::{Error, ErrorKind, Result};
+pub use host_memory::{HOST_ALIGNMENT, HostAllocation};
 pub use kv::{BlockRun, BlockSlice, BlockTransfer, KvLayout, KvRegion, plan_block_transfer};
 pub use memory::{Location, MemoryRegistry, Region, RegionLease};
 pub use metadata::{InProcessMetadata, MetadataBackend, MetadataFactory, MetadataRegistry, Notification, WatchEvent};

@@ -318,6 +318,16 @@ impl MemoryRegistry {
         ranges.enumerate().map(|(i, (addr, len))| Self::find_in(&map, addr, len).cloned().map_err(|e| (i, e))).collect()
     }
 
+    /// The first registered region that shares a byte with `[addr, addr + len)`, if any (a
+    /// copy). Used to refuse freeing memory that is still registered.
+    pub fn overlapping(&self, addr: u64, len: u64) -> Option<Region> {
+        let end = addr.saturating_add(len);
+        let map = self.regions.read().unwrap_or_else(|p| p.into_inner());
+        let before = map.range(..=addr).next_back().map(|(_, r)| r).filter(|r| r.end() > addr);
+        let inside = map.range(addr..end).next().map(|(_, r)| r);
+        before.or(inside).filter(|_| len > 0).map(|r| Region::clone(r))
+    }
+
     /// Snapshot of all regions (copies, not leases), in address order.
     pub fn regions(&self) -> Vec<Region> {
         let map = self.regions.read().unwrap_or_else(|p| p.into_inner());

@@ -9,6 +9,7 @@ use crate::batch::Batch;
 use crate::config::Config;
 use crate::descriptor::SegmentDescriptor;
 use crate::error::{Error, Result};
+use crate::host_memory::HostAllocation;
 use crate::memory::{MemoryRegistry, Region};
 use crate::resolver::ResolverChain;
 use crate::segment::OpenSegment;
@@ -109,6 +110,21 @@ pub trait Transport: Send + Sync + 'static {
     async fn unregister_memory(&self, region: &Region) -> Result<()> {
         let _ = region;
         Ok(())
+    }
+
+    /// Allocates `len` bytes of host memory the way this transport needs them, or `None` (the
+    /// default) when any host memory will do; the engine then uses its fallback
+    /// ([`HostAllocation::zeroed`]). The `ascend` transport answers with `aclrtMallocHost`
+    /// memory, the only host memory HCCL can register with the device.
+    ///
+    /// The memory must be zero-filled, at least page-aligned, and valid for reads and writes
+    /// from any thread until the allocation's deallocator runs — which may be on any thread and
+    /// after this transport (and its engine) shut down: the deallocator must stay able to free
+    /// it then. It is not registered: the caller registers it (the engine's
+    /// [`allocate_host_memory`](crate::TransferEngine::allocate_host_memory) documents how).
+    async fn allocate_host(&self, len: usize) -> Option<Result<HostAllocation>> {
+        let _ = len;
+        None
     }
 
     /// Prepares the connection to `target` ahead of the first transfer (optional warm-up).

@@ -204,6 +204,38 @@ int32_t ferry_register_memory(FerryEngine engine, uint64_t addr, uint64_t length
 int32_t ferry_unregister_memory(FerryEngine engine, uint64_t addr);
 
 /**
+ * Allocates `length` bytes of zero-filled host memory suited to the engine's transports and
+ * stores its address in `*out_addr`: with the `ascend` transport it is `aclrtMallocHost`
+ * memory (the only host memory HCCL can move), otherwise page-aligned memory of the process
+ * allocator. It is not registered: register it with `ferry_register_memory` (location `"*"`
+ * lets the transport detect it), and free it with `ferry_free_buffer`.
+ *
+ * The buffer belongs to the process, not to the engine: it stays allocated after the engine
+ * is destroyed (and may be registered with another engine) until `ferry_free_buffer`.
+ *
+ * Returns `FERRY_E_INVALID_ARGUMENT` for a zero `length` or a null `out_addr`,
+ * `FERRY_E_NOT_FOUND` for an engine handle that is not live, or the transport's error when its
+ * allocator fails (`FERRY_E_TRANSPORT`, with the ACL error in the last error).
+ *
+ * # Safety
+ * `out_addr` is valid for writing one `uint64_t`.
+ */
+int32_t ferry_allocate_buffer(FerryEngine engine, uint64_t length, uint64_t *out_addr);
+
+/**
+ * Frees a buffer of `ferry_allocate_buffer` (by the address it returned). Any engine, or none,
+ * may be alive.
+ *
+ * Refused with `FERRY_E_BUSY` while a live engine (of this process's C API) still has a region
+ * overlapping the buffer registered, and while the engine that allocated it still holds such a
+ * region (it was destroyed while transfers used it): unregister it first (or destroy the engine
+ * with `FERRY_OK`); the buffer then stays allocated and may be freed later. Returns
+ * `FERRY_E_NOT_FOUND` when `addr` is not the address of a buffer that is still allocated (a
+ * second free included).
+ */
+int32_t ferry_free_buffer(uint64_t addr);
+
+/**
  * Opens the peer segment `name` (a segment name such as `127.0.0.1:15342`, as its owner's
  * `ferry_engine_segment_name` reports; the engine's own name works too) and stores its handle
  * in `*out_segment`, for `FerryTransferRequest.target` and `ferry_kv_submit_blocks`.

@@ -1,9 +1,11 @@
 //! Engines: create (from JSON, a file or the environment), destroy, identity, memory
 //! registration and opened segments.
 
+use std::collections::BTreeMap;
 use std::ffi::c_char;
+use std::sync::Mutex;
 
-use ferry::{Config, Error, ErrorKind, Location, SegmentHandle, TransferEngine};
+use ferry::{Config, Error, ErrorKind, HostAllocation, Location, SegmentHandle, TransferEngine};
 
 use crate::FerryEngine;
 use crate::errors::{CResult, Out, OutArray, copy_str, guard, invalid, opt_str_arg, str_arg};
@@ -11,6 +13,10 @@ use crate::handles::{ENGINE_TAG, HandleTable};
 
 /// Every live engine of the process.
 pub(crate) static ENGINES: HandleTable<TransferEngine> = HandleTable::new(ENGINE_TAG, "engine", "destroyed");
+
+/// Host memory of `ferry_allocate_buffer` not yet freed, by address. Process-wide: a buffer may
+/// outlive the engine that allocated it.
+static BUFFERS: Mutex<BTreeMap<u64, HostAllocation>> = Mutex::new(BTreeMap::new());
 
 /// The engine behind `handle` (a clone: the table's lock is not held while it is used).
 pub(crate) fn engine(handle: FerryEngine) -> CResult<TransferEngine> {
@@ -255,6 +261,79 @@ pub unsafe extern "C" fn ferry_register_memory(
 #[unsafe(no_mangle)]
 pub extern "C" fn ferry_unregister_memory(engine: FerryEngine, addr: u64) -> i32 {
     guard("ferry_unregister_memory", || self::engine(engine)?.unregister_memory_blocking(addr))
+}
+
+/// Allocates `length` bytes of zero-filled host memory suited to the engine's transports and
+/// stores its address in `*out_addr`: with the `ascend` transport it is `aclrtMallocHost`
+/// memory (the only host memory HCCL can move), otherwise page-aligned memory of the process
+/// allocator. It is not registered: register it with `ferry_register_memory` (location `"*"`
+/// lets the transport detect it), and free it with `ferry_free_buffer`.
+///
+/// The buffer belongs to the process, not to the engine: it stays allocated after the engine
+/// is destroyed (and may be registered with another engine) until `ferry_free_buffer`.
+///
+/// Returns `FERRY_E_INVALID_ARGUMENT` for a zero `length` or a null `out_addr`,
+/// `FERRY_E_NOT_FOUND` for an engine handle that is not live, or the transport's error when its
+/// allocator fails (`FERRY_E_TRANSPORT`, with the ACL error in the last error).
+///
+/// # Safety
+/// `out_addr` is valid for writing one `uint64_t`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ferry_allocate_buffer(engine: FerryEngine, length: u64, out_addr: *mut u64) -> i32 {
+    guard("ferry_allocate_buffer", || {
+        // SAFETY: the caller promises `out_addr` is valid for one write (this function's contract).
+        let out = unsafe { Out::new(out_addr, "out_addr") }?;
+        if length == 0 {
+            return Err(invalid("`length` is 0: nothing to allocate"));
+        }
+        let len = usize::try_from(length).map_err(|_| invalid(format!("`length` {length} is too large")))?;
+        let e = self::engine(engine)?;
+        let buffer = e.allocate_host_memory_blocking(len)?;
+        let addr = buffer.addr();
+        BUFFERS.lock().unwrap_or_else(|p| p.into_inner()).insert(addr, buffer);
+        out.write(addr);
+        Ok(())
+    })
+}
+
+/// Frees a buffer of `ferry_allocate_buffer` (by the address it returned). Any engine, or none,
+/// may be alive.
+///
+/// Refused with `FERRY_E_BUSY` while a live engine (of this process's C API) still has a region
+/// overlapping the buffer registered, and while the engine that allocated it still holds such a
+/// region (it was destroyed while transfers used it): unregister it first (or destroy the engine
+/// with `FERRY_OK`); the buffer then stays allocated and may be freed later. Returns
+/// `FERRY_E_NOT_FOUND` when `addr` is not the address of a buffer that is still allocated (a
+/// second free included).
+#[unsafe(no_mangle)]
+pub extern "C" fn ferry_free_buffer(addr: u64) -> i32 {
+    guard("ferry_free_buffer", || {
+        let mut buffers = BUFFERS.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(buffer) = buffers.remove(&addr) else {
+            return Err(Error::not_found(format!("{addr:#x} is not a buffer of ferry_allocate_buffer (or was freed)")));
+        };
+        for e in ENGINES.values() {
+            if let Some(region) = e.memory().overlapping(addr, buffer.len() as u64) {
+                buffers.insert(addr, buffer);
+                return Err(Error::new(
+                    ErrorKind::Busy,
+                    format!(
+                        "buffer {addr:#x} is still registered with engine `{}` (region {:#x}+{}); unregister it first",
+                        e.segment_name(),
+                        region.addr(),
+                        region.len()
+                    ),
+                ));
+            }
+        }
+        match buffer.free() {
+            Ok(()) => Ok(()),
+            Err((buffer, e)) => {
+                buffers.insert(addr, buffer);
+                Err(e)
+            }
+        }
+    })
 }
 
 /// Opens the peer segment `name` (a segment name such as `127.0.0.1:15342`, as its owner's

@@ -147,6 +147,11 @@ impl<T> HandleTable<T> {
         Ok(value)
     }
 
+    /// Every live value (clones of the references; the table's lock is not held afterwards).
+    pub(crate) fn values(&self) -> Vec<Arc<T>> {
+        self.lock().slots.iter().filter_map(|s| s.value.clone()).collect()
+    }
+
     /// Number of live values.
     #[cfg(test)]
     fn live(&self) -> usize {

@@ -18,7 +18,7 @@
 //! - A null pointer where a value is required, a string that is not UTF-8, a zero count or
 //!   length, or a count that does not match the object is `FERRY_E_INVALID_ARGUMENT`.
 //! - Panics never cross the boundary: they are caught and returned as `FERRY_E_INTERNAL`.
-//! - Every function may be called from any thread. Blocking calls (create, destroy,
+//! - Every function may be called from any thread. Blocking calls (create, destroy, allocate,
 //!   registration, open, submit, wait, notify) block only the calling thread: no lock other
 //!   calls need is held while they wait. Called from a thread that is inside a Rust tokio
 //!   runtime, they return `FERRY_E_INVALID_ARGUMENT` (a notification callback runs on the
@@ -45,9 +45,9 @@ pub use batch::{
     ferry_batch_released, ferry_batch_wait, ferry_submit, ferry_transfer_sync,
 };
 pub use engine::{
-    ferry_close_segment, ferry_engine_create, ferry_engine_create_from_env, ferry_engine_create_from_file,
-    ferry_engine_destroy, ferry_engine_rpc_port, ferry_engine_segment_name, ferry_open_segment, ferry_register_memory,
-    ferry_segment_buffers, ferry_unregister_memory,
+    ferry_allocate_buffer, ferry_close_segment, ferry_engine_create, ferry_engine_create_from_env,
+    ferry_engine_create_from_file, ferry_engine_destroy, ferry_engine_rpc_port, ferry_engine_segment_name,
+    ferry_free_buffer, ferry_open_segment, ferry_register_memory, ferry_segment_buffers, ferry_unregister_memory,
 };
 pub use ferry_abi::{FerryTransferRequest, FerryTransferStatus};
 pub use kv::{ferry_kv_layout_register, ferry_kv_layout_unregister, ferry_kv_submit_blocks};

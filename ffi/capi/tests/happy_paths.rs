@@ -522,3 +522,62 @@ fn engines_can_be_created_and_destroyed_from_many_threads() {
     sorted.dedup();
     assert_eq!(sorted.len(), handles.len(), "every engine got its own handle");
 }
+
+/// `ferry_allocate_buffer` / `ferry_free_buffer`: zero-filled, page-aligned host memory (the
+/// tcp transport has no allocator of its own) that moves like any registered memory, is not
+/// freed while an engine has it registered, and outlives its engine.
+#[test]
+fn allocated_buffers_move_bytes_and_are_not_freed_while_registered() {
+    const LEN: u64 = 256 * 1024;
+    let (a, b) = (p2p_engine(10_000), p2p_engine(10_000));
+    let (mut src, mut dst) = (0u64, 0u64);
+    // SAFETY: valid out-pointers.
+    ok(unsafe { ferry_allocate_buffer(a, LEN, &mut src) });
+    // SAFETY: as above.
+    ok(unsafe { ferry_allocate_buffer(b, LEN, &mut dst) });
+    for addr in [src, dst] {
+        assert_eq!(addr % 4096, 0, "page-aligned");
+        // SAFETY: the buffer owns LEN bytes; no transfer touches it yet.
+        assert!(unsafe { std::slice::from_raw_parts(addr as *const u8, LEN as usize) }.iter().all(|&x| x == 0));
+    }
+    let pattern: Vec<u8> = (0..LEN).map(|i| (i * 13 % 251) as u8).collect();
+    // SAFETY: as above.
+    unsafe { std::slice::from_raw_parts_mut(src as *mut u8, LEN as usize) }.copy_from_slice(&pattern);
+    // SAFETY: the buffers stay allocated while registered (ferry_free_buffer refuses otherwise).
+    ok(unsafe { ferry_register_memory(a, src, LEN, c"*".as_ptr()) });
+    // SAFETY: as above.
+    ok(unsafe { ferry_register_memory(b, dst, LEN, c"*".as_ptr()) });
+    let peer = open(b, &name(a));
+    let batch = submit(b, &[req(FERRY_OPCODE_READ, peer, dst, src, LEN)]);
+    ok(ferry_batch_wait(batch, WAIT_MS));
+    ok(ferry_batch_free(batch));
+    // SAFETY: the transfer finished.
+    assert!(unsafe { std::slice::from_raw_parts(dst as *const u8, LEN as usize) } == pattern.as_slice());
+
+    // Registered (with the engine that allocated it, or another): not freed.
+    fails(ferry_free_buffer(src), FERRY_E_BUSY, &["still registered", &name(a)]);
+    ok(ferry_unregister_memory(a, src));
+    // SAFETY: as above.
+    ok(unsafe { ferry_register_memory(b, src, LEN, c"*".as_ptr()) });
+    fails(ferry_free_buffer(src), FERRY_E_BUSY, &["still registered", &name(b)]);
+    ok(ferry_unregister_memory(b, src));
+    ok(ferry_free_buffer(src));
+    fails(ferry_free_buffer(src), FERRY_E_NOT_FOUND, &["not a buffer of ferry_allocate_buffer"]);
+
+    // Its engine destroyed, the buffer stays allocated until freed.
+    destroy(b);
+    // SAFETY: still allocated.
+    assert!(unsafe { std::slice::from_raw_parts(dst as *const u8, LEN as usize) } == pattern.as_slice());
+    ok(ferry_free_buffer(dst));
+
+    // Bad arguments.
+    let mut out = 0u64;
+    // SAFETY: a valid out-pointer.
+    fails(unsafe { ferry_allocate_buffer(a, 0, &mut out) }, FERRY_E_INVALID_ARGUMENT, &["`length` is 0"]);
+    // SAFETY: a null out-pointer is refused before it is used.
+    fails(unsafe { ferry_allocate_buffer(a, 1, std::ptr::null_mut()) }, FERRY_E_INVALID_ARGUMENT, &["out_addr"]);
+    destroy(a);
+    // SAFETY: a valid out-pointer.
+    fails(unsafe { ferry_allocate_buffer(a, 1, &mut out) }, FERRY_E_NOT_FOUND, &["destroyed"]);
+    fails(ferry_free_buffer(0), FERRY_E_NOT_FOUND, &[]);
+}

@@ -62,10 +62,10 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use ferry_ascend_identity::AscendOptions;
-use ferry_ascend_sys::{AscendError, DeviceThread, GlobalMem, Library, MemKind, PointerKind, SearchPath};
+use ferry_ascend_sys::{AscendError, DeviceThread, GlobalMem, HostBuffer, Library, MemKind, PointerKind, SearchPath};
 use ferry_core::{
-    Batch, Capabilities, Environment, Error, ErrorKind, Location, MemoryRegistry, OpenSegment, Region, Resolution,
-    ResolveQuery, Result, SegmentDescriptor, SegmentName, Transport, TransportContext, TransportFactory,
+    Batch, Capabilities, Environment, Error, ErrorKind, HostAllocation, Location, MemoryRegistry, OpenSegment, Region,
+    Resolution, ResolveQuery, Result, SegmentDescriptor, SegmentName, Transport, TransportContext, TransportFactory,
 };
 use tokio::sync::watch;
 
@@ -287,8 +287,10 @@ pub(crate) struct Shared {
     pub(crate) settings: Settings,
     pub(crate) memory: Arc<MemoryRegistry>,
     pub(crate) runtime: tokio::runtime::Handle,
-    /// Registers global memory.
-    pub(crate) main: DeviceThread<()>,
+    /// Registers global memory and allocates pinned host memory. Shared with every
+    /// [`HostAllocation`] it made, whose deallocator frees on it: the thread (one idle OS
+    /// thread bound to the device) lives until the transport and all of them are gone.
+    pub(crate) main: Arc<DeviceThread<()>>,
     /// The one-sided service may be used (the release has it and it did not answer NOT_SUPPORT).
     pub(crate) one_sided: AtomicBool,
     /// Global memory handles by region address.
@@ -459,6 +461,7 @@ impl HcclTransport {
                 .with_source(e)
             })?
         };
+        let main = Arc::new(main);
 
         let listener = tokio::net::TcpListener::bind(("0.0.0.0", control_port)).await.map_err(|e| {
             Error::config(format!("ascend transport: cannot listen on 0.0.0.0:{control_port}")).with_source(e)
@@ -761,6 +764,42 @@ impl Transport for HcclTransport {
         let msg = format!("ascend transport: deregistering region {addr:#x}+{len} from HCCL failed: {failed}");
         tracing::error!("{msg}");
         Err(Error::transport(msg))
+    }
+
+    /// `aclrtMallocHost` memory, zero-filled, allocated on the `main` device thread (ACL keeps
+    /// its context per thread: that thread is bound to this engine's device). Its deallocator
+    /// hands the `aclrtFreeHost` back to that thread, which it keeps alive, so the memory may
+    /// outlive this transport and its engine; if the thread is gone anyway, the buffer is freed
+    /// on the caller's thread. `None` (the engine's fallback) on a CANN release without
+    /// `aclrtMallocHost`.
+    async fn allocate_host(&self, len: usize) -> Option<Result<HostAllocation>> {
+        let main = self.shared.main.clone();
+        let allocated = run_on(&main, move |dev, _| {
+            let mut buf = dev.alloc_host(len)?;
+            // CANN does not promise zeroed memory; callers (Mooncake's managed buffers) expect it.
+            buf.as_mut_slice().fill(0);
+            Ok::<HostBuffer, AscendError>(buf)
+        })
+        .await;
+        let buf = match allocated {
+            Ok(Ok(buf)) => buf,
+            Ok(Err(AscendError::Unavailable { symbol, .. })) => {
+                tracing::warn!(symbol, "this CANN release cannot allocate pinned host memory; using plain host memory");
+                return None;
+            }
+            Ok(Err(e)) => return Some(Err(hccl_error(format!("ascend transport: aclrtMallocHost of {len} bytes"), e))),
+            Err(e) => return Some(Err(hccl_error("ascend transport: device thread".into(), e))),
+        };
+        let (addr, len) = (buf.addr(), buf.len());
+        let free = move || {
+            // A job that cannot be queued is dropped here with the buffer: freed on this thread.
+            if let Err(e) = main.submit(move |_, _| drop(buf)) {
+                tracing::debug!(addr, error = %e, "aclrtFreeHost on the caller's thread: the device thread is gone");
+            }
+        };
+        // SAFETY: `buf` is a fresh `aclrtMallocHost` allocation of `len` bytes, zero-filled above,
+        // host memory valid from any thread; only the deallocator (which owns it) frees it.
+        Some(Ok(unsafe { HostAllocation::new(addr, len, "aclrtMallocHost", free) }))
     }
 
     fn submit(&self, target: &Arc<OpenSegment>, batch: &Arc<Batch>, indices: &[u32]) -> Result<()> {

@@ -67,6 +67,8 @@ _PROTOTYPES = {
     "ferry_engine_rpc_port": (c_int32, [c_uint64, POINTER(c_uint16)]),
     "ferry_register_memory": (c_int32, [c_uint64, c_uint64, c_uint64, c_char_p]),
     "ferry_unregister_memory": (c_int32, [c_uint64, c_uint64]),
+    "ferry_allocate_buffer": (c_int32, [c_uint64, c_uint64, POINTER(c_uint64)]),
+    "ferry_free_buffer": (c_int32, [c_uint64]),
     "ferry_open_segment": (c_int32, [c_uint64, c_char_p, POINTER(c_uint64)]),
     "ferry_close_segment": (c_int32, [c_uint64, c_uint64]),
     "ferry_segment_buffers": (

@@ -21,10 +21,9 @@ import enum
 import itertools
 import json
 import logging
-import mmap
 import os
 import threading
-from ctypes import byref, c_size_t, c_uint16, c_uint32, c_uint64, c_void_p
+from ctypes import byref, c_size_t, c_uint16, c_uint32, c_uint64
 from typing import Any, Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
 
 from . import _capi
@@ -169,15 +168,6 @@ def _metadata_conn(metadata_server: str, metadata_type: Optional[str]) -> str:
     return f"{metadata_type}://{server}"
 
 
-# --- libc, for managed buffers ---------------------------------------------------------------
-
-_libc = ctypes.CDLL(None, use_errno=True)
-_libc.mmap.restype = c_void_p
-_libc.mmap.argtypes = [c_void_p, c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
-_libc.munmap.restype = ctypes.c_int
-_libc.munmap.argtypes = [c_void_p, c_size_t]
-_MAP_FAILED = ctypes.c_void_p(-1).value
-
 _BOUNDS_WARNINGS = 8
 """Transfers refused for unregistered (or out-of-range) memory that are logged at WARNING per
 engine; later ones are logged at DEBUG."""
@@ -314,8 +304,9 @@ class TransferEngine:
     ) -> int:
         if self._handle:
             # A second initialize replaces the engine, as in Mooncake: the old one is destroyed
-            # first (so a store-published name is free again). Managed buffers stay mapped and
-            # are registered with the new engine; regions of register_memory are not (Mooncake's
+            # first (so a store-published name is free again). Managed buffers stay allocated
+            # (as they were: a buffer keeps the allocator it got) and are registered with the new
+            # engine; regions of register_memory are not (Mooncake's
             # new engine does not know them either).
             _log.info("initialize on an initialized engine: replacing %r", self)
             self._close(keep_managed=True)
@@ -349,7 +340,7 @@ class TransferEngine:
 
     def close(self) -> None:
         """Destroys the engine: pending batches are cancelled and freed, registrations dropped,
-        managed buffers unmapped. Idempotent."""
+        managed buffers freed. Idempotent."""
         self._close(keep_managed=False)
 
     def _close(self, keep_managed: bool) -> None:
@@ -371,14 +362,16 @@ class TransferEngine:
             if rc != OK:
                 _log.warning("destroying engine %#x failed (%s): %s", handle, code_name(rc), _capi.last_error())
                 if rc == E_BUSY and managed:
-                    # Transfers still held registered memory at the deadline: unmapping it now
-                    # could let them write into freed pages. Leak it instead.
+                    # Transfers still held registered memory at the deadline: freeing it now
+                    # could let them write into freed pages. Leak it instead (ferry_free_buffer
+                    # would refuse anyway while the destroyed engine still holds it).
                     _log.warning("leaking %d managed buffer(s) still in use by transfers", len(managed))
                     return
         # After the engine is gone no transfer can touch the managed buffers any more (with
-        # keep_managed they stay mapped for the engine that replaces this one).
-        for addr, length in managed:
-            _libc.munmap(addr, length)
+        # keep_managed they stay allocated for the engine that replaces this one).
+        for addr, _length in managed:
+            if _capi.lib.ferry_free_buffer(addr) != OK:
+                _log.warning("managed buffer %#x was not freed: %s", addr, _capi.last_error())
 
     def __enter__(self) -> TransferEngine:
         return self
@@ -619,24 +612,26 @@ class TransferEngine:
         return first
 
     def allocate_managed_buffer(self, length: int) -> int:
-        """Allocates ``length`` bytes (page-aligned, zero-filled) and registers them. Returns the
-        address, or 0 on failure. Free it with :meth:`free_managed_buffer` (or let
-        :meth:`close` release it)."""
+        """Allocates ``length`` bytes (page-aligned, zero-filled) of host memory suited to the
+        engine's transport and registers them. With ``protocol="ascend"`` the memory comes from
+        ``aclrtMallocHost``, the only host memory HCCL can move; with other transports from the
+        process allocator (``ferry_allocate_buffer``). Returns the address, or 0 on failure.
+        Free it with :meth:`free_managed_buffer` (or let :meth:`close` release it)."""
         size = max(1, check_int(length, "length"))
         handle = self._live("allocate_managed_buffer")
         if not handle:
             return 0
-        addr = _libc.mmap(None, size, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0)
-        if addr is None or addr == _MAP_FAILED:
-            errno = ctypes.get_errno()
-            self._fail(
-                E_INVALID_ARGUMENT, "allocate_managed_buffer", f"mmap of {size} bytes failed: {os.strerror(errno)}"
-            )
+        out = c_uint64()
+        rc = _capi.lib.ferry_allocate_buffer(handle, size, byref(out))
+        if rc != OK:
+            self._fail(rc, "allocate_managed_buffer")
             return 0
+        addr = out.value
         rc = _capi.lib.ferry_register_memory(handle, addr, size, b"*")
         if rc != OK:
             self._fail(rc, "allocate_managed_buffer")
-            _libc.munmap(addr, size)
+            if _capi.lib.ferry_free_buffer(addr) != OK:
+                _log.warning("managed buffer %#x was not freed: %s", addr, _capi.last_error())
             return 0
         with self._lock:
             self._managed[addr] = size
@@ -647,7 +642,7 @@ class TransferEngine:
         negative code (the buffer is kept when transfers still use it)."""
         addr = check_int(buffer_addr, "buffer_addr")
         check_int(length, "length")
-        # Taken out of the table first: a concurrent free or close() cannot unmap it twice.
+        # Taken out of the table first: a concurrent free or close() cannot free it twice.
         with self._lock:
             size = self._managed.pop(addr, None)
         if size is None:
@@ -657,7 +652,7 @@ class TransferEngine:
         if not handle:
             # close() ran between the two steps and destroyed the engine without seeing this
             # buffer; whether transfers still touched it is unknown here, so it is leaked rather
-            # than unmapped.
+            # than freed.
             _log.warning("free_managed_buffer raced with close(); leaking %#x (%d bytes)", addr, size)
             return -1
         rc = _capi.lib.ferry_unregister_memory(handle, addr)
@@ -665,7 +660,12 @@ class TransferEngine:
             with self._lock:
                 self._managed[addr] = size  # still registered: kept for a later free or close()
             return mooncake_code(self._fail(rc, "free_managed_buffer"))
-        _libc.munmap(addr, size)
+        rc = _capi.lib.ferry_free_buffer(addr)
+        if rc != OK:
+            # Registered elsewhere (another engine of this process): kept for close().
+            with self._lock:
+                self._managed[addr] = size
+            return mooncake_code(self._fail(rc, "free_managed_buffer"))
         return 0
 
     def _registered(self, addr: int, length: int) -> bool:
