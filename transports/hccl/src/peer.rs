@@ -79,9 +79,10 @@ impl OneSided {
     /// communicator (HCOMM `hccl_one_sided_service.cc`; HIXL: register memory before
     /// connecting). `None` when it reaches all of them.
     fn unreachable(&self, ops: &[OneSidedOp]) -> Option<(bool, OneSidedOp)> {
-        let local = || self.bound.values().map(|g| (g.addr(), g.len()));
+        // The bound region that could hold an address is the last one starting at or before it.
+        let local = |addr: u64| self.bound.range(..=addr).next_back().map(|(_, g)| (g.addr(), g.len()));
         for op in ops {
-            if !within(local(), op.local, op.len) {
+            if !within(local(op.local), op.local, op.len) {
                 return Some((true, *op));
             }
             if let Some(peer) = &self.peer_buffers
@@ -807,31 +808,46 @@ impl Driver {
                 .iter()
                 .any(|b| b.device_id.is_none() && addr >= b.addr && addr - b.addr < b.length)
         };
-        for pos in (0..pending.indices().len()).rev() {
-            let r = pending.batch().request(pending.indices()[pos] as usize).request;
-            let local = self.shared.placement(r.source);
-            let why = match local {
-                Some(Placement::UnpinnedHost) => Some(format!(
-                    "local host memory {:#x}+{} was not allocated with aclrtMallocHost, so HCCL cannot register it \
-                     with the device: allocate it with aclrtMallocHost (allocate_managed_buffer does) or use device \
-                     memory",
-                    r.source, r.length
-                )),
-                Some(p) if ipc && p.is_host() => Some(format!(
-                    "local host memory {:#x}+{} cannot go to `{}`: engines on one server talk over HCCS IPC, which \
-                     shares device memory only; use device memory, or set HCCL_INTRA_ROCE_ENABLE=1 on both engines",
-                    r.source, r.length, info.segment
-                )),
-                _ if ipc && remote_is_host(r.target_offset) => Some(format!(
-                    "`{}` exposes {:#x}+{} as host memory, which engines on one server cannot share over HCCS IPC \
-                     (device memory only); use device memory there, or set HCCL_INTRA_ROCE_ENABLE=1 on both engines",
-                    info.segment, r.target_offset, r.length
-                )),
-                _ => None,
+        // One look at the placements for the whole batch; the refusals are completed after.
+        let refusals: Vec<(usize, String)> = {
+            let placements = self.shared.placements.lock().unwrap_or_else(|p| p.into_inner());
+            let placement = |addr: u64| {
+                let (&base, &(len, kind)) = placements.range(..=addr).next_back()?;
+                (addr - base < len).then_some(kind)
             };
-            if let Some(why) = why {
-                pending.complete_at(pos, Err(Error::invalid(format!("ascend transport: {why}"))));
-            }
+            pending
+                .indices()
+                .iter()
+                .enumerate()
+                .filter_map(|(pos, &i)| {
+                    let r = pending.batch().request(i as usize).request;
+                    let why = match placement(r.source) {
+                        Some(Placement::UnpinnedHost) => format!(
+                            "local host memory {:#x}+{} was not allocated with aclrtMallocHost, so HCCL cannot \
+                             register it with the device: allocate it with aclrtMallocHost (allocate_managed_buffer \
+                             does) or use device memory",
+                            r.source, r.length
+                        ),
+                        Some(p) if ipc && p.is_host() => format!(
+                            "local host memory {:#x}+{} cannot go to `{}`: engines on one server talk over HCCS IPC, \
+                             which shares device memory only; use device memory, or set HCCL_INTRA_ROCE_ENABLE=1 on \
+                             both engines",
+                            r.source, r.length, info.segment
+                        ),
+                        _ if ipc && remote_is_host(r.target_offset) => format!(
+                            "`{}` exposes {:#x}+{} as host memory, which engines on one server cannot share over \
+                             HCCS IPC (device memory only); use device memory there, or set HCCL_INTRA_ROCE_ENABLE=1 \
+                             on both engines",
+                            info.segment, r.target_offset, r.length
+                        ),
+                        _ => return None,
+                    };
+                    Some((pos, why))
+                })
+                .collect()
+        };
+        for (pos, why) in refusals.into_iter().rev() {
+            pending.complete_at(pos, Err(Error::invalid(format!("ascend transport: {why}"))));
         }
         (!pending.is_empty()).then_some(pending)
     }
