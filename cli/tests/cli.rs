@@ -215,44 +215,57 @@ const NODE_RANK_TABLE: &str = r#"{"version": "1.2", "server_count": "1", "status
 
 #[test]
 fn doctor_explains_identity_in_a_container() {
-    // The seed's case: the container sees cards 4 and 5, so aclrtGetDevice says 0 on both; rank
-    // 1 is physical card 5, and the port comes from the one shared config.
+    // The seed's case: the process sees cards 4 and 5, so aclrtGetDevice says 0 and 1; rank 1 is
+    // user device 1, whose physical card the ACL runtime (here the emulated CANN) names, and the
+    // port comes from the one shared config.
     let p = tmp("container.json", r#"{"local_hostname": "10.0.0.5", "base_port": 17000, "protocol": "local"}"#);
-    let hccn = tmp("container-hccn.conf", "address_4=29.0.0.5\naddress_5=29.0.0.6\n");
-    let out = ferry()
-        .args(["doctor", "--config"])
-        .arg(&p)
-        .env("ASCEND_RT_VISIBLE_DEVICES", "4,5")
-        .env("LOCAL_RANK", "1")
-        .env("FERRY_HCCN_CONF", &hccn)
-        .output()
-        .unwrap();
-    let s = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{s}");
+    let hccn = tmp("container-hccn.conf", "address_4=29.0.0.5\naddress_5=29.0.0.6\naddress_7=29.0.0.8\n");
+    let emu = ferry_ascend_sys::test_support::emulator_lib_dir(ferry_ascend_sys::test_support::Emulator::Current)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let doctor = |visible: &str, mounted: Option<&str>, extra: &[&str], env: &[(&str, &str)]| {
+        let mut c = ferry();
+        c.args(["doctor", "--config"]).arg(&p).args(extra);
+        c.env("ASCEND_RT_VISIBLE_DEVICES", visible)
+            .env("FERRY_HCCN_CONF", &hccn)
+            .env("FERRY_ASCEND_LIB_DIR", emu.path());
+        c.env_remove("FERRY_CANN_EMU_MOUNTED").env_remove("LOCAL_RANK").env_remove("FERRY_LOCAL_RANK");
+        if let Some(m) = mounted {
+            c.env("FERRY_CANN_EMU_MOUNTED", m);
+        }
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        let out = c.output().unwrap();
+        (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned())
+    };
+    let (ok, s) = doctor("4,5", None, &[], &[("LOCAL_RANK", "1")]);
+    assert!(ok, "{s}");
     assert!(
         s.contains("segment name:     10.0.0.5:17001") && s.contains("port = base_port 17000 + local rank 1"),
         "{s}"
     );
     assert!(s.contains("local rank:       1 [env LOCAL_RANK]"), "{s}");
     assert!(
-        s.contains("physical_device  = 5                    (from env) ASCEND_RT_VISIBLE_DEVICES=\"4,5\" entry 1"),
+        s.contains(
+            "user_device      = 1                    (from env) user device 1 = local rank 1; \
+             ASCEND_RT_VISIBLE_DEVICES=\"4,5\" entry 1 is its logical id 5"
+        ),
         "{s}"
     );
-    assert!(s.contains("user_device      = 1                    (from env) user device 1 = local rank 1"), "{s}");
+    assert!(s.contains("physical_device  = 5                    (from acl) aclrtGetPhyDevIdByUserDevId(1) = 5"), "{s}");
     assert!(
         s.contains("device_ip        = 29.0.0.6") && s.contains("(from hccn_conf)") && s.contains("line 2 address_5"),
         "{s}"
     );
-    // The acl link is built in (no CANN here, so it answers nothing and env's answer stands).
     assert!(s.contains("env -> acl -> hccn_conf") && !s.contains("not in this build"), "{s}");
+    // In a container the entries are logical ids: one mounting cards 6 and 7 calls them 0 and 1.
+    let (ok, s) = doctor("0,1", Some("6,7"), &[], &[("LOCAL_RANK", "1")]);
+    assert!(ok, "{s}");
+    assert!(s.contains("physical_device  = 7                    (from acl)"), "{s}");
+    assert!(s.contains("device_ip        = 29.0.0.8"), "{s}");
 
     // FERRY_LOCAL_RANK wins over LOCAL_RANK, and --local-rank over both.
-    let run = |extra: &[&str]| {
-        let mut c = ferry();
-        c.args(["doctor", "--config"]).arg(&p).args(extra);
-        c.env("ASCEND_RT_VISIBLE_DEVICES", "4,5").env("LOCAL_RANK", "1").env("FERRY_LOCAL_RANK", "0");
-        String::from_utf8_lossy(&c.output().unwrap().stdout).into_owned()
-    };
+    let run = |extra: &[&str]| doctor("4,5", None, extra, &[("LOCAL_RANK", "1"), ("FERRY_LOCAL_RANK", "0")]).1;
     let s = run(&[]);
     assert!(s.contains("physical_device  = 4") && s.contains("[env FERRY_LOCAL_RANK]"), "{s}");
     let s = run(&["--local-rank", "1"]);
@@ -354,7 +367,10 @@ fn doctor_rejects_bad_resolver_lists_and_device_suffixes() {
     let s = String::from_utf8_lossy(&out.stdout);
     assert!(!out.status.success(), "{s}");
     assert!(s.contains("field `resolvers` at line 3") && s.contains("unknown resolver \"dns\""), "{s}");
-    assert!(s.contains("known resolvers: config, hostname, rank_table, env, acl, hccn_conf, port_offset"), "{s}");
+    assert!(
+        s.contains("known resolvers: current_device, config, hostname, rank_table, env, acl, hccn_conf, port_offset"),
+        "{s}"
+    );
 
     let out = ferry()
         .args(["doctor", "--config"])
@@ -435,7 +451,8 @@ fn doctor_binds_a_rank_table_card_by_its_position_among_the_visible_cards() {
     assert!(s.contains("physical_device  = 4                    (from rank_table)"), "{s}");
     assert!(
         s.contains(
-            "user_device      = 4                    (from env) user device 4, the position of physical device 4"
+            "user_device      = 4                    (from env) user device 4, the position of 4 (the physical \
+             device resolved earlier"
         ),
         "{s}"
     );
