@@ -263,6 +263,12 @@ impl Placement {
     }
 }
 
+/// The placement of the region of `placements` (by address, with length) holding `addr`.
+pub(crate) fn placement_in(placements: &BTreeMap<u64, (u64, Placement)>, addr: u64) -> Option<Placement> {
+    let (&base, &(len, kind)) = placements.range(..=addr).next_back()?;
+    (addr - base < len).then_some(kind)
+}
+
 /// Alignment HCCS IPC needs of device memory two engines of one server share: a huge page
 /// (HIXL's interface documentation; `ACL_MEM_MALLOC_HUGE_ONLY` memory starts on one).
 pub const IPC_ALIGNMENT: u64 = 2 << 20;
@@ -316,9 +322,7 @@ impl Shared {
 
     /// The placement of the registered region holding `addr`, if any.
     pub(crate) fn placement(&self, addr: u64) -> Option<Placement> {
-        let p = self.placements.lock().unwrap_or_else(|p| p.into_inner());
-        let (&base, &(len, kind)) = p.range(..=addr).next_back()?;
-        (addr - base < len).then_some(kind)
+        placement_in(&self.placements.lock().unwrap_or_else(|p| p.into_inner()), addr)
     }
 
     /// The global memory a communicator with a peer binds: device memory always; host memory

@@ -811,10 +811,7 @@ impl Driver {
         // One look at the placements for the whole batch; the refusals are completed after.
         let refusals: Vec<(usize, String)> = {
             let placements = self.shared.placements.lock().unwrap_or_else(|p| p.into_inner());
-            let placement = |addr: u64| {
-                let (&base, &(len, kind)) = placements.range(..=addr).next_back()?;
-                (addr - base < len).then_some(kind)
-            };
+            let placement = |addr: u64| crate::placement_in(&placements, addr);
             pending
                 .indices()
                 .iter()
