@@ -21,7 +21,7 @@ pub const EMULATED_ACL_VERSION: (i32, i32, i32) = (1, 0, 0);
 /// What `aclrtGetSocName` reports.
 pub const EMULATED_SOC_NAME: &CStr = c"Ascend910B3";
 
-fn null(what: &str) -> EmuError {
+pub(crate) fn null(what: &str) -> EmuError {
     err(ACL_ERROR_INVALID_PARAM, format!("{what} is NULL"))
 }
 
@@ -29,7 +29,7 @@ fn null(what: &str) -> EmuError {
 ///
 /// # Safety
 /// `p` is non-null and valid for a write of `T` (alignment is not required).
-unsafe fn out<T>(p: *mut T, v: T) {
+pub(crate) unsafe fn out<T>(p: *mut T, v: T) {
     // SAFETY: guaranteed by the caller.
     unsafe { p.write_unaligned(v) }
 }
@@ -480,7 +480,7 @@ pub const ACL_DEV_ATTR_SUPER_POD_ID: i32 = 405;
 /// attributes HIXL's v1.2 rank tables need: `ACL_DEV_ATTR_SUPER_POD_DEVICE_ID` (403) is
 /// `FERRY_CANN_EMU_SUPER_DEVICE_BASE` (default 0) plus the physical id, `ACL_DEV_ATTR_SUPER_POD_ID`
 /// (405) is `FERRY_CANN_EMU_SUPER_POD` (default 0); on a SoC that is not an A3 part, and for
-/// other attributes, `ACL_ERROR_FEATURE_UNSUPPORTED` (207000).
+/// other attributes, `ACL_ERROR_RT_FEATURE_NOT_SUPPORT` (207000).
 ///
 /// # Safety
 /// `value` is NULL or valid for writing an `int64_t`.
@@ -499,7 +499,7 @@ pub unsafe extern "C" fn aclrtGetDeviceInfo(device_id: u32, attr: i32, value: *m
             let v = match attr {
                 _ if !crate::config::is_a3(&cfg.soc_name) => {
                     return Err(err(
-                        ACL_ERROR_FEATURE_UNSUPPORTED,
+                        ACL_ERROR_RT_FEATURE_NOT_SUPPORT,
                         format!("aclrtGetDeviceInfo: attribute {attr} is not supported on {}", cfg.soc_name),
                     ));
                 }
@@ -507,7 +507,7 @@ pub unsafe extern "C" fn aclrtGetDeviceInfo(device_id: u32, attr: i32, value: *m
                 ACL_DEV_ATTR_SUPER_POD_ID => cfg.super_pod,
                 _ => {
                     return Err(err(
-                        ACL_ERROR_FEATURE_UNSUPPORTED,
+                        ACL_ERROR_RT_FEATURE_NOT_SUPPORT,
                         format!("aclrtGetDeviceInfo: the emulator does not model attribute {attr}"),
                     ));
                 }

@@ -23,8 +23,18 @@ pub const ACL_ERROR_RT_CONTEXT_NULL: i32 = 107002;
 pub const ACL_ERROR_RT_STREAM_CONTEXT: i32 = 107003;
 /// Runtime: a queued operation waited longer than `HCCL_EXEC_TIMEOUT` for its peer.
 pub const ACL_ERROR_RT_TASK_TIMEOUT: i32 = 107020;
-/// `ACL_ERROR_FEATURE_UNSUPPORTED`: the call or attribute is not supported here.
-pub const ACL_ERROR_FEATURE_UNSUPPORTED: i32 = 207000;
+/// Runtime: an invalid parameter found by the runtime layer (`rtError` `RT_ERROR_INVALID_VALUE`
+/// maps to it, runtime `errcode_manage.cc` l.314; the ACL layer's own checks give
+/// [`ACL_ERROR_INVALID_PARAM`] instead). Runtime `rt_error_codes.h` l.21.
+pub const ACL_ERROR_RT_PARAM_INVALID: i32 = 107000;
+/// `ACL_ERROR_RT_FEATURE_NOT_SUPPORT` (runtime `rt_error_codes.h` l.69, "feature not support";
+/// `docs/zh/api_ref/25-01_aclError.md` l.152): the call, flag or attribute is not supported by
+/// this device or driver. The emulator also answers it for calls it does not model.
+pub const ACL_ERROR_RT_FEATURE_NOT_SUPPORT: i32 = 207000;
+/// The emulator's earlier name for 207000, kept for existing callers. Note that CANN's own
+/// `ACL_ERROR_FEATURE_UNSUPPORTED` is a different code, 200006 (runtime
+/// `acl_base_rt.h` l.128); use [`ACL_ERROR_RT_FEATURE_NOT_SUPPORT`].
+pub const ACL_ERROR_FEATURE_UNSUPPORTED: i32 = ACL_ERROR_RT_FEATURE_NOT_SUPPORT;
 /// `ACL_ERROR_RT_NO_DEVICE`: no device visible (also an invalid `ASCEND_RT_VISIBLE_DEVICES`).
 pub const ACL_ERROR_RT_NO_DEVICE: i32 = 207004;
 /// `ACL_ERROR_RT_STREAM_ABORT`: the stream's tasks were aborted (`aclrtStreamAbort`).
@@ -41,6 +51,16 @@ pub const ACL_ERROR_RT_INTERNAL_ERROR: i32 = 507000;
 pub const ACL_ERROR_RT_DEV_SETUP_ERROR: i32 = 507033;
 /// Runtime: `aclrtSynchronizeStreamWithTimeout` timed out.
 pub const ACL_ERROR_RT_STREAM_SYNC_TIMEOUT: i32 = 507046;
+/// Runtime: driver internal error (runtime `rt_error_codes.h` l.150). The code
+/// `aclrtHostRegister` was seen to fail with (docs/research/cann-citations.md, rule 5); the
+/// emulator's `aclrtHostRegister` answers it for memory its driver model refuses.
+pub const ACL_ERROR_RT_DRV_INTERNAL_ERROR: i32 = 507899;
+/// `ACL_ERROR_HOST_MEMORY_ALREADY_REGISTERED`: the host range is already registered (runtime
+/// `rt_error_codes.h` l.161).
+pub const ACL_ERROR_HOST_MEMORY_ALREADY_REGISTERED: i32 = 507910;
+/// `ACL_ERROR_HOST_MEMORY_NOT_REGISTERED`: `aclrtHostUnregister` of a pointer that is not the
+/// start of a registration (runtime `rt_error_codes.h` l.162; `api_impl.cc` l.2636-2641).
+pub const ACL_ERROR_HOST_MEMORY_NOT_REGISTERED: i32 = 507911;
 /// Runtime: a queued operation found its local memory gone (unbound meanwhile).
 pub const ACL_ERROR_RT_DEVICE_MEM_ERROR: i32 = 507053;
 /// Runtime: the link to the peer broke during a queued HCCL operation.

@@ -54,15 +54,33 @@
 //! is [`ACL_ERROR_RT_TASK_TIMEOUT`] (107020). A panic inside the emulator becomes
 //! [`ACL_ERROR_RT_INTERNAL_ERROR`] or [`HCCL_E_INTERNAL`]; it never crosses the C boundary.
 //!
+//! ## Exports beyond the reference
+//!
+//! Mooncake's `mooncake-transfer-engine-npu` wheel (0.3.11.post1, 0.3.13.post1) imports these
+//! `acl*` symbols too, and Python loads it with `RTLD_NOW`, so they must exist
+//! (`tests/fixtures/mooncake-npu-acl-imports.txt` lists what the wheels import). Module
+//! `acl_extras` has their CANN signatures and sources.
+//!
+//! | symbol | what the emulator does |
+//! | --- | --- |
+//! | `aclrtCreateStreamWithConfig` | a stream like `aclrtCreateStream`; priority ignored (CANN clamps it to 0..=7); `FAST_LAUNCH`/`FAST_SYNC`/`HUGE` accepted, `PERSISTENT`/`CPU_SCHEDULE`/`DEVICE_USE_ONLY` → 207000 |
+//! | `aclrtMemcpyBatch` | synchronous H2D/D2H copies with CANN's argument checks (100000 from the ACL layer, 107000 from the runtime layer) and `failIndex` |
+//! | `aclrtHostRegister`, `aclrtHostUnregister` | per-device registration of 4 KB-aligned ranges inside `aclrtMallocHost` memory; `*devPtr = ptr` (identity mapping); other memory → 507899, overlap → 507910, unknown pointer on unregister → 507911 |
+//! | `aclrtMemGetAllocationGranularity` | 2 MiB for huge-page attributes, 1 GiB for `HUGE1G`, 4 KiB for normal pages |
+//! | `aclrtReserveMemAddress`, `aclrtReserveMemAddressNoUCMemory`, `aclrtReleaseMemAddress`, `aclrtMallocPhysical`, `aclrtFreePhysical`, `aclrtMapMem`, `aclrtUnmapMem`, `aclrtMemSetAccess` | not modelled: CANN's argument checks (100000), then `ACL_ERROR_RT_FEATURE_NOT_SUPPORT` (207000) |
+//! | `aclrtMemExportToShareableHandleV2`, `aclrtMemImportFromShareableHandleV2` | not modelled: argument checks, then 207000 |
+//! | `aclrtIpcMemGetExportKey`, `aclrtIpcMemClose`, `aclrtIpcMemImportByKey` | not modelled: argument checks, then 207000 |
+//!
 //! ## Layout
 //!
-//! `acl` (ACL exports), `device` (devices, contexts, per-thread state), `memory` (emulated device
+//! `acl` (ACL exports), `acl_extras` (the exports beyond the reference), `device` (devices, contexts, per-thread state), `memory` (emulated device
 //! and host allocations), `stream` (ordered streams with a worker thread each), `hccl` (common
 //! communicator state and exports), `hccl_two_sided` (root info, send/recv), `hccl_one_sided`
 //! (global memory, batch get/put), `endpoint` (per-device listeners), `rank_table`, `wire`
 //! (framing on the sockets; nothing read from a socket is trusted), `faults`, `config`.
 
 mod acl;
+mod acl_extras;
 mod boundary;
 pub mod codes;
 mod config;
@@ -81,6 +99,7 @@ pub mod types;
 mod wire;
 
 pub use acl::*;
+pub use acl_extras::*;
 pub use codes::*;
 pub use config::{parse_mounted, parse_visible_devices};
 pub use hccl::*;
@@ -91,7 +110,9 @@ pub use hccl_one_sided::*;
 pub use hccl_two_sided::*;
 pub use types::*;
 
-/// The ACL and two-sided HCCL symbols, exported by every build, in the order of the reference.
+/// The ACL and two-sided HCCL symbols, exported by every build: the reference's, in its order,
+/// then the ACL calls Mooncake's `mooncake-transfer-engine-npu` wheel imports (see "Exports
+/// beyond the reference").
 pub const BASE_SYMBOLS: &[&str] = &[
     "aclInit",
     "aclFinalize",
@@ -122,6 +143,25 @@ pub const BASE_SYMBOLS: &[&str] = &[
     "aclrtPointerGetAttributes",
     "aclrtGetSocName",
     "aclGetRecentErrMsg",
+    // Beyond the reference: what Mooncake's NPU wheel imports (module `acl_extras`).
+    "aclrtCreateStreamWithConfig",
+    "aclrtMemcpyBatch",
+    "aclrtHostRegister",
+    "aclrtHostUnregister",
+    "aclrtMemGetAllocationGranularity",
+    "aclrtReserveMemAddress",
+    "aclrtReserveMemAddressNoUCMemory",
+    "aclrtReleaseMemAddress",
+    "aclrtMallocPhysical",
+    "aclrtFreePhysical",
+    "aclrtMapMem",
+    "aclrtUnmapMem",
+    "aclrtMemSetAccess",
+    "aclrtMemExportToShareableHandleV2",
+    "aclrtMemImportFromShareableHandleV2",
+    "aclrtIpcMemGetExportKey",
+    "aclrtIpcMemClose",
+    "aclrtIpcMemImportByKey",
     "HcclGetRootInfo",
     "HcclCommInitRootInfo",
     "HcclCommInitClusterInfo",

@@ -169,6 +169,71 @@ pub(crate) fn is_device(addr: usize) -> bool {
     find_device(addr, 1).is_some()
 }
 
+/// Alignment `aclrtHostRegister` requires of the host address: "Host内存地址需4KB页对齐" (runtime
+/// `docs/zh/api_ref/11-02_host_memory_management.md`, aclrtHostRegister, parameter `ptr`).
+pub(crate) const HOST_REGISTER_ALIGN: usize = 4096;
+
+/// One `aclrtHostRegister` mapping: the registered range keeps its `aclrtMallocHost` allocation
+/// alive, so the emulator never reads memory that was freed while registered.
+#[derive(Debug)]
+struct HostRegistration {
+    size: usize,
+    _keep: Arc<Allocation>,
+}
+
+/// Registrations by (user device id, start address).
+static HOST_REGISTRATIONS: LazyLock<Mutex<BTreeMap<(u32, usize), HostRegistration>>> = LazyLock::new(Default::default);
+
+/// `aclrtHostRegister`'s driver side on user device `user_id`: `[ptr, ptr + size)` must be
+/// 4 KiB aligned and lie inside one `aclrtMallocHost` allocation (the emulator keeps the rule
+/// for kernels up to 5.10 and HIXL's documented contract; docs/research/cann-citations.md rules 5
+/// and 13), else [`ACL_ERROR_RT_DRV_INTERNAL_ERROR`] (the code real registrations were seen to
+/// fail with). A range overlapping a registration on the same device gives
+/// [`ACL_ERROR_HOST_MEMORY_ALREADY_REGISTERED`].
+pub(crate) fn host_register(user_id: u32, ptr: usize, size: usize) -> EmuResult<()> {
+    if !ptr.is_multiple_of(HOST_REGISTER_ALIGN) {
+        return Err(err(
+            ACL_ERROR_RT_DRV_INTERNAL_ERROR,
+            format!("aclrtHostRegister: host address {ptr:#x} is not 4 KB page aligned"),
+        ));
+    }
+    let a = find(ptr, size).filter(|a| a.kind == MemKind::Host).ok_or_else(|| {
+        err(
+            ACL_ERROR_RT_DRV_INTERNAL_ERROR,
+            format!(
+                "aclrtHostRegister: {ptr:#x}..+{size} is not inside one aclrtMallocHost allocation (the emulator \
+                 registers pinned host memory only, as CANN requires on kernels up to 5.10 and HIXL requires always)"
+            ),
+        )
+    })?;
+    let end = ptr + size;
+    let mut all = lock(&HOST_REGISTRATIONS);
+    let before = all.range((user_id, 0)..=(user_id, ptr)).next_back().filter(|((_, b), r)| b + r.size > ptr);
+    let after = all.range((user_id, ptr)..=(user_id, usize::MAX)).next().filter(|((_, b), _)| *b < end);
+    if let Some(((_, b), r)) = before.or(after) {
+        return Err(err(
+            ACL_ERROR_HOST_MEMORY_ALREADY_REGISTERED,
+            format!(
+                "aclrtHostRegister: {ptr:#x}..+{size} overlaps the range {b:#x}..+{} already registered on device {user_id}",
+                r.size
+            ),
+        ));
+    }
+    all.insert((user_id, ptr), HostRegistration { size, _keep: a });
+    Ok(())
+}
+
+/// `aclrtHostUnregister` on user device `user_id`: `ptr` must be the start of a registration
+/// there, else [`ACL_ERROR_HOST_MEMORY_NOT_REGISTERED`].
+pub(crate) fn host_unregister(user_id: u32, ptr: usize) -> EmuResult<()> {
+    lock(&HOST_REGISTRATIONS).remove(&(user_id, ptr)).map(|_| ()).ok_or_else(|| {
+        err(
+            ACL_ERROR_HOST_MEMORY_NOT_REGISTERED,
+            format!("aclrtHostUnregister: {ptr:#x} is not the start of a range registered on device {user_id}"),
+        )
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -430,7 +430,7 @@ fn atlas_a3_needs_a_v12_table_across_servers() {
     };
     assert_eq!(info(5, ACL_DEV_ATTR_SUPER_POD_DEVICE_ID), (0, 5 + 100), "base + physical id");
     assert_eq!(info(5, ACL_DEV_ATTR_SUPER_POD_ID), (0, 7));
-    assert_eq!(info(5, 1).0, ACL_ERROR_FEATURE_UNSUPPORTED);
+    assert_eq!(info(5, 1).0, ACL_ERROR_RT_FEATURE_NOT_SUPPORT);
     let pods = r#","super_pod_list":[{"super_pod_id":"0","server_list":[{"server_id":"s0"},{"server_id":"s1"}]}]"#;
     let v12 = table(
         free_ports(),

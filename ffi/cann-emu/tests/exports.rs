@@ -1,5 +1,6 @@
-//! The shared library exports the C symbols (checked with `nm -D`), and the build without the
-//! `onesided` feature (an "older CANN") lacks the one-sided ones.
+//! The shared library exports the C symbols (checked with `nm -D`), the build without the
+//! `onesided` feature (an "older CANN") lacks the one-sided ones, and every `acl*` symbol
+//! Mooncake's NPU wheel imports is exported (`tests/fixtures/mooncake-npu-acl-imports.txt`).
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -72,4 +73,39 @@ fn the_legacy_build_lacks_the_one_sided_symbols() {
     }
     let two_sided: BTreeSet<String> = BASE_SYMBOLS.iter().map(|s| s.to_string()).collect();
     assert_eq!(exported, two_sided);
+}
+
+/// The `acl*` symbols of `tests/fixtures/mooncake-npu-acl-imports.txt`, with their `nm` type.
+fn wheel_acl_imports() -> Vec<(String, String)> {
+    let text = include_str!("fixtures/mooncake-npu-acl-imports.txt");
+    let imports: Vec<(String, String)> = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(|l| {
+            let mut f = l.split_whitespace();
+            let name = f.next().expect("a symbol").to_string();
+            let kind = f.next().unwrap_or_else(|| panic!("{l:?}: no nm type")).to_string();
+            assert!(name.starts_with("acl"), "{l:?}: not an acl* symbol");
+            assert!(kind == "U" || kind == "w", "{l:?}: nm type must be U or w");
+            (name, kind)
+        })
+        .collect();
+    assert_eq!(imports.iter().filter(|(_, k)| k == "U").count(), 34, "the fixture lists 34 strong imports");
+    imports
+}
+
+#[test]
+fn every_acl_symbol_the_mooncake_npu_wheel_imports_is_exported() {
+    let imports = wheel_acl_imports();
+    let listed: BTreeSet<&str> = exported_symbols().into_iter().collect();
+    let missing: Vec<&str> = imports.iter().map(|(n, _)| n.as_str()).filter(|n| !listed.contains(n)).collect();
+    assert!(missing.is_empty(), "exported_symbols() lacks {missing:?}");
+    // Every build exports them: none is one-sided HCCL.
+    assert!(imports.iter().all(|(n, _)| BASE_SYMBOLS.contains(&n.as_str())));
+
+    let so = profile_dir().join("libferry_cann_emu.so");
+    let defined = defined_symbols(&so);
+    let missing: Vec<&str> = imports.iter().map(|(n, _)| n.as_str()).filter(|n| !defined.contains(*n)).collect();
+    assert!(missing.is_empty(), "{} does not define {missing:?}", so.display());
 }
