@@ -172,9 +172,14 @@ impl HandshakeListener {
             RpcPortChoice::NameOrFree | RpcPortChoice::ConfiguredOrFree => None,
         };
         let fixed = config.rpc_port.or(from_name).filter(|p| *p != 0);
+        // The address peers are told (the name's host) when it is a literal IP, else every
+        // address: a listener on every address would also hold the port on addresses that other
+        // services of this host own.
+        let bind_ip: std::net::IpAddr =
+            host.parse().unwrap_or(std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED));
         let listener = match fixed {
-            Some(port) => TcpListener::bind(("0.0.0.0", port)).await.map_err(|e| {
-                Error::config(format!("P2P handshake: cannot listen on RPC port {port}")).with_source(e)
+            Some(port) => TcpListener::bind((bind_ip, port)).await.map_err(|e| {
+                Error::config(format!("P2P handshake: cannot listen on RPC port {port} of {bind_ip}")).with_source(e)
             })?,
             None => {
                 let mut last = None;
@@ -183,7 +188,7 @@ impl HandshakeListener {
                     let port = RPC_PORT_RANGE.start
                         + (random_port() - RPC_PORT_RANGE.start + attempt * 31)
                             % (RPC_PORT_RANGE.end - RPC_PORT_RANGE.start);
-                    match TcpListener::bind(("0.0.0.0", port)).await {
+                    match TcpListener::bind((bind_ip, port)).await {
                         Ok(l) => {
                             bound = Some(l);
                             break;
