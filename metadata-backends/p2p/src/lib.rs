@@ -175,8 +175,7 @@ impl HandshakeListener {
         // The address peers are told (the name's host) when it is a literal IP, else every
         // address: a listener on every address would also hold the port on addresses that other
         // services of this host own.
-        let bind_ip: std::net::IpAddr =
-            host.parse().unwrap_or(std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED));
+        let bind_ip: std::net::IpAddr = host.parse().unwrap_or(std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED));
         let listener = match fixed {
             Some(port) => TcpListener::bind((bind_ip, port)).await.map_err(|e| {
                 Error::config(format!("P2P handshake: cannot listen on RPC port {port} of {bind_ip}")).with_source(e)
