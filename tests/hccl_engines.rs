@@ -63,6 +63,10 @@ fn run_child(test: &str, net: u8, env: &[(&str, &str)]) -> String {
     for (k, v) in env {
         cmd.env(k, v);
     }
+    // FERRY_TEST_EMU_LOG=1: the children log every emulated call and the transport's debug lines.
+    if std::env::var_os("FERRY_TEST_EMU_LOG").is_some() {
+        cmd.env("FERRY_CANN_EMU_LOG", "1").env("RUST_LOG", "debug");
+    }
     let out = cmd.output().expect("re-running the test binary");
     let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{test} failed in its child process:\n{text}");

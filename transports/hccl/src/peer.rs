@@ -513,7 +513,10 @@ impl Peer {
 
     /// Starts building the one-sided communicator of `epoch` on this side (a no-op when this
     /// side is already at that epoch or later), binding exactly `mine` before its Prepare;
-    /// `peer_buffers` is what the peer said it binds.
+    /// `peer_buffers` is what the peer said it binds. The receiver fires when the build begins
+    /// on the device thread (which may first finish an older build still waiting in its
+    /// Prepare): the control server answers a peer only then, so that both sides' Prepares
+    /// start together rather than one always timing out just as the other begins.
     pub(crate) async fn start_one_sided(
         self: &Arc<Self>,
         epoch: u64,
@@ -521,13 +524,13 @@ impl Peer {
         (my_rank, peer_rank): (u32, u32),
         mine: Vec<Arc<GlobalMem>>,
         peer_buffers: Option<Vec<(u64, u64)>>,
-    ) -> Result<()> {
+    ) -> Result<Option<oneshot::Receiver<()>>> {
         let shared = self.shared.upgrade().ok_or_else(shutdown_error)?;
         let worker = self.worker().await?;
         {
             let mut s = self.slot.lock().unwrap_or_else(|p| p.into_inner());
             if s.epoch >= epoch {
-                return Ok(());
+                return Ok(None);
             }
             *s = Slot { epoch, status: Status::Pending, why: String::new() };
         }
@@ -536,7 +539,9 @@ impl Peer {
         let prepare_timeout = shared.settings.timeout;
         let card = shared.me.physical_device;
         let me = self.clone();
+        let (began, started) = oneshot::channel();
         let submitted = worker.submit(move |dev, st| {
+            let _ = began.send(());
             let _ = st.drop_one_sided();
             let built = (|| -> std::result::Result<OneSided, AscendError> {
                 let comm = Communicator::init_from_rank_table(dev, &table, my_rank, &name)?;
@@ -576,7 +581,7 @@ impl Peer {
         if let Err(e) = submitted {
             self.set_slot(epoch, Status::Broken, e.to_string());
         }
-        Ok(())
+        Ok(Some(started))
     }
 
     /// Whether a peer's request to build the one-sided communicator of `epoch` can be joined;

@@ -208,7 +208,14 @@ async fn init_one_sided(
     let mine = shared.bindable(shared.me.host_ip == host_ip);
     let bound = mine.iter().map(|g| (g.addr(), g.len())).collect();
     match peer.start_one_sided(epoch, table, (your_rank, 1 - your_rank), mine, buffers).await {
-        Ok(()) => Reply::Accepted { epoch, buffers: Some(bound) },
+        Ok(started) => {
+            // Answered once this side's build has begun (see `Peer::start_one_sided`), bounded by
+            // the time a Prepare may take.
+            if let Some(started) = started {
+                let _ = tokio::time::timeout(shared.settings.timeout, started).await;
+            }
+            Reply::Accepted { epoch, buffers: Some(bound) }
+        }
         Err(e) => error(e.to_string()),
     }
 }
