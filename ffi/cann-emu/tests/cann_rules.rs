@@ -328,7 +328,12 @@ fn prepare_registers_host_memory_only_from_malloc_host() {
         } else {
             assert_eq!(code, HCCL_E_RUNTIME, "{what}: the whole communicator fails: {text}");
             assert!(text.contains("aclrtHostRegister"), "{what}: {text}");
-            assert_eq!(c1, HCCL_E_TIMEOUT, "{what}: the peer never met it");
+            // The peer never meets it: it times out waiting, or (had it already reached rank 0's
+            // endpoint) sees the link drop when rank 0 tears its communicator down.
+            assert!(
+                c1 == HCCL_E_TIMEOUT || c1 == HCCL_E_TCP_TRANSFER,
+                "{what}: the peer's Prepare answered {c1}, expected a timeout or a dropped link"
+            );
         }
     }
 }
