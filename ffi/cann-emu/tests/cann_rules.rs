@@ -157,7 +157,7 @@ fn child(test: &str, envs: &[(&str, &str)]) -> bool {
 #[test]
 fn init_and_destroy_must_not_overlap() {
     const NAME: &str = "init_and_destroy_must_not_overlap";
-    if !child(NAME, &[("FERRY_CANN_EMU_DELAY_US", "HcclCommInitClusterInfoMemConfig:400000")]) {
+    if !child(NAME, &[("FERRY_CANN_EMU_DELAY_US", "HcclCommInitClusterInfoMemConfig:1000000")]) {
         return;
     }
     let t = two_servers();
@@ -167,14 +167,15 @@ fn init_and_destroy_must_not_overlap() {
     let (second, destroy) = both(
         move || rank(5, 1, &t2, &[]),
         move || {
-            std::thread::sleep(Duration::from_millis(100));
+            // Well inside the other thread's init (which takes a second), even on a busy machine.
+            std::thread::sleep(Duration::from_millis(300));
             // SAFETY: a live communicator.
             let code = unsafe { HcclCommDestroy(first.comm) };
             (code, recent_error(), first)
         },
     );
     let (code, text, first) = destroy;
-    assert!(started.elapsed() >= Duration::from_millis(400));
+    assert!(started.elapsed() >= Duration::from_millis(1000));
     assert_eq!(code, HCCL_E_INTERNAL, "destroy during an init");
     assert!(text.contains("not thread-safe"), "{text}");
     // One after the other both succeed.
@@ -536,7 +537,8 @@ fn stream_abort_discards_queued_work() {
     std::thread::sleep(Duration::from_millis(50));
     // SAFETY: live stream.
     ok(unsafe { aclrtStreamAbort(s) }, "aclrtStreamAbort");
-    assert!(started.elapsed() < Duration::from_millis(600), "three of four copies were discarded");
+    // Four copies of 200 ms each would take 800 ms: less means the queued ones were discarded.
+    assert!(started.elapsed() < Duration::from_millis(790), "three of four copies were discarded");
     assert_eq!(waiter.join().unwrap(), ACL_ERROR_RT_STREAM_ABORT, "the waiting synchronize");
     // SAFETY: live stream; `src` outlives the copy.
     unsafe {
