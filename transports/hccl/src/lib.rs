@@ -325,6 +325,14 @@ impl Shared {
         placement_in(&self.placements.lock().unwrap_or_else(|p| p.into_inner()), addr)
     }
 
+    /// For each address, whether its registered memory is host memory as this transport placed
+    /// it (`*` regions were asked of the runtime; an unknown address counts as host), under one
+    /// look at the placements.
+    pub(crate) fn host_flags(&self, addrs: impl IntoIterator<Item = u64>) -> Vec<bool> {
+        let placements = self.placements.lock().unwrap_or_else(|p| p.into_inner());
+        addrs.into_iter().map(|a| placement_in(&placements, a).is_none_or(Placement::is_host)).collect()
+    }
+
     /// The global memory a communicator with a peer binds: device memory always; host memory
     /// only when the peer is on another server or `HCCL_INTRA_ROCE_ENABLE=1` (HCCS IPC shares
     /// device memory only).

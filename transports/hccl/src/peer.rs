@@ -199,12 +199,6 @@ pub(crate) struct SideOp {
     pub(crate) host: bool,
 }
 
-/// Whether the registered memory at `addr` is host memory, as this transport placed it when it
-/// was registered (`*` regions were asked of the runtime).
-pub(crate) fn is_host(shared: &Shared, addr: u64) -> bool {
-    shared.placement(addr).is_none_or(Placement::is_host)
-}
-
 /// Queues `ops` towards rank `peer` on `stream`, waits up to `wait`, then copies staged
 /// receives back to host memory.
 ///
@@ -1377,19 +1371,12 @@ impl Driver {
                 }
             };
         }
-        let local: Vec<SideOp> = chunk
-            .indices()
+        let requests: Vec<_> = chunk.indices().iter().map(|&i| chunk.batch().request(i as usize).request).collect();
+        let hosts = self.shared.host_flags(requests.iter().map(|r| r.source));
+        let local: Vec<SideOp> = requests
             .iter()
-            .map(|&i| {
-                let v = chunk.batch().request(i as usize);
-                let r = v.request;
-                SideOp {
-                    send: r.opcode == Opcode::Write,
-                    addr: r.source,
-                    len: r.length,
-                    host: is_host(&self.shared, r.source),
-                }
-            })
+            .zip(hosts)
+            .map(|(r, host)| SideOp { send: r.opcode == Opcode::Write, addr: r.source, len: r.length, host })
             .collect();
         let job = move |dev: &Device, st: &mut PeerState| -> std::result::Result<(), AscendError> {
             let started = Instant::now();

@@ -22,7 +22,7 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 use crate::identity::PairTable;
-use crate::peer::{Peer, SideOp, is_host, run_side};
+use crate::peer::{Peer, SideOp, run_side};
 use crate::wire::{self, MAX_OPS_PER_REQUEST, Reply, Request};
 use crate::{Shared, run_on};
 
@@ -286,7 +286,7 @@ async fn transfer(
         Err(e) => return wire::write_frame(stream, &Reply::Done { error: Some(e.to_string()) }).await,
     };
     let wait = shared.settings.timeout;
-    let hosts: Vec<bool> = accepted.iter().map(|(op, _)| is_host(shared, op.addr)).collect();
+    let hosts = shared.host_flags(accepted.iter().map(|(op, _)| op.addr));
     let ran = run_on(&worker, move |dev, st| {
         let result = (|| {
             let (_, comm) = st.comm.as_ref().filter(|(e, _)| *e == epoch).ok_or_else(|| {
