@@ -21,6 +21,9 @@
 //   - TransferOpDesc: {uintptr_t local_addr; uintptr_t remote_addr; size_t len} = 24 bytes.
 //   - TransferArgs: 128 bytes, all zero (hixl:: starts it with `const void *user_data`).
 //   - The engine object: one std::unique_ptr (8 bytes).
+// std::shared_ptr, std::map and std::vector have the same layout under both libstdc++ string
+// ABIs (_GLIBCXX_USE_CXX11_ABI 0 or 1); the shim never touches the std::string inside an
+// AscendString, so it works with a library built under either.
 
 #include <cstddef>
 #include <cstdint>

@@ -30,7 +30,8 @@
 //! licence that restricts their use and are not used.
 //!
 //! **Hardware honesty:** this crate has been exercised only against Ferry's emulated HIXL
-//! (`ffi/cann-emu`), never against Huawei's libraries on an NPU.
+//! (`ffi/cann-emu`, which exports the same mangled entry points) and, for C++ exceptions, a tiny
+//! test library of its own; never against Huawei's libraries, never on an NPU.
 
 mod engine;
 mod error;
