@@ -284,6 +284,9 @@ impl HixlEngine {
     /// [`TransferOp::Write`] it reads them: each local range must be memory this engine
     /// registered, valid for that access for the whole call, and not accessed by anything else
     /// meanwhile in a way the copy would race with. The remote ranges are the peer's to check.
+    /// HIXL does not document whether a copy can still land after the call failed (`TIMEOUT`
+    /// in particular): until the link is disconnected, treat a failed READ's local ranges as
+    /// possibly still being written.
     pub unsafe fn transfer_sync(
         &self,
         remote: &str,
