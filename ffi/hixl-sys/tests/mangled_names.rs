@@ -48,3 +48,28 @@ fn the_resolved_names_are_the_compilers_names_of_ferrys_declarations() {
         ours.difference(&compiled).collect::<Vec<_>>()
     );
 }
+
+/// Every `adxl::` and `ge::` name Ferry resolves is one the real `mooncake-transfer-engine-npu`
+/// wheel imports (the fixture `ffi/cann-emu/tests/fixtures/mooncake-npu-hixl-imports.txt`,
+/// read from the wheels with `nm`), and Ferry's required/optional split is the wheel's
+/// strong/weak split.
+#[test]
+fn the_adxl_names_are_the_ones_mooncakes_wheel_imports() {
+    let fixture =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../cann-emu/tests/fixtures/mooncake-npu-hixl-imports.txt");
+    let text = std::fs::read_to_string(&fixture).unwrap_or_else(|e| panic!("{}: {e}", fixture.display()));
+    let wheel: std::collections::HashMap<&str, &str> = text
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .filter_map(|l| {
+            let mut f = l.split_whitespace();
+            Some((f.next()?, f.next()?))
+        })
+        .collect();
+    for s in ADXL.iter().chain(ASCEND_STRING.iter()) {
+        let kind =
+            wheel.get(s.mangled).unwrap_or_else(|| panic!("{} ({}) is not imported by the wheel", s.name, s.mangled));
+        let expected = if s.required { "U" } else { "w" };
+        assert_eq!(*kind, expected, "{}: the wheel imports it as {kind}", s.name);
+    }
+}
