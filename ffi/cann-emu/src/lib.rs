@@ -2,7 +2,9 @@
 //!
 //! This crate builds `libferry_cann_emu.so`, a shared library that exports the ACL runtime
 //! (`libascendcl.so`) and HCCL (`libhccl.so`) C symbols Ferry binds at run time, with exactly
-//! the prototypes of `shared/reference/ascend-cann.md`. It emulates N Ascend devices in host
+//! the prototypes of `shared/reference/ascend-cann.md`, and an emulated HIXL: the C++ entry
+//! points of `adxl::AdxlEngine` (`libllm_datadist.so`), `hixl::Hixl` (`libcann_hixl.so`) and
+//! `ge::AscendString` (`libmetadef.so`), see [`hixl`]. It emulates N Ascend devices in host
 //! memory and runs HCCL between processes over loopback TCP, so Ferry's HCCL transport can be
 //! tested on machines without an NPU. It is a **test double**: it behaves like CANN as
 //! documented (per-thread device state, user/logical/physical device ids, ordered streams,
@@ -16,6 +18,9 @@
 //! cargo build -p ferry-cann-emu                     # target/debug/libferry_cann_emu.so
 //! ln -s $PWD/target/debug/libferry_cann_emu.so emu/libascendcl.so
 //! ln -s $PWD/target/debug/libferry_cann_emu.so emu/libhccl.so
+//! # HIXL too (Mooncake's ascend_transport.so, Ferry's HIXL shim):
+//! for n in libllm_datadist.so libcann_hixl.so libmetadef.so; do
+//!   ln -s $PWD/target/debug/libferry_cann_emu.so emu/$n; done
 //! # an "older CANN" without the one-sided HCCL symbols (HcclBatchGet, ...):
 //! cargo build -p ferry-cann-emu --no-default-features --target-dir target/cann-emu-legacy
 //! ```
@@ -37,10 +42,16 @@
 //! | `FERRY_CANN_EMU_FAIL` | `<symbol>:<n>[:<code>][,...]`: the n-th call (1-based, per process) of `symbol` fails; `n` may be `a-b` (inclusive) or `*` (every call); the code defaults to a plausible one for the symbol (see `faults`) |
 //! | `FERRY_CANN_EMU_DELAY_US` | `<symbol>:<us>[,...]`: each call of `symbol` takes `us` microseconds longer; for the stream-ordered calls (`aclrtMemcpyAsync`, `HcclSend`, `HcclRecv`, `HcclBatchGet`, `HcclBatchPut`) the delay is added to the queued operation, not to the call |
 //! | `FERRY_CANN_EMU_NO_ONESIDED` | `1`: the one-sided HCCL calls answer `HCCL_E_NOT_SUPPORT` (5) though their symbols exist |
-//! | `FERRY_CANN_EMU_LOG` | `1`: log every call, its arguments and its result to stderr |
+//! | `FERRY_CANN_EMU_LOG` | `1`: log every call, its arguments and its result to stderr (HIXL calls too) |
+//! | `FERRY_CANN_EMU_HIXL_MAX_LINKS` | the legacy HIXL engine's link limit (client and server links together; default 512, HIXL's `kDefaultMaxChannel`); beyond it `Connect` answers `RESOURCE_EXHAUSTED` |
 //! | `HCCL_IF_IP` | address the root-info listeners bind (default `127.0.0.1`) |
 //! | `HCCL_CONNECT_TIMEOUT` | seconds to wait for peers during communicator set-up (default 120) |
 //! | `HCCL_EXEC_TIMEOUT` | seconds an HCCL operation may wait for its peer (default 1800) |
+//!
+//! HIXL entry points take the names `adxl.<Method>` and `hixl.<Method>` in these variables (see
+//! [`hixl::HIXL_SYMBOLS`]); `hixl.ServeConnect` and `hixl.ServeTransfer` name the *server* side of
+//! a link's handshake and of a transfer batch, so a delay there makes the peer's `Connect` or
+//! `TransferSync` time out and a failure makes the server refuse (`FAILED`).
 //!
 //! ## Error codes the emulator chose
 //!
@@ -73,7 +84,9 @@
 //!
 //! ## Layout
 //!
-//! `acl` (ACL exports), `acl_extras` (the exports beyond the reference), `device` (devices, contexts, per-thread state), `memory` (emulated device
+//! `acl` (ACL exports), `acl_extras` (the exports beyond the reference), `hixl` (the emulated
+//! HIXL/ADXL: mangled C++ exports, engines, links; its C++ half is `cpp/hixl_layout.cc`, built by
+//! `build.rs`), `device` (devices, contexts, per-thread state), `memory` (emulated device
 //! and host allocations), `stream` (ordered streams with a worker thread each), `hccl` (common
 //! communicator state and exports), `hccl_two_sided` (root info, send/recv), `hccl_one_sided`
 //! (global memory, batch get/put), `endpoint` (per-device listeners), `rank_table`, `wire`
@@ -92,6 +105,7 @@ mod hccl;
 #[cfg(feature = "onesided")]
 mod hccl_one_sided;
 mod hccl_two_sided;
+pub mod hixl;
 mod memory;
 mod rank_table;
 mod stream;
