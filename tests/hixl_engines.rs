@@ -74,8 +74,10 @@ fn in_child(test: &str, net: u8, libs: Libs, hccn: bool, env: &[(&str, &str)]) -
     if hccn {
         cmd.env("FERRY_HCCN_CONF", conf.path().join("hccn.conf"));
     } else {
-        // No hccn.conf and no hccn_tool: no device IP can be found.
-        cmd.env("FERRY_HCCN_CONF", conf.path().join("absent.conf")).env("FERRY_HCCN_TOOL", "/nonexistent/hccn_tool");
+        // No hccn.conf (the default /etc/hccn.conf is absent here) and no hccn_tool (the
+        // driver's is not installed here): no device IP can be found.
+        assert!(!std::path::Path::new("/etc/hccn.conf").exists(), "this test needs a machine without /etc/hccn.conf");
+        cmd.env_remove("FERRY_HCCN_TOOL");
     }
     for (k, v) in env {
         cmd.env(k, v);
@@ -257,10 +259,19 @@ fn unregistering_disconnects_first() {
     register(&rt, &a, &ma, 4);
     transfer(&rt, &a, &b, Opcode::Read, ma.addr(), mb.addr() + 4096, 4096).unwrap();
     assert_eq!(bytes(&ma, 0, 4096), pattern(2, 8192)[4096..]);
-    shutdown(&rt, vec![a]);
-    // a shut down (its links are gone): b deregisters whatever HIXL's mode.
+    // b's side of the pair: b first drops its own client links (HIXL's client/server mode, which
+    // both engines chose as Mooncake does because GetCapability reports it, refuses
+    // DeregisterMem while the engine's own clients exist, `hixl_engine.cc`), so its
+    // unregistering succeeds though a is still linked to b...
+    let (_db2, mb2) = device_region(&lib, 5, 4);
+    register(&rt, &b, &mb2, 5);
+    transfer(&rt, &b, &a, Opcode::Read, mb2.addr(), ma.addr(), 4096).unwrap();
     rt.block_on(b.unregister_memory(mb.addr())).unwrap_or_else(|e| panic!("unregistering on b: {e}"));
-    shutdown(&rt, vec![b]);
+    // ...and a's next read of the region b let go fails (after the refresh and retry) instead of
+    // reaching memory b's owner may free.
+    let e = transfer(&rt, &a, &b, Opcode::Read, ma.addr(), mb.addr(), 4096).expect_err("b deregistered it");
+    assert!(e.to_string().contains("HIXL"), "{e}");
+    shutdown(&rt, vec![a, b]);
 }
 
 /// A peer that does not answer fails the transfer at the transfer timeout (HIXL's
@@ -268,7 +279,7 @@ fn unregistering_disconnects_first() {
 #[test]
 fn a_stalled_peer_fails_at_the_transfer_timeout() {
     const NAME: &str = "a_stalled_peer_fails_at_the_transfer_timeout";
-    let env = [("FERRY_TRANSFER_TIMEOUT_MS", "1500"), ("FERRY_CANN_EMU_DELAY_US", "hixl.serve:5000000")];
+    let env = [("FERRY_TRANSFER_TIMEOUT_MS", "1500"), ("FERRY_CANN_EMU_DELAY_US", "hixl.ServeTransfer:5000000")];
     if !in_child(NAME, 73, Libs::WithHixl, true, &env) {
         return;
     }
@@ -283,8 +294,18 @@ fn a_stalled_peer_fails_at_the_transfer_timeout() {
     let e = transfer(&rt, &a, &b, Opcode::Read, ma.addr(), mb.addr(), 4096).unwrap_err();
     let took = start.elapsed();
     assert_eq!(e.kind(), ErrorKind::Timeout, "{e}");
-    assert!(e.to_string().contains("HIXL"), "{e}");
     assert!(took < Duration::from_millis(4000), "bounded by the 1.5 s transfer timeout: {took:?}");
+    // The transport gives the request back once HIXL's TransferSync (given the same deadline)
+    // returned and the link was dropped: the region can then be unregistered, well before the
+    // stalled peer answers.
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while let Err(e) = rt.block_on(a.unregister_memory(ma.addr())) {
+        assert!(Instant::now() < deadline, "the timed-out request was never released: {e}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(start.elapsed() < Duration::from_secs(4), "released at the deadline, not when the peer answered");
+    let s = stats();
+    assert!(s.hixl_failed_attempts >= 1 && s.hixl_transfers == 0, "{s:?}");
     shutdown(&rt, vec![a, b]);
 }
 

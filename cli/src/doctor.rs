@@ -274,7 +274,11 @@ pub(crate) async fn run(args: DoctorArgs) -> Result<std::process::ExitCode> {
                             let asked = AscendOptions::from_config(&cfg, &env)
                                 .map(|o| o.backend(protocol))
                                 .unwrap_or_else(|_| ascend::AscendBackend::for_protocol(protocol));
-                            let b = hccl::probe_backends(asked, &hccl::sys::SearchPath::from_env(), res.identity.device_ip.is_some());
+                            let b = hccl::probe_backends(
+                                asked,
+                                &hccl::sys::SearchPath::from_env(),
+                                res.identity.device_ip.is_some(),
+                            );
                             print_backends(&b, protocol);
                             backends = Some(b);
                         }
@@ -310,11 +314,15 @@ pub(crate) async fn run(args: DoctorArgs) -> Result<std::process::ExitCode> {
 fn print_backends(b: &hccl::Backends, protocol: &str) {
     println!("ascend backend:   {} [from ascend_backend / FERRY_ASCEND_BACKEND, else protocol {protocol}]", b.asked);
     match &b.hixl {
-        Ok(h) => println!("  HIXL:           on: {h}; peers publishing rank_info.endpoints (Mooncake ascend_direct nodes, Ferry nodes with HIXL) are reached through it"),
+        Ok(h) => println!(
+            "  HIXL:           on: {h}; peers publishing rank_info.endpoints (Mooncake ascend_direct nodes, Ferry nodes with HIXL) are reached through it"
+        ),
         Err(why) => println!("  HIXL:           off: {why}"),
     }
     match (&b.hccl, &b.hixl) {
-        (Ok(()), Ok(_)) => println!("  direct HCCL:    on, for peers publishing deviceIp/hostPort and no HIXL endpoint"),
+        (Ok(()), Ok(_)) => {
+            println!("  direct HCCL:    on, for peers publishing deviceIp/hostPort and no HIXL endpoint")
+        }
         (Ok(()), Err(_)) => println!("  direct HCCL:    on, for every peer (fallback: HIXL is off)"),
         (Err(why), _) => println!("  direct HCCL:    off: {why}"),
     }
@@ -325,7 +333,8 @@ async fn print_peer_route(cfg: &Config, b: &hccl::Backends, peer: &str) {
     let desc = async {
         let metadata = ferry::default_metadata().connect(cfg).await?;
         let key = ferry::MetadataKeys::new(cfg.cluster_id()).segment(peer);
-        let bytes = metadata.get(&key).await?.ok_or_else(|| ferry::Error::not_found(format!("no descriptor at {key}")))?;
+        let bytes =
+            metadata.get(&key).await?.ok_or_else(|| ferry::Error::not_found(format!("no descriptor at {key}")))?;
         ferry::SegmentDescriptor::from_json(&key, &bytes)
     };
     match tokio::time::timeout(std::time::Duration::from_secs(5), desc).await {

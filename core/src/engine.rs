@@ -1326,6 +1326,39 @@ fn request_error(i: usize, e: Error) -> Error {
     e.context(format!("request {i}: {}; nothing was submitted", e.message()))
 }
 
+/// Reads `name`'s descriptor from `metadata`.
+async fn fetch_descriptor(
+    metadata: &dyn MetadataBackend,
+    keys: &MetadataKeys,
+    name: &str,
+) -> Result<SegmentDescriptor> {
+    let key = keys.segment(name);
+    let bytes = metadata.get(&key).await.map_err(|e| {
+        Error::new(e.kind(), format!("looking up segment `{name}` in {} metadata: {}", metadata.name(), e.message()))
+            .with_source(e)
+    })?;
+    let bytes = bytes.ok_or_else(|| {
+        Error::not_found(format!(
+            "segment `{name}` is not published in the {} metadata store (key {key})",
+            metadata.name()
+        ))
+    })?;
+    SegmentDescriptor::from_json(&key, &bytes)
+}
+
+/// The engine's metadata service as a [`DescriptorSource`] for its transports.
+struct MetadataDescriptors {
+    metadata: Arc<dyn MetadataBackend>,
+    keys: MetadataKeys,
+}
+
+#[async_trait::async_trait]
+impl crate::transport::DescriptorSource for MetadataDescriptors {
+    async fn fetch_descriptor(&self, name: &str) -> Result<SegmentDescriptor> {
+        fetch_descriptor(self.metadata.as_ref(), &self.keys, name).await
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1495,38 +1528,5 @@ mod tests {
         assert!(t.starts_with("20"), "{t}");
         assert_eq!(&t[4..5], "-");
         assert_eq!(&t[10..11], " ");
-    }
-}
-
-/// Reads `name`'s descriptor from `metadata`.
-async fn fetch_descriptor(
-    metadata: &dyn MetadataBackend,
-    keys: &MetadataKeys,
-    name: &str,
-) -> Result<SegmentDescriptor> {
-    let key = keys.segment(name);
-    let bytes = metadata.get(&key).await.map_err(|e| {
-        Error::new(e.kind(), format!("looking up segment `{name}` in {} metadata: {}", metadata.name(), e.message()))
-            .with_source(e)
-    })?;
-    let bytes = bytes.ok_or_else(|| {
-        Error::not_found(format!(
-            "segment `{name}` is not published in the {} metadata store (key {key})",
-            metadata.name()
-        ))
-    })?;
-    SegmentDescriptor::from_json(&key, &bytes)
-}
-
-/// The engine's metadata service as a [`DescriptorSource`] for its transports.
-struct MetadataDescriptors {
-    metadata: Arc<dyn MetadataBackend>,
-    keys: MetadataKeys,
-}
-
-#[async_trait::async_trait]
-impl crate::transport::DescriptorSource for MetadataDescriptors {
-    async fn fetch_descriptor(&self, name: &str) -> Result<SegmentDescriptor> {
-        fetch_descriptor(self.metadata.as_ref(), &self.keys, name).await
     }
 }

@@ -237,8 +237,9 @@ impl HixlEngine {
     ///
     /// # Errors
     /// HIXL's status; [`HixlError::InvalidArgument`] for a handle of another engine (HIXL is not
-    /// called).
-    pub fn deregister_mem(&self, handle: MemHandle) -> Result<(), HixlError> {
+    /// called). The handle is borrowed: after a failure the memory is still registered, and the
+    /// caller keeps the handle to try again (and must not free the memory meanwhile).
+    pub fn deregister_mem(&self, handle: &MemHandle) -> Result<(), HixlError> {
         let call = self.lib.call(idx::DEREGISTER_MEM);
         if handle.engine != self.id {
             return Err(HixlError::InvalidArgument { call, reason: format!("{handle:?} is not this engine's") });

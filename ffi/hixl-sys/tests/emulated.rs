@@ -142,7 +142,7 @@ fn server(api: HixlApi) {
         say("checked");
         hear("quit");
     }
-    engine.deregister_mem(handle).unwrap();
+    engine.deregister_mem(&handle).unwrap();
     engine.finalize();
     assert!(!engine.is_initialized());
     say("server done");
@@ -258,7 +258,7 @@ fn client(api: HixlApi) {
     assert!(e.is_not_connected(), "{e}");
     assert_eq!(e.to_string(), format!("{} failed: NOT_CONNECTED (103902)", call_name(api, "Disconnect")));
     assert!(read(&whole).unwrap_err().is_not_connected());
-    engine.deregister_mem(handle).unwrap();
+    engine.deregister_mem(&handle).unwrap();
     engine.finalize();
     say(&format!("client done {summary}"));
 }
@@ -411,7 +411,7 @@ fn errors_alone(api: HixlApi) {
     // A handle of another engine is refused without calling HIXL.
     let mut other = HixlEngine::new(lib).unwrap();
     other.initialize("127.0.0.1", &options(api)).unwrap();
-    let e = other.deregister_mem(handle).unwrap_err();
+    let e = other.deregister_mem(&handle).unwrap_err();
     assert!(e.to_string().contains("is not this engine's"), "{e}");
     drop(other);
     engine.finalize();

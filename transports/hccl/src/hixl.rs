@@ -124,9 +124,8 @@ pub(crate) fn pick_port(base: u16, physical: u32, ipv6: bool) -> Option<u16> {
     }
     let seed = std::collections::hash_map::RandomState::new();
     for attempt in 0u32..500 {
-        let mut h = seed.build_hasher();
-        (attempt, std::process::id()).hash(&mut h);
-        let port = u16::try_from(low + u32::try_from(h.finish() % 101).ok()?).ok()?;
+        let r = seed.hash_one((attempt, std::process::id()));
+        let port = u16::try_from(low + u32::try_from(r % 101).ok()?).ok()?;
         let bound = if ipv6 {
             std::net::TcpListener::bind((std::net::Ipv6Addr::UNSPECIFIED, port)).is_ok()
         } else {
@@ -203,7 +202,11 @@ pub(crate) fn remote_engine(d: &SegmentDescriptor, remote: u64) -> Option<&str> 
 impl HixlSide {
     /// Creates and initialises the engine on `main` (bound to the device), and the transfer
     /// threads.
-    pub(crate) async fn start(s: HixlStart, main: Arc<DeviceThread<()>>, acl: &ferry_ascend_sys::Library) -> Result<Self> {
+    pub(crate) async fn start(
+        s: HixlStart,
+        main: Arc<DeviceThread<()>>,
+        acl: &Arc<ferry_ascend_sys::Library>,
+    ) -> Result<Self> {
         let ipv6 = s.host_ip.contains(':');
         let base = base_port();
         let port = pick_port(base, s.physical_device, ipv6).ok_or_else(|| {
@@ -310,8 +313,8 @@ impl HixlSide {
                 ErrorKind::Busy,
                 format!(
                     "ascend transport (HIXL): deregistering {addr:#x}+{len} failed: {e}; it stays registered with \
-                     HIXL and must not be freed yet (in HIXL's client/server mode every peer connected to this engine \
-                     must disconnect first)"
+                     HIXL and must not be freed yet (HIXL's client/server mode refuses while this engine's own links \
+                     exist; unregistering again tries again)"
                 ),
             )
             .with_source(e)),
@@ -341,7 +344,12 @@ impl HixlSide {
 
     /// Queues requests `indices` of `batch` (to `target`) on the transfer threads, grouped by
     /// opcode and remote engine. An error (nothing queued) when the descriptor names no engine.
-    pub(crate) fn submit(self: &Arc<Self>, target: &Arc<OpenSegment>, batch: &Arc<Batch>, indices: &[u32]) -> Result<()> {
+    pub(crate) fn submit(
+        self: &Arc<Self>,
+        target: &Arc<OpenSegment>,
+        batch: &Arc<Batch>,
+        indices: &[u32],
+    ) -> Result<()> {
         let d = target.descriptor();
         let mut groups: BTreeMap<(bool, String), Vec<u32>> = BTreeMap::new();
         for &i in indices {
@@ -373,7 +381,11 @@ impl HixlSide {
             .iter()
             .map(|&i| {
                 let r = group.batch().request(i as usize).request;
-                TransferOpDesc { local_addr: r.source as usize, remote_addr: r.target_offset as usize, len: r.length as usize }
+                TransferOpDesc {
+                    local_addr: r.source as usize,
+                    remote_addr: r.target_offset as usize,
+                    len: r.length as usize,
+                }
             })
             .collect();
         let op = if write { TransferOp::Write } else { TransferOp::Read };
@@ -482,8 +494,10 @@ impl HixlSide {
     pub(crate) async fn shutdown(&self, timeout: Duration) -> bool {
         self.disconnect_all().await;
         let engine = self.engine.clone();
-        let handles: Vec<Arc<MemHandle>> =
-            std::mem::take(&mut *self.handles.lock().unwrap_or_else(|p| p.into_inner())).into_values().map(|(_, h)| h).collect();
+        let handles: Vec<Arc<MemHandle>> = std::mem::take(&mut *self.handles.lock().unwrap_or_else(|p| p.into_inner()))
+            .into_values()
+            .map(|(_, h)| h)
+            .collect();
         let done = run_on(&self.main, move |_, _| {
             for h in handles {
                 if let Err(e) = engine.deregister_mem(&h) {
@@ -516,18 +530,28 @@ mod tests {
     use ferry_core::{BufferDesc, RankInfo};
 
     fn desc(endpoints: &[&str], buffers: &[(u64, u64, Option<i64>)]) -> SegmentDescriptor {
-        let mut d = SegmentDescriptor::new("peer".into(), "ascend");
-        d.rank_info = Some(RankInfo { endpoints: endpoints.iter().map(|s| s.to_string()).collect(), ..Default::default() });
+        let mut d = SegmentDescriptor::new("peer", "ascend");
+        d.rank_info =
+            Some(RankInfo { endpoints: endpoints.iter().map(|s| s.to_string()).collect(), ..Default::default() });
         d.buffers = buffers
             .iter()
-            .map(|&(addr, length, device_id)| BufferDesc { addr, length, name: "npu:0".into(), device_id, ..Default::default() })
+            .map(|&(addr, length, device_id)| BufferDesc {
+                addr,
+                length,
+                name: "npu:0".into(),
+                device_id,
+                extra: Default::default(),
+            })
             .collect();
         d
     }
 
     #[test]
     fn the_remote_engine_is_indexed_by_the_buffers_device_id_else_the_first() {
-        let d = desc(&["10.0.0.1:20000", "10.0.0.1:20100"], &[(0x1000, 0x1000, Some(1)), (0x4000, 0x100, Some(7)), (0x8000, 0x10, None)]);
+        let d = desc(
+            &["10.0.0.1:20000", "10.0.0.1:20100"],
+            &[(0x1000, 0x1000, Some(1)), (0x4000, 0x100, Some(7)), (0x8000, 0x10, None)],
+        );
         assert_eq!(remote_engine(&d, 0x1800), Some("10.0.0.1:20100"));
         assert_eq!(remote_engine(&d, 0x4000), Some("10.0.0.1:20000"), "out of range: the first");
         assert_eq!(remote_engine(&d, 0x8000), Some("10.0.0.1:20000"), "no device_id: the first");

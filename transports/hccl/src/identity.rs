@@ -335,7 +335,12 @@ impl LocalIdentity {
     /// [`from_resolution`](Self::from_resolution), with the device IP required only when
     /// `need_device_ip` (direct HCCL builds rank tables from it; HIXL finds its device NICs
     /// itself). Without one the identity's `device_ip` is empty.
-    pub fn from_resolution_for(segment: &str, host_fallback: &str, r: &Resolution, need_device_ip: bool) -> Result<Self> {
+    pub fn from_resolution_for(
+        segment: &str,
+        host_fallback: &str,
+        r: &Resolution,
+        need_device_ip: bool,
+    ) -> Result<Self> {
         let id = &r.identity;
         let explain = || {
             let text = r.to_string();

@@ -66,8 +66,9 @@ use async_trait::async_trait;
 use ferry_ascend_identity::{AscendBackend, AscendOptions};
 use ferry_ascend_sys::{AscendError, DeviceThread, GlobalMem, HostBuffer, Library, MemKind, PointerKind, SearchPath};
 use ferry_core::{
-    Batch, Capabilities, Environment, Error, ErrorKind, HostAllocation, Location, MemoryRegistry, OpenSegment, RankInfo,
-    Region, Resolution, ResolveQuery, Result, SegmentDescriptor, SegmentName, Transport, TransportContext, TransportFactory,
+    Batch, Capabilities, Environment, Error, ErrorKind, HostAllocation, Location, MemoryRegistry, OpenSegment,
+    RankInfo, Region, Resolution, ResolveQuery, Result, SegmentDescriptor, SegmentName, Transport, TransportContext,
+    TransportFactory,
 };
 use tokio::sync::watch;
 
@@ -90,9 +91,12 @@ pub const ALIAS: &str = "hccl";
 /// Accepted aliases asking for the HIXL backend alone: Mooncake's transport name and HIXL's.
 pub const HIXL_ALIASES: [&str; 2] = ["ascend_direct", "hixl"];
 #[cfg(feature = "hixl")]
-pub use hixl::{BASE_PORT_ENV, CONNECT_TIMEOUT_ENV, DEFAULT_BASE_PORT, DEFAULT_CONNECT_TIMEOUT};
-#[cfg(feature = "hixl")]
 pub use ferry_hixl_sys as hixl_sys;
+#[cfg(feature = "hixl")]
+pub use hixl::{
+    ATTEMPTS as HIXL_ATTEMPTS, BASE_PORT_ENV, CONNECT_TIMEOUT_ENV, DEFAULT_BASE_PORT, DEFAULT_CONNECT_TIMEOUT,
+    WORKERS as HIXL_WORKERS,
+};
 
 /// How this transport reaches one peer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -136,7 +140,10 @@ impl Backends {
         let has_endpoints = !r.endpoints.is_empty();
         let has_hccl = !r.device_ip.is_empty() && r.host_port != 0;
         if has_endpoints && let Ok(h) = &self.hixl {
-            return Ok((PeerBackend::Hixl, format!("it publishes HIXL endpoint(s) {:?}; HIXL runs here ({h})", r.endpoints)));
+            return Ok((
+                PeerBackend::Hixl,
+                format!("it publishes HIXL endpoint(s) {:?}; HIXL runs here ({h})", r.endpoints),
+            ));
         }
         if has_hccl && self.hccl.is_ok() {
             let why_not_hixl = match (&self.hixl, has_endpoints) {
@@ -144,7 +151,10 @@ impl Backends {
                 (Err(why), true) => format!("HIXL does not run here: {why}"),
                 (Ok(_), true) => unreachable!("handled above"),
             };
-            return Ok((PeerBackend::Hccl, format!("{why_not_hixl}; it publishes deviceIp {} and hostPort {}", r.device_ip, r.host_port)));
+            return Ok((
+                PeerBackend::Hccl,
+                format!("{why_not_hixl}; it publishes deviceIp {} and hostPort {}", r.device_ip, r.host_port),
+            ));
         }
         let mut why = Vec::new();
         match (&self.hixl, has_endpoints) {
@@ -158,7 +168,9 @@ impl Backends {
         }
         match (&self.hccl, has_hccl) {
             (_, false) => why.push("it publishes no direct-HCCL fields (deviceIp and hostPort are empty)".to_owned()),
-            (Err(e), true) => why.push(format!("it publishes direct-HCCL fields, but direct HCCL does not run here: {e}")),
+            (Err(e), true) => {
+                why.push(format!("it publishes direct-HCCL fields, but direct HCCL does not run here: {e}"))
+            }
             (Ok(()), true) => {}
         }
         Err(format!("ascend transport cannot reach segment `{}`: {}", d.name, why.join("; ")))
@@ -541,7 +553,8 @@ fn published_host(ctx: &TransportContext, resolution: &Resolution) -> Result<Str
 /// it or (when HIXL does not load) `device_ip_known` is false. For `ferry doctor`.
 pub fn probe_backends(asked: AscendBackend, search: &SearchPath, device_ip_known: bool) -> Backends {
     #[cfg(feature = "hixl")]
-    let hixl = load_hixl(asked, search).map(|lib| format!("{} (loaded; the engine starts with the transport)", lib.api()));
+    let hixl =
+        load_hixl(asked, search).map(|lib| format!("{} (loaded; the engine starts with the transport)", lib.api()));
     #[cfg(not(feature = "hixl"))]
     let hixl: std::result::Result<String, String> = load_hixl(asked, search).map(|never| match never {});
     let hccl = match asked {
@@ -554,7 +567,10 @@ pub fn probe_backends(asked: AscendBackend, search: &SearchPath, device_ip_known
 
 /// HIXL loaded for `asked`, or why it is not used.
 #[cfg(feature = "hixl")]
-fn load_hixl(asked: AscendBackend, search: &SearchPath) -> std::result::Result<Arc<ferry_hixl_sys::HixlLibrary>, String> {
+fn load_hixl(
+    asked: AscendBackend,
+    search: &SearchPath,
+) -> std::result::Result<Arc<ferry_hixl_sys::HixlLibrary>, String> {
     if asked == AscendBackend::Hccl {
         return Err("ascend_backend is hccl".into());
     }
@@ -906,13 +922,19 @@ impl Transport for HcclTransport {
 
     fn publish(&self, descriptor: &mut SegmentDescriptor) {
         let me = &self.shared.me;
+        #[cfg_attr(not(feature = "hixl"), allow(unused_mut))]
         let mut rank_info = if self.shared.hccl_on() {
             me.rank_info(self.shared.control_port)
         } else {
             // HIXL alone: what Mooncake's ascend_direct publishes (transfer_metadata.cpp:
             // every field, only hostIp and endpoints set; rankId and deviceType at their
             // defaults).
-            RankInfo { rank_id: u64::from(u32::MAX), host_ip: me.host_ip.clone(), device_type: 5, ..RankInfo::default() }
+            RankInfo {
+                rank_id: u64::from(u32::MAX),
+                host_ip: me.host_ip.clone(),
+                device_type: 5,
+                ..RankInfo::default()
+            }
         };
         #[cfg(feature = "hixl")]
         if let Some(h) = &self.shared.hixl {
