@@ -49,6 +49,9 @@ Options:
                          --emulator-lib) and a generated hccn.conf with loopback device addresses
   --emulator-lib FILE    the emulator library to use with --emulator
   --emulator-net N       device addresses 127.N.0.x with --emulator (default: random in 100..199)
+  --backend B            the ascend transport's backend on every engine: auto (default: HIXL
+                         when it loads, else direct HCCL), hixl or hccl (FERRY_ASCEND_BACKEND);
+                         run once with each of hixl and hccl to verify both on a node
   --keep                 keep the work directory (logs of every process)
   -h, --help             this text
 
@@ -109,7 +112,7 @@ say() { printf '\n==> %s\n' "$*"; }
 
 # --- arguments ----------------------------------------------------------------------------------
 PEER_HOST="" PEER_IP="" LOCAL_IP="" BLOCK_SIZE="1MiB" BATCH_SIZE=16 BUFFER_SIZE="" DURATION=""
-BUILD="" REMOTE_BUILD="" EMULATOR=0 EMULATOR_LIB="" EMULATOR_NET=""
+BUILD="" REMOTE_BUILD="" EMULATOR=0 EMULATOR_LIB="" EMULATOR_NET="" BACKEND=${FERRY_ASCEND_BACKEND:-auto}
 CARDS=()
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -126,6 +129,7 @@ while [ $# -gt 0 ]; do
         --emulator) EMULATOR=1 ;;
         --emulator-lib) EMULATOR_LIB=${2:?--emulator-lib needs a value}; shift ;;
         --emulator-net) EMULATOR_NET=${2:?--emulator-net needs a value}; shift ;;
+        --backend) BACKEND=${2:?--backend needs a value}; shift ;;
         --keep) KEEP=1 ;;
         -*) fail "unknown option $1 (see --help)" ;;
         *) CARDS+=("$1") ;;
@@ -176,6 +180,12 @@ if [ "$EMULATOR" = 1 ]; then
     mkdir -p "$WORK/cann"
     ln -s "$(cd "$(dirname "$EMULATOR_LIB")" && pwd)/$(basename "$EMULATOR_LIB")" "$WORK/cann/libascendcl.so"
     ln -s "$(readlink "$WORK/cann/libascendcl.so")" "$WORK/cann/libhccl.so"
+    if [ "$BACKEND" != hccl ]; then
+        # The emulated HIXL lives in the same library (CANN's three HIXL library names).
+        for name in libllm_datadist.so libcann_hixl.so libmetadef.so; do
+            ln -s "$(readlink "$WORK/cann/libascendcl.so")" "$WORK/cann/$name"
+        done
+    fi
     for d in 0 1 2 3 4 5 6 7; do
         echo "address_$d=127.$EMULATOR_NET.0.$((d + 1))"
     done >"$WORK/hccn.conf"
@@ -184,14 +194,20 @@ if [ "$EMULATOR" = 1 ]; then
     LOCAL_IP=${LOCAL_IP:-127.0.0.1}
     BUFFER_SIZE=${BUFFER_SIZE:-64MiB}
     DURATION=${DURATION:-2}
-    WHAT="ascend (emulated CANN, not hardware)"
+    if [ "$BACKEND" = hccl ]; then
+        WHAT="ascend/$BACKEND (emulated CANN, not hardware)"
+    else
+        WHAT="ascend/$BACKEND (emulated CANN and HIXL, not hardware)"
+    fi
 else
     LOCAL_IP=${LOCAL_IP:-$(hostname -I 2>/dev/null | awk '{print $1}')}
     [ -n "$LOCAL_IP" ] || fail "cannot tell this node's IP address: give --local-ip"
     BUFFER_SIZE=${BUFFER_SIZE:-1GiB}
     DURATION=${DURATION:-5}
-    WHAT="ascend"
+    WHAT="ascend/$BACKEND"
 fi
+case "$BACKEND" in auto | hixl | hccl) ;; *) fail "--backend must be auto, hixl or hccl, not $BACKEND" ;; esac
+export FERRY_ASCEND_BACKEND="$BACKEND"
 if [ -n "$PEER_HOST" ] && [ -z "$PEER_IP" ]; then
     PEER_IP=$(getent ahostsv4 "$PEER_HOST" 2>/dev/null | awk 'NR == 1 {print $1}')
     PEER_IP=${PEER_IP:-$PEER_HOST}
@@ -296,7 +312,7 @@ data_check() {
     say "data check, $label: ascend_peer prefill on card $tcard${host:+ of $host}, decode on card $lcard"
     local in="$WORK/prefill-$label.in" out="$WORK/prefill-$label.out" err="$WORK/prefill-$label.err"
     mkfifo "$in"
-    on "$host" ASCEND_RT_VISIBLE_DEVICES="$tcard" FERRY_LOCAL_HOSTNAME="$ip" \
+    on "$host" ASCEND_RT_VISIBLE_DEVICES="$tcard" FERRY_ASCEND_BACKEND="$BACKEND" FERRY_LOCAL_HOSTNAME="$ip" \
         FERRY_TRANSFER_TIMEOUT_MS="$FERRY_TRANSFER_TIMEOUT_MS" -- "$tbuild/examples/ascend_peer" prefill $PEER_SHAPE \
         <"$in" >"$out" 2>"$err" &
     PIDS+=($!)
@@ -334,7 +350,7 @@ throughput() {
     local label=$1 host=$2 ip=$3 tcard=$4 tbuild=$5 lcard=$6
     say "throughput, $label: ferry bench, device memory, block $BLOCK_SIZE x $BATCH_SIZE per batch, ${DURATION}s per direction"
     local out="$WORK/target-$label.out" err="$WORK/target-$label.err"
-    on "$host" ASCEND_RT_VISIBLE_DEVICES="$tcard" FERRY_TRANSFER_TIMEOUT_MS="$FERRY_TRANSFER_TIMEOUT_MS" -- \
+    on "$host" ASCEND_RT_VISIBLE_DEVICES="$tcard" FERRY_ASCEND_BACKEND="$BACKEND" FERRY_TRANSFER_TIMEOUT_MS="$FERRY_TRANSFER_TIMEOUT_MS" -- \
         "$tbuild/ferry" bench --mode=target --protocol=ascend --device=npu:0 \
         --local_server_name="$ip" --buffer_size="$BUFFER_SIZE" </dev/null >"$out" 2>"$err" &
     PIDS+=($!)

@@ -330,8 +330,13 @@ fn print_backends(b: &hccl::Backends, protocol: &str) {
 
 /// Which backend reaches `peer` (its descriptor read from the metadata service), and why.
 async fn print_peer_route(cfg: &Config, b: &hccl::Backends, peer: &str) {
+    // Only to read: the metadata client's own listeners (the P2P handshake's RPC port) bind
+    // loopback, not the configured host (which may be another machine's address).
+    let mut probe = cfg.clone();
+    probe.local_hostname = Some("127.0.0.1".into());
+    probe.base_port = None;
     let desc = async {
-        let metadata = ferry::default_metadata().connect(cfg).await?;
+        let metadata = ferry::default_metadata().connect(&probe).await?;
         let key = ferry::MetadataKeys::new(cfg.cluster_id()).segment(peer);
         let bytes =
             metadata.get(&key).await?.ok_or_else(|| ferry::Error::not_found(format!("no descriptor at {key}")))?;

@@ -696,3 +696,72 @@ fn doctor_names_the_plugin_that_serves_the_protocol_and_where_it_looked() {
     assert!(!out.status.success(), "{all}");
     assert!(all.contains("unknown protocol \"nosuchplugin\"") && all.contains("FERRY_PLUGIN_DIR"), "{all}");
 }
+
+/// Issue 17: `ferry doctor` says which Ascend backend runs and why, and with `--peer` which one
+/// reaches that peer (its descriptor read from the metadata service) and why: a Mooncake
+/// `ascend_direct` node (endpoints only) and a Ferry node without HIXL (direct-HCCL fields
+/// only), on a node with the emulated HIXL and on one without it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn doctor_says_which_ascend_backend_reaches_each_peer_and_why() {
+    use ferry_ascend_sys::test_support::{Emulator, emulator_lib_dir, emulator_lib_dir_with_hixl};
+    let dir = std::env::temp_dir().join(format!("ferry-doctor-backends-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let (mut server, url) = metadata_server("127.0.0.1:0", &dir);
+    let c = reqwest::Client::new();
+    let mooncake = r#"{"name":"10.0.0.9:16000","protocol":"ascend","buffers":[{"addr":4096,"length":8192,"name":"npu:0","device_id":0}],
+        "rank_info":{"rankId":4294967295,"hostIp":"10.0.0.9","hostPort":0,"deviceLogicId":0,"devicePhyId":0,"deviceType":5,
+        "deviceIp":"","devicePort":0,"pid":0,"endpoints":["10.0.0.9:20213"]}}"#;
+    let ferry_hccl = r#"{"name":"10.0.0.8:16000","protocol":"ascend","buffers":[{"addr":4096,"length":8192,"name":"npu:3","device_id":3}],
+        "rank_info":{"rankId":3,"hostIp":"10.0.0.8","hostPort":17123,"deviceLogicId":3,"devicePhyId":3,"deviceType":0,
+        "deviceIp":"29.0.0.4","devicePort":16666,"pid":7}}"#;
+    for (name, body) in [("10.0.0.9:16000", mooncake), ("10.0.0.8:16000", ferry_hccl)] {
+        let r = c.put(format!("{url}?key=mooncake/ram/{name}")).body(body).send().await.unwrap();
+        assert_eq!(r.status().as_u16(), 200);
+    }
+    let cfg = tmp(
+        "backends.json",
+        &format!(r#"{{"local_hostname": "10.0.0.5:17000:npu_4", "protocol": "ascend", "metadata_server": "{url}"}}"#),
+    );
+    let hccn = tmp("backends-hccn.conf", "address_4=29.0.0.5\n");
+    let doctor = |lib: &std::path::Path, peer: &str| {
+        let out = ferry()
+            .args(["doctor", "--config"])
+            .arg(&cfg)
+            .args(["--peer", peer])
+            .env("ASCEND_RT_VISIBLE_DEVICES", "0,1,2,3,4,5,6,7")
+            .env("FERRY_HCCN_CONF", &hccn)
+            .env("FERRY_ASCEND_LIB_DIR", lib)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let with = emulator_lib_dir_with_hixl(Emulator::Current).unwrap_or_else(|e| panic!("{e}"));
+    let without = emulator_lib_dir(Emulator::Current).unwrap_or_else(|e| panic!("{e}"));
+
+    let s = doctor(with.path(), "10.0.0.9:16000");
+    assert!(s.contains("ascend backend:   auto"), "{s}");
+    assert!(s.contains("HIXL:           on: hixl::Hixl (") && s.contains("libcann_hixl.so"), "{s}");
+    assert!(s.contains("direct HCCL:    on, for peers publishing deviceIp/hostPort and no HIXL endpoint"), "{s}");
+    assert!(s.contains("reached via:    HIXL: it publishes HIXL endpoint(s) [\"10.0.0.9:20213\"]"), "{s}");
+    let s = doctor(with.path(), "10.0.0.8:16000");
+    assert!(
+        s.contains("reached via:    direct HCCL: it publishes no HIXL endpoint; it publishes deviceIp 29.0.0.4"),
+        "{s}"
+    );
+
+    let s = doctor(without.path(), "10.0.0.9:16000");
+    assert!(s.contains("HIXL:           off: HIXL cannot be loaded: HIXL could not be loaded"), "{s}");
+    assert!(s.contains("libllm_datadist.so"), "the missing library is named: {s}");
+    assert!(s.contains("direct HCCL:    on, for every peer (fallback: HIXL is off)"), "{s}");
+    assert!(
+        s.contains("reached via:    nothing: ascend transport cannot reach segment `10.0.0.9:16000`: it publishes HIXL \
+                    endpoint(s) [\"10.0.0.9:20213\"] (a Mooncake ascend_direct node or a Ferry node with HIXL), but HIXL \
+                    does not run here"),
+        "{s}"
+    );
+    let s = doctor(without.path(), "10.0.0.8:16000");
+    assert!(s.contains("reached via:    direct HCCL: it publishes no HIXL endpoint"), "{s}");
+    let _ = server.kill();
+    let _ = server.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+}

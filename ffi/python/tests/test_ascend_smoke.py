@@ -15,16 +15,18 @@ import re
 import subprocess
 from typing import Dict, List
 
+import pytest
+
 from _support import REPO, emulator_library, ferry_bin, is_identity_variable
 
 SCRIPT = REPO / "scripts" / "ascend-smoke.sh"
 PASS = re.compile(
-    r"VERDICT: PASS ascend \(emulated CANN, not hardware\) 2 cards one node: "
+    r"VERDICT: PASS ascend/(hixl|hccl) \(emulated CANN( and HIXL)?, not hardware\) 2 cards one node: "
     r"read (\d+\.\d\d) GB/s, write (\d+\.\d\d) GB/s"
 )
 
 
-def smoke(net: int, extra_env: Dict[str, str]) -> subprocess.CompletedProcess:
+def smoke(net: int, extra_env: Dict[str, str], backend: str = "hccl") -> subprocess.CompletedProcess:
     """Runs the script on cards 4 and 5 of an emulated node (device addresses 127.<net>.0.x),
     one second per direction, with the environment of this process minus anything naming a card
     or a Ferry setting."""
@@ -34,7 +36,7 @@ def smoke(net: int, extra_env: Dict[str, str]) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not is_identity_variable(k)}
     env.update(extra_env)
     argv = [str(SCRIPT), "--emulator", "--emulator-lib", str(emulator_library()), "--emulator-net", str(net)]
-    argv += ["--build", str(build), "--duration", "1", "--buffer-size", "16MiB", "4", "5"]
+    argv += ["--build", str(build), "--duration", "1", "--buffer-size", "16MiB", "--backend", backend, "4", "5"]
     return subprocess.run(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
 
 
@@ -42,13 +44,15 @@ def verdicts(output: str) -> List[str]:
     return [line for line in output.splitlines() if line.startswith("VERDICT:")]
 
 
-def test_the_smoke_script_passes_on_the_emulator_with_one_verdict_line_and_rates():
-    run = smoke(45, {})
+@pytest.mark.parametrize("backend,net", [("hccl", 45), ("hixl", 47)])
+def test_the_smoke_script_passes_on_the_emulator_with_one_verdict_line_and_rates(backend: str, net: int):
+    run = smoke(net, {}, backend)
     out = run.stdout
     assert verdicts(out) == [out.splitlines()[-1]], f"exactly one verdict, the last line:\n{out}"
     m = PASS.fullmatch(out.splitlines()[-1])
     assert m and run.returncode == 0, f"exit {run.returncode}:\n{out}"
-    assert float(m.group(1)) > 0 and float(m.group(2)) > 0, out
+    assert m.group(1) == backend and bool(m.group(2)) == (backend == "hixl"), out
+    assert float(m.group(3)) > 0 and float(m.group(4)) > 0, out
     # Both cards' identities checked by ferry doctor, data checked both ways.
     assert out.count("status:           OK") == 2, out
     assert "physical_device  = 4" in out and "physical_device  = 5" in out, out

@@ -553,8 +553,7 @@ fn published_host(ctx: &TransportContext, resolution: &Resolution) -> Result<Str
 /// it or (when HIXL does not load) `device_ip_known` is false. For `ferry doctor`.
 pub fn probe_backends(asked: AscendBackend, search: &SearchPath, device_ip_known: bool) -> Backends {
     #[cfg(feature = "hixl")]
-    let hixl =
-        load_hixl(asked, search).map(|lib| format!("{} (loaded; the engine starts with the transport)", lib.api()));
+    let hixl = load_hixl(asked, search).map(|lib| format!("{lib} (loaded; the engine starts with the transport)"));
     #[cfg(not(feature = "hixl"))]
     let hixl: std::result::Result<String, String> = load_hixl(asked, search).map(|never| match never {});
     let hccl = match asked {
