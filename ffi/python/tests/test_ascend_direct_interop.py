@@ -299,7 +299,6 @@ def check_mooncake_descriptor(peer: Peer, base_port: int, device: int) -> None:
             b = buffers.get(addr)
             assert b is not None, f"{addr:#x} is not in {peer.name}'s descriptor: {d['buffers']}"
             assert b["length"] == BLOCKS * BLOCK_LEN and b.get("device_id") == device, b
-            assert b["name"].startswith("npu"), f"device memory is an npu location: {b}"
 
 
 # --- the wheel alone ------------------------------------------------------------------------

@@ -62,6 +62,7 @@ decode's 2.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import gc
 import json
 import os
@@ -77,6 +78,27 @@ def acl_library() -> str:
     through the loader's search (``LD_LIBRARY_PATH``), by name, as its ``NEEDED`` entry is."""
     lib_dir = os.environ.get("FERRY_ASCEND_LIB_DIR", "")
     return os.path.join(lib_dir.split(":")[0], "libascendcl.so") if lib_dir else "libascendcl.so"
+
+
+class DlInfo(ctypes.Structure):
+    """glibc's ``Dl_info``."""
+
+    _fields_ = [
+        ("dli_fname", ctypes.c_char_p),
+        ("dli_fbase", ctypes.c_void_p),
+        ("dli_sname", ctypes.c_char_p),
+        ("dli_saddr", ctypes.c_void_p),
+    ]
+
+
+def loaded_from(acl: Acl) -> str:
+    """The file the loader found ``libascendcl.so`` in (``dladdr`` of ``aclInit``)."""
+    info = DlInfo()
+    libc = ctypes.CDLL(None)
+    libc.dladdr.argtypes = [ctypes.c_void_p, ctypes.POINTER(DlInfo)]
+    if not libc.dladdr(ctypes.cast(acl.lib.aclInit, ctypes.c_void_p), ctypes.byref(info)) or not info.dli_fname:
+        fail("load", f"dladdr cannot place aclInit of {acl.path}")
+    return info.dli_fname.decode()
 
 
 def make_engine(kind: str) -> Any:
@@ -149,6 +171,7 @@ def main() -> None:
     seed = SEEDS[args.role]
 
     acl = Acl(acl_library())
+    acl.path = loaded_from(acl)
     try:
         acl.init()
         acl.set_device(args.device)
