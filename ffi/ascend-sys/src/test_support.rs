@@ -111,3 +111,23 @@ pub fn emulator_lib_dir(variant: Emulator) -> Result<TempDir, String> {
     }
     Ok(dir)
 }
+
+/// The file names the emulated HIXL answers to, besides ACL's and HCCL's: `libllm_datadist.so`
+/// (`adxl::AdxlEngine`), `libcann_hixl.so` (`hixl::Hixl`) and `libmetadef.so`
+/// (`ge::AscendString`).
+pub const HIXL_LIBRARIES: [&str; 3] = ["libllm_datadist.so", "libcann_hixl.so", "libmetadef.so"];
+
+/// Like [`emulator_lib_dir`], plus `libllm_datadist.so`, `libcann_hixl.so` and `libmetadef.so`
+/// ([`HIXL_LIBRARIES`]) linked to the same emulator, so a process that loads HIXL (Ferry's HIXL
+/// shim, Mooncake's `ascend_transport.so`) gets the emulated HIXL on the emulated devices
+/// (glibc maps the one object once, so HIXL, ACL and HCCL share state). [`emulator_lib_dir`]
+/// stays without them: tests of the fallback when HIXL is absent use it.
+pub fn emulator_lib_dir_with_hixl(variant: Emulator) -> Result<TempDir, String> {
+    let lib = emulator_library(variant)?;
+    let dir = emulator_lib_dir(variant)?;
+    for name in HIXL_LIBRARIES {
+        std::os::unix::fs::symlink(&lib, dir.path().join(name))
+            .map_err(|e| format!("cannot link {name} to {}: {e}", lib.display()))?;
+    }
+    Ok(dir)
+}

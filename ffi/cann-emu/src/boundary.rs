@@ -21,6 +21,8 @@ pub(crate) enum Api {
     /// One-sided HCCL service (`HcclResult`; disabled by `FERRY_CANN_EMU_NO_ONESIDED=1`).
     #[cfg_attr(not(feature = "onesided"), allow(dead_code))]
     HcclOneSided,
+    /// HIXL/ADXL (`Status`, a `uint32_t`; a panic is `FAILED`).
+    Hixl,
 }
 
 impl Api {
@@ -28,6 +30,7 @@ impl Api {
         match self {
             Api::Acl => ACL_ERROR_RT_INTERNAL_ERROR,
             Api::Hccl | Api::HcclOneSided => HCCL_E_INTERNAL,
+            Api::Hixl => HIXL_FAILED as i32,
         }
     }
 }

@@ -1,4 +1,4 @@
-//! Return codes (`aclError`, `HcclResult`) and their texts.
+//! Return codes (`aclError`, `HcclResult`, HIXL's `Status`) and their texts.
 //!
 //! The ACL values are CANN's (`acl_base.h`, `rt_error_codes.h`); the HCCL values are
 //! `HcclResult`'s. Both are plain `int`s at the C boundary.
@@ -119,6 +119,45 @@ pub const HCCL_E_OPRETRY_FAIL: i32 = 23;
 /// HCCL: out of memory.
 pub const HCCL_E_OOM: i32 = 24;
 
+/// HIXL/ADXL `Status` (`uint32_t`): success. The HIXL values are those of HIXL
+/// `include/hixl/hixl_types.h` and `include/adxl/adxl_types.h` (the same numbers in both
+/// namespaces) and `docs/zh/api/HIXL-error-code.md`.
+pub const HIXL_SUCCESS: u32 = 0;
+/// HIXL: a parameter failed validation (null address, timeout ≤ 0, bad option, unregistered
+/// range, connecting to itself in client/server mode, an unknown request).
+pub const HIXL_PARAM_INVALID: u32 = 103900;
+/// HIXL: the peer did not answer within the timeout.
+pub const HIXL_TIMEOUT: u32 = 103901;
+/// HIXL: no link to the remote engine (and `AutoConnect` is off).
+pub const HIXL_NOT_CONNECTED: u32 = 103902;
+/// HIXL: `Connect` to an engine this engine is already linked to.
+pub const HIXL_ALREADY_CONNECTED: u32 = 103903;
+/// HIXL: reserved for notifications (never returned by the emulator).
+pub const HIXL_NOTIFY_FAILED: u32 = 103904;
+/// HIXL: the call or feature is not supported.
+pub const HIXL_UNSUPPORTED: u32 = 103905;
+/// HIXL: out of resources (streams, or the legacy engine's link limit).
+pub const HIXL_RESOURCE_EXHAUSTED: u32 = 203900;
+/// HIXL: any other failure (also: a panic caught inside the emulator, a call before
+/// `Initialize`).
+pub const HIXL_FAILED: u32 = 503900;
+
+/// Readable name of a HIXL `Status` (for logs and test messages).
+pub fn hixl_status_name(code: u32) -> &'static str {
+    match code {
+        HIXL_SUCCESS => "SUCCESS",
+        HIXL_PARAM_INVALID => "PARAM_INVALID",
+        HIXL_TIMEOUT => "TIMEOUT",
+        HIXL_NOT_CONNECTED => "NOT_CONNECTED",
+        HIXL_ALREADY_CONNECTED => "ALREADY_CONNECTED",
+        HIXL_NOTIFY_FAILED => "NOTIFY_FAILED",
+        HIXL_UNSUPPORTED => "UNSUPPORTED",
+        HIXL_RESOURCE_EXHAUSTED => "RESOURCE_EXHAUSTED",
+        HIXL_FAILED => "FAILED",
+        _ => "(a code passed through from ACL/HCCL)",
+    }
+}
+
 /// An error inside the emulator: the code returned at the C boundary (an `aclError` or an
 /// `HcclResult`, depending on the entry point) and the text `aclGetRecentErrMsg` reports.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -129,6 +168,11 @@ pub(crate) struct EmuError {
 
 /// Result of the emulator's internal operations.
 pub(crate) type EmuResult<T> = Result<T, EmuError>;
+
+/// Builds an [`EmuError`] carrying a HIXL `Status`.
+pub(crate) fn hixl_err(code: u32, message: impl Into<String>) -> EmuError {
+    EmuError { code: code as i32, message: message.into() }
+}
 
 /// Builds an [`EmuError`].
 pub(crate) fn err(code: i32, message: impl Into<String>) -> EmuError {

@@ -21,7 +21,9 @@ use crate::codes::*;
 
 /// True for every C symbol the emulator knows (whether or not this build exports it).
 fn is_known_symbol(symbol: &str) -> bool {
-    crate::BASE_SYMBOLS.contains(&symbol) || crate::ONE_SIDED_SYMBOLS.contains(&symbol)
+    crate::BASE_SYMBOLS.contains(&symbol)
+        || crate::ONE_SIDED_SYMBOLS.contains(&symbol)
+        || crate::hixl::HIXL_SYMBOLS.contains(&symbol)
 }
 
 /// Symbols whose work is queued on a stream: their delay applies to the queued operation.
@@ -40,6 +42,7 @@ pub(crate) fn default_fail_code(symbol: &str) -> i32 {
         "aclrtGetPhyDevIdByUserDevId" | "aclrtGetPhyDevIdByLogicDevId" => ACL_ERROR_RT_INVALID_DEVICEID,
         "aclrtSynchronizeStreamWithTimeout" => ACL_ERROR_RT_STREAM_SYNC_TIMEOUT,
         s if s.starts_with("acl") => ACL_ERROR_RT_INTERNAL_ERROR,
+        s if s.starts_with("adxl.") || s.starts_with("hixl.") => HIXL_FAILED as i32,
         "HcclCommInitRootInfo" | "HcclCommInitClusterInfo" | "HcclCommInitClusterInfoMemConfig" => HCCL_E_TCP_CONNECT,
         "HcclCommPrepare" => HCCL_E_TIMEOUT,
         "HcclRegisterGlobalMem" => HCCL_E_MEMORY,

@@ -2,7 +2,9 @@
 //!
 //! This crate builds `libferry_cann_emu.so`, a shared library that exports the ACL runtime
 //! (`libascendcl.so`) and HCCL (`libhccl.so`) C symbols Ferry binds at run time, with exactly
-//! the prototypes of `shared/reference/ascend-cann.md`. It emulates N Ascend devices in host
+//! the prototypes of `shared/reference/ascend-cann.md`, and an emulated HIXL: the C++ entry
+//! points of `adxl::AdxlEngine` (`libllm_datadist.so`), `hixl::Hixl` (`libcann_hixl.so`) and
+//! `ge::AscendString` (`libmetadef.so`), see [`hixl`]. It emulates N Ascend devices in host
 //! memory and runs HCCL between processes over loopback TCP, so Ferry's HCCL transport can be
 //! tested on machines without an NPU. It is a **test double**: it behaves like CANN as
 //! documented (per-thread device state, user/logical/physical device ids, ordered streams,
@@ -16,6 +18,9 @@
 //! cargo build -p ferry-cann-emu                     # target/debug/libferry_cann_emu.so
 //! ln -s $PWD/target/debug/libferry_cann_emu.so emu/libascendcl.so
 //! ln -s $PWD/target/debug/libferry_cann_emu.so emu/libhccl.so
+//! # HIXL too (Mooncake's ascend_transport.so, Ferry's HIXL shim):
+//! for n in libllm_datadist.so libcann_hixl.so libmetadef.so; do
+//!   ln -s $PWD/target/debug/libferry_cann_emu.so emu/$n; done
 //! # an "older CANN" without the one-sided HCCL symbols (HcclBatchGet, ...):
 //! cargo build -p ferry-cann-emu --no-default-features --target-dir target/cann-emu-legacy
 //! ```
@@ -92,6 +97,7 @@ mod hccl;
 #[cfg(feature = "onesided")]
 mod hccl_one_sided;
 mod hccl_two_sided;
+pub mod hixl;
 mod memory;
 mod rank_table;
 mod stream;

@@ -45,6 +45,20 @@ pub(crate) mod kind {
     pub(crate) const BATCH_ACK: u16 = 11;
     /// One-sided: all bytes of a write batch landed.
     pub(crate) const BATCH_DONE: u16 = 12;
+    /// HIXL: a client asks an engine's server for a link (its name and mode).
+    pub(crate) const HX_HELLO: u16 = 20;
+    /// HIXL: the answer (a status, then the server's remotely accessible registrations).
+    pub(crate) const HX_HELLO_ACK: u16 = 21;
+    /// HIXL: a batch of reads or writes (op, then `(remote address, length)` pairs).
+    pub(crate) const HX_XFER: u16 = 22;
+    /// HIXL: the server accepts (read data follows) or refuses a batch.
+    pub(crate) const HX_XFER_ACK: u16 = 23;
+    /// HIXL: all bytes of a write batch landed.
+    pub(crate) const HX_XFER_DONE: u16 = 24;
+    /// HIXL: the client closes the link.
+    pub(crate) const HX_BYE: u16 = 25;
+    /// HIXL: answer to [`HX_BYE`].
+    pub(crate) const HX_BYE_ACK: u16 = 26;
 }
 
 /// Purposes announced in [`kind::HELLO`].
