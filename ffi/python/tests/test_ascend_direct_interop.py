@@ -52,7 +52,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List
+from typing import Any, Callable, Dict, Iterator, List, Optional
 
 import pytest
 
@@ -75,7 +75,7 @@ TENSORS = 2 * LAYERS
 REMOTE_BLOCKS = [3, 7, 8, 15, 16]
 LOCAL_BLOCKS = [0, 1, 5, 9, 10]
 RUNS = 4
-# A second pull, one transfer_sync_read per tensor (20,21 -> 30,31 is one run).
+# A second pull or push, one transfer_sync_read/_write per tensor (20,21 -> 30,31 is one run).
 SINGLE_REMOTE, SINGLE_LOCAL = [20, 21], [30, 31]
 # How long one transfer may take (Mooncake's transfer and connect timeouts are 10 s each; it
 # retries once after refreshing the peer's descriptor).
@@ -140,6 +140,8 @@ class Interop:
         assert r["acl_objects"] == [emulator], (
             f"{name}: ACL must be the emulator, loaded once and shared with the engine: {r['acl_objects']}"
         )
+        rank = fetch_descriptor(r["session"]).get("rank_info") or {}
+        peer.endpoint = (rank.get("endpoints") or [None])[0]
         return peer
 
     def report(self) -> str:
@@ -179,6 +181,29 @@ class Peer:
     def __init__(self, name: str, child: Child, node: Interop) -> None:
         self.name, self.child, self.node = name, child, node
         self.ready: Dict[str, Any] = {}
+        self.endpoint: Optional[str] = None  # its HIXL engine, from its descriptor
+
+    def hixl_transfers(self, target: Optional[str], op: int) -> int:
+        """How many ``TransferSync``/``TransferAsync`` calls (``adxl::`` or ``hixl::``) with
+        ``op`` (0 READ, 1 WRITE) to the HIXL engine ``target`` the emulator accepted in this
+        peer (its call log)."""
+        if target is None:
+            return 0
+        call = re.compile(
+            r"^\[ferry-cann-emu [^\]]*\] (?:adxl|hixl)\.Transfer(?:Sync|Async)\(0x[0-9a-f]+, "
+            + re.escape(json.dumps(target))
+            + rf", op {op}, .*\) -> 0$"
+        )
+        self.child._stderr.flush()
+        text = self.child.stderr_path.read_text(errors="replace")
+        return sum(1 for line in text.splitlines() if call.match(line))
+
+    def over_hixl(self, other: Peer, op: int, before: int, what: str) -> None:
+        """The transfer just made went to ``other``'s HIXL engine through the emulated HIXL."""
+        assert self.hixl_transfers(other.endpoint, op) > before, (
+            f"{self.name} {what} {other.name} without a successful HIXL TransferSync/TransferAsync "
+            f"(op {op}) to its engine {other.endpoint} in the emulator's call log" + self.node.report()
+        )
 
     def event(self, want: str, timeout: float = 60.0) -> Dict[str, Any]:
         """The peer's next JSON line, which must be event ``want``."""
@@ -216,6 +241,7 @@ class Peer:
         """Pulls ``other``'s blocks ``remote`` into ``local`` and checks every byte of this
         side's cache."""
         what = "transfer_sync_read per request" if single else "batch_transfer_sync_read"
+        before = self.hixl_transfers(other.endpoint, 0)
         got = self.command("pull", self.blocks_of(other, remote, local, single=single), "pulled")
         assert got["requests"] == TENSORS * len(merged_runs(local, remote)), got
         assert got["checked_bytes"] == TENSORS * BLOCKS * BLOCK_LEN, got
@@ -225,16 +251,20 @@ class Peer:
             + "\n  ".join(got["mismatches"])
             + self.node.report()
         )
+        self.over_hixl(other, 0, before, "pulled from")
 
-    def push(self, other: Peer, local: List[int], remote: List[int]) -> None:
+    def push(self, other: Peer, local: List[int], remote: List[int], single: bool = False) -> None:
         """Pushes this side's blocks ``local`` into ``other``'s ``remote``; ``other`` checks
         every byte of its cache."""
-        got = self.command("push", self.blocks_of(other, remote, local), "pushed")
+        what = "transfer_sync_write per request" if single else "batch_transfer_sync_write"
+        before = self.hixl_transfers(other.endpoint, 1)
+        got = self.command("push", self.blocks_of(other, remote, local, single=single), "pushed")
         assert got["requests"] == TENSORS * len(merged_runs(local, remote)), got
         assert got["rc"] == 0, (
-            f"{self.name} pushing {local} -> {remote} into {other.name} (batch_transfer_sync_write): rc "
+            f"{self.name} pushing {local} -> {remote} into {other.name} ({what}): rc "
             f"{got['rc']} ({got['error'] or 'no error text'})" + self.node.report()
         )
+        self.over_hixl(other, 1, before, "pushed into")
         checked = other.command(
             "check", {"written": [list(p) for p in zip(remote, local)], "remote_seed": self.ready["seed"]}, "checked"
         )
@@ -377,12 +407,13 @@ def test_mooncake_decode_pulls_from_mooncake_prefill(interop):
 
 def test_mooncake_prefill_pushes_into_mooncake_decode(interop):
     """Two Mooncake processes: prefill writes its blocks 3, 7, 8, 15, 16 of every tensor into
-    decode's 0, 1, 5, 9, 10 in one ``batch_transfer_sync_write``; every byte of decode's cache
-    is checked."""
+    decode's 0, 1, 5, 9, 10 in one ``batch_transfer_sync_write``, then 20, 21 into 30, 31 with
+    ``transfer_sync_write``; every byte of decode's cache is checked after each."""
     node = interop(1)
     prefill = node.start("prefill", "mooncake")
     decode = node.start("decode", "mooncake")
     prefill.push(decode, REMOTE_BLOCKS, LOCAL_BLOCKS)
+    prefill.push(decode, SINGLE_REMOTE, SINGLE_LOCAL, single=True)
     prefill.quit()
     decode.quit()
 
@@ -445,10 +476,12 @@ def test_mooncake_decode_pulls_from_ferry_prefill(interop):
 
 def test_ferry_prefill_pushes_into_mooncake_decode(interop):
     """Ferry prefill writes its blocks 3, 7, 8, 15, 16 into Mooncake decode's 0, 1, 5, 9, 10
-    (``batch_transfer_sync_write`` over HIXL); every byte of decode's cache checked."""
+    (``batch_transfer_sync_write`` over HIXL), then 20, 21 into 30, 31 (``transfer_sync_write``);
+    every byte of decode's cache checked after each."""
     node = interop(4)
     prefill = node.start("prefill", "ferry")
     decode = node.start("decode", "mooncake")
     prefill.push(decode, REMOTE_BLOCKS, LOCAL_BLOCKS)
+    prefill.push(decode, SINGLE_REMOTE, SINGLE_LOCAL, single=True)
     prefill.quit()
     decode.quit()
