@@ -19,9 +19,12 @@ mooncake`` or ``--engine ferry``): ``aclrtSetDevice``, a KV cache of 2 layers ×
 of 64 KiB from the emulated ``aclrtMalloc``, every block filled with a pattern of (side, layer,
 K/V, block), ``initialize(ip, "P2PHANDSHAKE", "ascend", "")``, ``register_memory(ptr, size)``.
 The decode side pulls non-contiguous blocks (``batch_transfer_sync_read``; once also
-``transfer_sync_read``), or the prefill side pushes them (``batch_transfer_sync_write``); then
-the receiving side reads its whole cache back with ``aclrtMemcpy`` and every byte is checked:
-moved blocks hold their source's pattern, every other block is untouched.
+``transfer_sync_read``), or the prefill side pushes them (``batch_transfer_sync_write``; once
+also ``transfer_sync_write``); then the receiving side reads its whole cache back with
+``aclrtMemcpy`` and every byte is checked: moved blocks hold their source's pattern, every
+other block is untouched. Each transfer must also appear in the initiator's emulator call log
+as a successful HIXL ``TransferSync`` (or ``TransferAsync``) to the target's engine. One test
+kills the prefill process between two pulls: the second must fail and touch nothing.
 
 The Ferry ↔ Mooncake tests hold Ferry to the issue's contract: Ferry publishes Mooncake's
 ``ascend_direct`` descriptor (``rank_info.hostIp``, ``rank_info.endpoints``, per-buffer
@@ -30,9 +33,9 @@ The Ferry ↔ Mooncake tests hold Ferry to the issue's contract: Ferry publishes
 **Ports and devices.** Mooncake's HIXL engine listens on a random free port in
 ``[ASCEND_BASE_PORT + 100 × physical id, ... + 100]`` (``ASCEND_BASE_PORT`` defaults to 20000;
 Mooncake's ``utils.cpp``). Each test has a slot of its own: two emulated devices
-(``2 × slot``, ``2 × slot + 1``), its own ``ASCEND_BASE_PORT`` and its own device network in
-``hccn.conf``, so the tests can run in parallel with each other and with the rest of the suite
-(their ports, 21000-24900, are below Linux's ephemeral range).
+(``2 × slot``, ``2 × slot + 1``), its own ``ASCEND_BASE_PORT`` (``21000 + 500 × slot``) and
+its own device network in ``hccn.conf``, so the tests can run in parallel with each other and
+with the rest of the suite (their ports, 21000-24900, are below Linux's ephemeral range).
 
 Run only these tests (after ``cargo build -p ferry-cann-emu`` and, for the Ferry side, ``pip
 install ./ffi/python``; see ``scripts/test.sh``)::
@@ -415,6 +418,25 @@ def test_mooncake_prefill_pushes_into_mooncake_decode(interop):
     prefill.push(decode, REMOTE_BLOCKS, LOCAL_BLOCKS)
     prefill.push(decode, SINGLE_REMOTE, SINGLE_LOCAL, single=True)
     prefill.quit()
+    decode.quit()
+
+
+def test_a_mooncake_pull_from_a_dead_prefill_fails_and_leaves_the_cache_alone(interop):
+    """After one good pull, the prefill process is killed; the next pull must fail (rc < 0,
+    not hang), leave every block of decode's cache as it was, and decode must still shut down
+    cleanly: the emulated HIXL reports a vanished peer to the real wheel as HIXL would."""
+    node = interop(5)
+    prefill = node.start("prefill", "mooncake")
+    decode = node.start("decode", "mooncake")
+    decode.pull(prefill, REMOTE_BLOCKS, LOCAL_BLOCKS)
+    prefill.child.proc.kill()
+    prefill.child.proc.wait(timeout=30)
+    got = decode.command("pull", decode.blocks_of(prefill, SINGLE_REMOTE, SINGLE_LOCAL), "pulled")
+    assert got["rc"] < 0, f"a pull from a killed process must fail: {got}{node.report()}"
+    assert got["checked_bytes"] == TENSORS * BLOCKS * BLOCK_LEN, got
+    assert got["mismatches"] == [], (
+        "a failed pull must leave decode's cache as it was:\n  " + "\n  ".join(got["mismatches"]) + node.report()
+    )
     decode.quit()
 
 

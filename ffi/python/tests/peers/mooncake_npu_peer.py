@@ -30,7 +30,7 @@ Usage::
 Every output line is a JSON object with an ``"event"``:
 
 - ``{"event": "ready", "engine", "session", "seed", "kv_caches": [[k, v], ...], "num_blocks",
-  "block_len", "acl_device", "physical_device", "acl_objects"}``: ``session`` is
+  "block_len", "acl_device", "physical_device", "acl_objects", "setup_s"}``: ``session`` is
   ``ip:rpc_port`` (the P2P handshake name peers transfer to), ``kv_caches`` the device address
   of every layer's K and V tensor;
 - ``{"event": "error", "step", "error"}`` when a step fails (then the process exits 1).
@@ -43,10 +43,11 @@ stdin commands, one per line (``<json>`` is ``{"session", "kv_caches", "remote_b
   connector does); with ``"single": true`` one ``transfer_sync_read`` per request instead. Then
   reads the whole cache back with ``aclrtMemcpy`` device-to-host and checks every byte: a block
   pulled now or earlier must hold its remote block's pattern (``remote_seed``), every other
-  block this side's own. Answers ``{"event": "pulled", "rc", "error", "requests", "checked_bytes", "mismatches"}``;
+  block this side's own (a failed pull must not have touched its blocks). Answers
+  ``{"event": "pulled", "rc", "error", "requests", "seconds", "checked_bytes", "mismatches"}``;
 - ``push <json>``: the same requests with ``batch_transfer_sync_write`` (``"single": true``:
   ``transfer_sync_write``), local blocks into the remote blocks; answers ``{"event": "pushed",
-  "rc", "error", "requests"}`` (the receiving side checks with ``check``);
+  "rc", "error", "requests", "seconds"}`` (the receiving side checks with ``check``);
 - ``check <json>``: ``{"written": [[local block, source block], ...], "remote_seed"}``: checks
   every byte of this side's cache, as after a pull, with the blocks another side pushed added to
   those that landed before; answers
@@ -219,8 +220,9 @@ def main() -> None:
             t0 = time.monotonic()
             rc, error, n = transfer(engine, "read", peer, cache)
             took = time.monotonic() - t0
-            landed.update(zip(peer["local_blocks"], peer["remote_blocks"]))
-            landed_seed = peer.get("remote_seed", landed_seed)
+            if rc == 0:
+                landed.update(zip(peer["local_blocks"], peer["remote_blocks"]))
+                landed_seed = peer.get("remote_seed", landed_seed)
             checked, bad = check(cache, landed, landed_seed, seed)
             say(
                 event="pulled",
