@@ -24,8 +24,9 @@ fi
 # Mooncake's wheel, for the interop tests (tests/interop_mooncake.rs). If it cannot be installed
 # those tests fail and say why; nothing is skipped.
 need_debs=()
-# protoc builds the etcd client; etcd and Redis serve the metadata tests.
-for pkg in libibverbs1 libnuma1 librdmacm1 python3-venv protobuf-compiler etcd-server redis-server; do
+# protoc builds the etcd client; etcd and Redis serve the metadata tests. The Mooncake wheels link
+# libcurl.so.4 (the OpenSSL flavour, libcurl4) besides libibverbs and libnuma.
+for pkg in libibverbs1 libnuma1 librdmacm1 libcurl4 python3-venv protobuf-compiler etcd-server redis-server; do
     dpkg -s "$pkg" >/dev/null 2>&1 || need_debs+=("$pkg")
 done
 if [ ${#need_debs[@]} -gt 0 ]; then
