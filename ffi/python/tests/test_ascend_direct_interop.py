@@ -33,9 +33,11 @@ The Ferry ↔ Mooncake tests hold Ferry to the issue's contract: Ferry publishes
 **Ports and devices.** Mooncake's HIXL engine listens on a random free port in
 ``[ASCEND_BASE_PORT + 100 × physical id, ... + 100]`` (``ASCEND_BASE_PORT`` defaults to 20000;
 Mooncake's ``utils.cpp``). Each test has a slot of its own: two emulated devices
-(``2 × slot``, ``2 × slot + 1``), its own ``ASCEND_BASE_PORT`` (``21000 + 500 × slot``) and
-its own device network in ``hccn.conf``, so the tests can run in parallel with each other and
-with the rest of the suite (their ports, 21000-24900, are below Linux's ephemeral range).
+(``2 × slot``, ``2 × slot + 1``), its own ``ASCEND_BASE_PORT`` and its own device network in
+``hccn.conf``, so the tests can run in parallel with each other and with the rest of the
+suite. ``ASCEND_BASE_PORT = 21000 + 700 × slot`` puts a slot's HIXL ports at
+``21000 + 900 × slot + [0, 200]``: disjoint, and below Linux's ephemeral range. Tests may also
+set Mooncake's own ``ASCEND_*`` switches, as its users do (``MOONCAKE_MODES``).
 
 Run only these tests (after ``cargo build -p ferry-cann-emu`` and, for the Ferry side, ``pip
 install ./ffi/python``; see ``scripts/test.sh``)::
@@ -77,7 +79,6 @@ TENSORS = 2 * LAYERS
 # Non-contiguous on both sides; remote 15,16 -> local 9,10 is one run (one merged request).
 REMOTE_BLOCKS = [3, 7, 8, 15, 16]
 LOCAL_BLOCKS = [0, 1, 5, 9, 10]
-RUNS = 4
 # A second pull or push, one transfer_sync_read/_write per tensor (20,21 -> 30,31 is one run).
 SINGLE_REMOTE, SINGLE_LOCAL = [20, 21], [30, 31]
 # How long one transfer may take (Mooncake's transfer and connect timeouts are 10 s each; it
@@ -94,19 +95,20 @@ class Interop:
     def __init__(self, root: Path, slot: int) -> None:
         self.lib_dir = emulated_cann(root / "cann", hixl=True)
         self.hccn_conf = root / "hccn.conf"
-        self.hccn_conf.write_text("".join(f"address_{d}=127.{50 + slot}.0.{d + 1}\n" for d in range(16)))
+        self.hccn_conf.write_text("".join(f"address_{d}=127.{50 + slot}.0.{d + 1}\n" for d in range(32)))
         self.devices = {"prefill": 2 * slot, "decode": 2 * slot + 1}
-        self.base_port = 21000 + 500 * slot
+        self.base_port = 21000 + 700 * slot
         self.children: Dict[str, Child] = {}
 
-    def env(self, engine: str) -> Dict[str, str]:
+    def env(self, engine: str, extra: Dict[str, str]) -> Dict[str, str]:
         """A peer's environment. Mooncake finds CANN as on a real machine (``LD_LIBRARY_PATH``,
         as CANN's ``set_env.sh`` sets it); Ferry is told its directory (``FERRY_ASCEND_LIB_DIR``)
         and where device IPs are (``FERRY_HCCN_CONF``, for its direct HCCL backend). Both get
-        the test's ``ASCEND_BASE_PORT``, Mooncake's variable for the HIXL listen ports."""
+        the test's ``ASCEND_BASE_PORT``, Mooncake's variable for the HIXL listen ports; then
+        ``extra``."""
         env = {
             "ASCEND_BASE_PORT": str(self.base_port),
-            "FERRY_CANN_EMU_DEVICES": "16",
+            "FERRY_CANN_EMU_DEVICES": "32",
             # The emulator's call log (stderr), shown when a test fails.
             "FERRY_CANN_EMU_LOG": "1",
         }
@@ -121,17 +123,17 @@ class Interop:
                     "HCCL_CONNECT_TIMEOUT": "20",
                 }
             )
-        return env
+        return {**env, **extra}
 
-    def start(self, role: str, engine: str) -> Peer:
-        """Starts ``role`` (prefill or decode) on ``engine`` (mooncake or ferry), waits for its
-        ``ready`` line and checks it."""
+    def start(self, role: str, engine: str, extra: Optional[Dict[str, str]] = None) -> Peer:
+        """Starts ``role`` (prefill or decode) on ``engine`` (mooncake or ferry) with ``extra``
+        in its environment, waits for its ``ready`` line and checks it."""
         python = str(mooncake_npu_python()) if engine == "mooncake" else sys.executable
         argv = [python, str(PEER), role, "--engine", engine, "--device", str(self.devices[role])]
         argv += ["--layers", str(LAYERS), "--blocks", str(BLOCKS), "--block-len", str(BLOCK_LEN)]
         unset = [k for k in os.environ if is_identity_variable(k) or k == "LD_LIBRARY_PATH"]
         name = f"{engine} {role}"
-        self.children[name] = Child(argv, env=self.env(engine), unset=unset)
+        self.children[name] = Child(argv, env=self.env(engine, extra or {}), unset=unset)
         peer = Peer(name, self.children[name], self)
         peer.ready = peer.event("ready", timeout=120)
         r = peer.ready
@@ -186,20 +188,24 @@ class Peer:
         self.ready: Dict[str, Any] = {}
         self.endpoint: Optional[str] = None  # its HIXL engine, from its descriptor
 
-    def hixl_transfers(self, target: Optional[str], op: int) -> int:
-        """How many ``TransferSync``/``TransferAsync`` calls (``adxl::`` or ``hixl::``) with
-        ``op`` (0 READ, 1 WRITE) to the HIXL engine ``target`` the emulator accepted in this
-        peer (its call log)."""
-        if target is None:
-            return 0
+    def hixl_calls(self, method: str, target: Optional[str] = None, args: str = ".*", result: str = "0") -> int:
+        """How many calls of HIXL's ``method`` (a regex; ``adxl::`` or ``hixl::``) on an engine
+        answered ``result`` in this peer (the emulator's call log). With ``target``, only calls
+        whose first argument is that engine name and whose remaining arguments match ``args``."""
+        rest = rf"{re.escape(json.dumps(target))}(?:, {args})?" if target is not None else ".*"
         call = re.compile(
-            r"^\[ferry-cann-emu [^\]]*\] (?:adxl|hixl)\.Transfer(?:Sync|Async)\(0x[0-9a-f]+, "
-            + re.escape(json.dumps(target))
-            + rf", op {op}, .*\) -> 0$"
+            rf"^\[ferry-cann-emu [^\]]*\] (?:adxl|hixl)\.(?:{method})\(0x[0-9a-f]+, {rest}\) -> {result}$"
         )
         self.child._stderr.flush()
         text = self.child.stderr_path.read_text(errors="replace")
         return sum(1 for line in text.splitlines() if call.match(line))
+
+    def hixl_transfers(self, target: Optional[str], op: int) -> int:
+        """How many ``TransferSync``/``TransferAsync`` calls with ``op`` (0 READ, 1 WRITE) to the
+        HIXL engine ``target`` succeeded in this peer."""
+        if target is None:
+            return 0
+        return self.hixl_calls("TransferSync|TransferAsync", target, rf"op {op}, .*")
 
     def over_hixl(self, other: Peer, op: int, before: int, what: str) -> None:
         """The transfer just made went to ``other``'s HIXL engine through the emulated HIXL."""
@@ -393,30 +399,63 @@ def test_the_wheel_loads_on_the_emulated_cann_and_hixl_and_on_nothing_else(tmp_p
 # --- Mooncake <-> Mooncake: the emulator against the wheel's own inlined C++ ----------------
 
 
-def test_mooncake_decode_pulls_from_mooncake_prefill(interop):
+# How Mooncake's users run ascend_direct (its ASCEND_* variables): the 0.3.13 default (HIXL's
+# AutoConnect, TransferSync), an explicit Connect before the first transfer
+# (ASCEND_AUTO_CONNECT=0), and TransferAsync polled with GetTransferStatus
+# (ASCEND_USE_ASYNC_TRANSFER; any value enables it).
+MOONCAKE_MODES = {
+    "auto-connect": {},
+    "explicit-connect": {"ASCEND_AUTO_CONNECT": "0"},
+    "async": {"ASCEND_USE_ASYNC_TRANSFER": "1"},
+}
+
+
+def check_mode(initiator: Peer, target: Peer, mode: str) -> None:
+    """The initiator's HIXL calls show that ``mode`` took effect."""
+    connects = initiator.hixl_calls("Connect", target.endpoint, r"\d+ ms")
+    syncs = initiator.hixl_calls("TransferSync", target.endpoint)
+    asyncs = initiator.hixl_calls("TransferAsync", target.endpoint)
+    polls = initiator.hixl_calls("GetTransferStatus", None)
+    counts = f"Connect {connects}, TransferSync {syncs}, TransferAsync {asyncs}, GetTransferStatus {polls}"
+    if mode == "auto-connect":
+        assert connects == 0 and syncs > 0 and asyncs == 0, f"{initiator.name} ({mode}): {counts}"
+    elif mode == "explicit-connect":
+        assert connects == 1 and syncs > 0, f"{initiator.name} ({mode}): one Connect, then TransferSync: {counts}"
+    else:
+        assert asyncs > 0 and polls >= asyncs and syncs == 0, f"{initiator.name} ({mode}): {counts}"
+
+
+@pytest.mark.parametrize("mode,slot", [(m, i) for i, m in enumerate(MOONCAKE_MODES)], ids=list(MOONCAKE_MODES))
+def test_mooncake_decode_pulls_from_mooncake_prefill(interop, mode, slot):
     """Two Mooncake processes: decode pulls blocks 3, 7, 8, 15, 16 of every tensor into 0, 1, 5,
     9, 10 in one ``batch_transfer_sync_read``, then 20, 21 into 30, 31 with
-    ``transfer_sync_read``; every byte of decode's cache is checked after each."""
-    node = interop(0)
-    prefill = node.start("prefill", "mooncake")
+    ``transfer_sync_read``; every byte of decode's cache is checked after each. Both
+    descriptors are Mooncake's ``ascend_direct`` shape, on its port scheme."""
+    node = interop(slot)
+    prefill = node.start("prefill", "mooncake", MOONCAKE_MODES[mode])
     check_mooncake_descriptor(prefill, node.base_port, node.devices["prefill"])
-    decode = node.start("decode", "mooncake")
+    decode = node.start("decode", "mooncake", MOONCAKE_MODES[mode])
     check_mooncake_descriptor(decode, node.base_port, node.devices["decode"])
     decode.pull(prefill, REMOTE_BLOCKS, LOCAL_BLOCKS)
     decode.pull(prefill, SINGLE_REMOTE, SINGLE_LOCAL, single=True)
+    check_mode(decode, prefill, mode)
     decode.quit()
     prefill.quit()
 
 
-def test_mooncake_prefill_pushes_into_mooncake_decode(interop):
+@pytest.mark.parametrize(
+    "mode,slot", [(m, len(MOONCAKE_MODES) + i) for i, m in enumerate(MOONCAKE_MODES)], ids=list(MOONCAKE_MODES)
+)
+def test_mooncake_prefill_pushes_into_mooncake_decode(interop, mode, slot):
     """Two Mooncake processes: prefill writes its blocks 3, 7, 8, 15, 16 of every tensor into
     decode's 0, 1, 5, 9, 10 in one ``batch_transfer_sync_write``, then 20, 21 into 30, 31 with
     ``transfer_sync_write``; every byte of decode's cache is checked after each."""
-    node = interop(1)
-    prefill = node.start("prefill", "mooncake")
-    decode = node.start("decode", "mooncake")
+    node = interop(slot)
+    prefill = node.start("prefill", "mooncake", MOONCAKE_MODES[mode])
+    decode = node.start("decode", "mooncake", MOONCAKE_MODES[mode])
     prefill.push(decode, REMOTE_BLOCKS, LOCAL_BLOCKS)
     prefill.push(decode, SINGLE_REMOTE, SINGLE_LOCAL, single=True)
+    check_mode(prefill, decode, mode)
     prefill.quit()
     decode.quit()
 
@@ -425,7 +464,7 @@ def test_a_mooncake_pull_from_a_dead_prefill_fails_and_leaves_the_cache_alone(in
     """After one good pull, the prefill process is killed; the next pull must fail (rc < 0,
     not hang), leave every block of decode's cache as it was, and decode must still shut down
     cleanly: the emulated HIXL reports a vanished peer to the real wheel as HIXL would."""
-    node = interop(5)
+    node = interop(6)
     prefill = node.start("prefill", "mooncake")
     decode = node.start("decode", "mooncake")
     decode.pull(prefill, REMOTE_BLOCKS, LOCAL_BLOCKS)
@@ -473,7 +512,7 @@ def test_ferry_decode_pulls_from_mooncake_prefill(interop):
     """Mooncake prefill, Ferry decode: Ferry finds ``endpoints`` in Mooncake's descriptor, uses
     HIXL, pulls blocks 3, 7, 8, 15, 16 into 0, 1, 5, 9, 10 (``batch_transfer_sync_read``) and
     20, 21 into 30, 31 (``transfer_sync_read``); every byte checked."""
-    node = interop(2)
+    node = interop(7)
     prefill = node.start("prefill", "mooncake")
     decode = node.start("decode", "ferry")
     decode.pull(prefill, REMOTE_BLOCKS, LOCAL_BLOCKS)
@@ -486,7 +525,7 @@ def test_mooncake_decode_pulls_from_ferry_prefill(interop):
     """Ferry prefill, Mooncake decode: Ferry's descriptor has Mooncake's ``ascend_direct``
     fields, and the wheel pulls blocks 3, 7, 8, 15, 16 into 0, 1, 5, 9, 10 through Ferry's HIXL
     engine; every byte checked."""
-    node = interop(3)
+    node = interop(8)
     prefill = node.start("prefill", "ferry")
     check_ferry_descriptor(prefill, node.base_port, node.devices["prefill"])
     decode = node.start("decode", "mooncake")
@@ -500,7 +539,7 @@ def test_ferry_prefill_pushes_into_mooncake_decode(interop):
     """Ferry prefill writes its blocks 3, 7, 8, 15, 16 into Mooncake decode's 0, 1, 5, 9, 10
     (``batch_transfer_sync_write`` over HIXL), then 20, 21 into 30, 31 (``transfer_sync_write``);
     every byte of decode's cache checked after each."""
-    node = interop(4)
+    node = interop(9)
     prefill = node.start("prefill", "ferry")
     decode = node.start("decode", "mooncake")
     prefill.push(decode, REMOTE_BLOCKS, LOCAL_BLOCKS)
