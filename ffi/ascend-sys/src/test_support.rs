@@ -103,10 +103,14 @@ impl Drop for TempDir {
 /// `variant` (one object for both names, so ACL and HCCL share state), for
 /// `FERRY_ASCEND_LIB_DIR`.
 pub fn emulator_lib_dir(variant: Emulator) -> Result<TempDir, String> {
-    let lib = emulator_library(variant)?;
+    link_dir(&emulator_library(variant)?, &[crate::search::ACL_LIBRARY, crate::search::HCCL_LIBRARY])
+}
+
+/// A fresh directory holding `names` as symlinks to `lib`.
+fn link_dir(lib: &Path, names: &[&str]) -> Result<TempDir, String> {
     let dir = TempDir::new("ferry-cann-emu").map_err(|e| format!("cannot create a temp dir: {e}"))?;
-    for name in [crate::search::ACL_LIBRARY, crate::search::HCCL_LIBRARY] {
-        std::os::unix::fs::symlink(&lib, dir.path().join(name))
+    for name in names {
+        std::os::unix::fs::symlink(lib, dir.path().join(name))
             .map_err(|e| format!("cannot link {name} to {}: {e}", lib.display()))?;
     }
     Ok(dir)
@@ -123,11 +127,29 @@ pub const HIXL_LIBRARIES: [&str; 3] = ["libllm_datadist.so", "libcann_hixl.so", 
 /// (glibc maps the one object once, so HIXL, ACL and HCCL share state). [`emulator_lib_dir`]
 /// stays without them: tests of the fallback when HIXL is absent use it.
 pub fn emulator_lib_dir_with_hixl(variant: Emulator) -> Result<TempDir, String> {
-    let lib = emulator_library(variant)?;
-    let dir = emulator_lib_dir(variant)?;
-    for name in HIXL_LIBRARIES {
-        std::os::unix::fs::symlink(&lib, dir.path().join(name))
-            .map_err(|e| format!("cannot link {name} to {}: {e}", lib.display()))?;
+    link_dir(&emulator_library(variant)?, &WITH_HIXL)
+}
+
+const WITH_HIXL: [&str; 5] =
+    [crate::search::ACL_LIBRARY, crate::search::HCCL_LIBRARY, HIXL_LIBRARIES[0], HIXL_LIBRARIES[1], HIXL_LIBRARIES[2]];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_hixl_dir_adds_the_three_hixl_names_and_the_plain_one_does_not() {
+        let src = TempDir::new("ferry-fake-emu").unwrap();
+        let lib = src.path().join("libferry_cann_emu.so");
+        std::fs::write(&lib, b"not really a library").unwrap();
+        let plain = link_dir(&lib, &[crate::search::ACL_LIBRARY, crate::search::HCCL_LIBRARY]).unwrap();
+        let with = link_dir(&lib, &WITH_HIXL).unwrap();
+        for name in [crate::search::ACL_LIBRARY, crate::search::HCCL_LIBRARY] {
+            assert!(plain.path().join(name).exists() && with.path().join(name).exists(), "{name}");
+        }
+        for name in HIXL_LIBRARIES {
+            assert!(!plain.path().join(name).exists(), "{name} must stay absent from emulator_lib_dir");
+            assert_eq!(std::fs::read_link(with.path().join(name)).unwrap(), lib, "{name}");
+        }
     }
-    Ok(dir)
 }

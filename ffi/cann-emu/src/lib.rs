@@ -42,10 +42,16 @@
 //! | `FERRY_CANN_EMU_FAIL` | `<symbol>:<n>[:<code>][,...]`: the n-th call (1-based, per process) of `symbol` fails; `n` may be `a-b` (inclusive) or `*` (every call); the code defaults to a plausible one for the symbol (see `faults`) |
 //! | `FERRY_CANN_EMU_DELAY_US` | `<symbol>:<us>[,...]`: each call of `symbol` takes `us` microseconds longer; for the stream-ordered calls (`aclrtMemcpyAsync`, `HcclSend`, `HcclRecv`, `HcclBatchGet`, `HcclBatchPut`) the delay is added to the queued operation, not to the call |
 //! | `FERRY_CANN_EMU_NO_ONESIDED` | `1`: the one-sided HCCL calls answer `HCCL_E_NOT_SUPPORT` (5) though their symbols exist |
-//! | `FERRY_CANN_EMU_LOG` | `1`: log every call, its arguments and its result to stderr |
+//! | `FERRY_CANN_EMU_LOG` | `1`: log every call, its arguments and its result to stderr (HIXL calls too) |
+//! | `FERRY_CANN_EMU_HIXL_MAX_LINKS` | the legacy HIXL engine's link limit (client and server links together; default 512, HIXL's `kDefaultMaxChannel`); beyond it `Connect` answers `RESOURCE_EXHAUSTED` |
 //! | `HCCL_IF_IP` | address the root-info listeners bind (default `127.0.0.1`) |
 //! | `HCCL_CONNECT_TIMEOUT` | seconds to wait for peers during communicator set-up (default 120) |
 //! | `HCCL_EXEC_TIMEOUT` | seconds an HCCL operation may wait for its peer (default 1800) |
+//!
+//! HIXL entry points take the names `adxl.<Method>` and `hixl.<Method>` in these variables (see
+//! [`hixl::HIXL_SYMBOLS`]); `hixl.ServeConnect` and `hixl.ServeTransfer` name the *server* side of
+//! a link's handshake and of a transfer batch, so a delay there makes the peer's `Connect` or
+//! `TransferSync` time out and a failure makes the server refuse (`FAILED`).
 //!
 //! ## Error codes the emulator chose
 //!
@@ -78,7 +84,9 @@
 //!
 //! ## Layout
 //!
-//! `acl` (ACL exports), `acl_extras` (the exports beyond the reference), `device` (devices, contexts, per-thread state), `memory` (emulated device
+//! `acl` (ACL exports), `acl_extras` (the exports beyond the reference), `hixl` (the emulated
+//! HIXL/ADXL: mangled C++ exports, engines, links; its C++ half is `cpp/hixl_layout.cc`, built by
+//! `build.rs`), `device` (devices, contexts, per-thread state), `memory` (emulated device
 //! and host allocations), `stream` (ordered streams with a worker thread each), `hccl` (common
 //! communicator state and exports), `hccl_two_sided` (root info, send/recv), `hccl_one_sided`
 //! (global memory, batch get/put), `endpoint` (per-device listeners), `rank_table`, `wire`

@@ -1,6 +1,8 @@
 //! The shared library exports the C symbols (checked with `nm -D`), the build without the
 //! `onesided` feature (an "older CANN") lacks the one-sided ones, and every `acl*` symbol
-//! Mooncake's NPU wheel imports is exported (`tests/fixtures/mooncake-npu-acl-imports.txt`).
+//! Mooncake's NPU wheel imports is exported (`tests/fixtures/mooncake-npu-acl-imports.txt`), as
+//! is every `adxl::`/`ge::` symbol it imports and every `hixl::Hixl` symbol Ferry's HIXL shim
+//! binds (`tests/fixtures/mooncake-npu-hixl-imports.txt`; checked with `dlsym` on the library).
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -108,4 +110,59 @@ fn every_acl_symbol_the_mooncake_npu_wheel_imports_is_exported() {
     let defined = defined_symbols(&so);
     let missing: Vec<&str> = imports.iter().map(|(n, _)| n.as_str()).filter(|n| !defined.contains(*n)).collect();
     assert!(missing.is_empty(), "{} does not define {missing:?}", so.display());
+}
+
+/// The symbols of `tests/fixtures/mooncake-npu-hixl-imports.txt`: `(name, nm type or "ferry")`.
+fn wheel_hixl_imports() -> Vec<(String, String)> {
+    let text = include_str!("fixtures/mooncake-npu-hixl-imports.txt");
+    text.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(|l| {
+            let mut f = l.split_whitespace();
+            let name = f.next().expect("a symbol").to_string();
+            let kind = f.next().unwrap_or_else(|| panic!("{l:?}: no type")).to_string();
+            assert!(kind == "U" || kind == "w" || kind == "ferry", "{l:?}: type must be U, w or ferry");
+            (name, kind)
+        })
+        .collect()
+}
+
+#[test]
+fn every_hixl_symbol_the_wheel_imports_or_the_shim_binds_is_exported() {
+    let imports = wheel_hixl_imports();
+    let count = |k: &str| imports.iter().filter(|(_, t)| t == k).count();
+    assert_eq!((count("U"), count("w"), count("ferry")), (11, 6, 12), "the fixture's counts");
+    // The crate's lists name exactly these symbols.
+    let listed: BTreeSet<&str> = ferry_cann_emu::hixl::ADXL_EXPORTS
+        .iter()
+        .chain(ferry_cann_emu::hixl::HIXL_EXPORTS)
+        .chain(ferry_cann_emu::hixl::GE_EXPORTS)
+        .copied()
+        .collect();
+    let fixture: BTreeSet<&str> = imports.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(listed, fixture, "ADXL_EXPORTS + HIXL_EXPORTS + GE_EXPORTS == the fixture");
+
+    let so = profile_dir().join("libferry_cann_emu.so");
+    let defined = defined_symbols(&so);
+    let missing: Vec<&str> = fixture.iter().copied().filter(|n| !defined.contains(*n)).collect();
+    assert!(missing.is_empty(), "{} does not define {missing:?}", so.display());
+
+    // dlsym finds each one in the library loaded under HIXL's name.
+    let dir = std::env::temp_dir().join(format!("ferry-hixl-exports-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let alias = dir.join("libllm_datadist.so");
+    std::os::unix::fs::symlink(&so, &alias).unwrap();
+    let path = std::ffi::CString::new(alias.to_str().unwrap()).unwrap();
+    // SAFETY: a valid path; the library's constructors are Rust/C++ statics only.
+    let handle = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+    assert!(!handle.is_null(), "dlopen {}", alias.display());
+    for name in &fixture {
+        let c = std::ffi::CString::new(*name).unwrap();
+        // SAFETY: a live handle and a NUL-terminated name.
+        let p = unsafe { libc::dlsym(handle, c.as_ptr()) };
+        assert!(!p.is_null(), "dlsym({name}) on {}", alias.display());
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }

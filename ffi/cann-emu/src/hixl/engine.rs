@@ -40,12 +40,16 @@ pub const DEFAULT_MAX_LINKS: usize = 512;
 const ASYNC_LIMIT: Duration = Duration::from_secs(1800);
 
 /// The legacy engine's link limit: `FERRY_CANN_EMU_HIXL_MAX_LINKS`, else 512.
+/// Read once per process, like the emulator's other variables.
 pub(crate) fn max_links() -> usize {
-    std::env::var("FERRY_CANN_EMU_HIXL_MAX_LINKS")
-        .ok()
-        .and_then(|v| v.trim().parse::<usize>().ok())
-        .filter(|&n| n > 0)
-        .unwrap_or(DEFAULT_MAX_LINKS)
+    static MAX: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *MAX.get_or_init(|| {
+        std::env::var("FERRY_CANN_EMU_HIXL_MAX_LINKS")
+            .ok()
+            .and_then(|v| v.trim().parse::<usize>().ok())
+            .filter(|&n| n > 0)
+            .unwrap_or(DEFAULT_MAX_LINKS)
+    })
 }
 
 /// A registered range.
@@ -256,6 +260,12 @@ impl Engine {
         // `hixl_server.cc` l.106-107).
         if addr == 0 {
             return Err(hixl_err(HIXL_PARAM_INVALID, "mem.addr can not be null"));
+        }
+        // A zero size: HCCL's registration refuses it (HCCL_E_PARA, docs/ascend.md "What the
+        // emulated CANN enforces" rule 2), which HIXL maps to PARAM_INVALID (`adxl_utils.cc`
+        // l.24-36).
+        if len == 0 {
+            return Err(hixl_err(HIXL_PARAM_INVALID, format!("mem.len is 0 (addr {addr:#x})")));
         }
         let Some(_end) = addr.checked_add(len) else {
             return Err(hixl_err(HIXL_PARAM_INVALID, format!("mem range overflow, addr:{addr:#x}, len:{len}")));

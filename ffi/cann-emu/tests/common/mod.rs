@@ -37,6 +37,7 @@ const EMU_VARS: &[&str] = &[
     "FERRY_CANN_EMU_SOC",
     "FERRY_CANN_EMU_SUPER_POD",
     "FERRY_CANN_EMU_SUPER_DEVICE_BASE",
+    "FERRY_CANN_EMU_HIXL_MAX_LINKS",
 ];
 
 /// The role this process plays, if it is a child.
