@@ -239,9 +239,13 @@ pub(crate) async fn run(args: DoctorArgs) -> Result<std::process::ExitCode> {
             if let Some(peer) = &args.peer {
                 queries.push((peer.as_str(), ResolveQuery::peer(peer.clone(), local_segment, cfg.local_rank())));
             }
+            let mut backends: Option<hccl::Backends> = None;
             for (peer, query) in queries {
                 if !peer.is_empty() {
                     println!("peer {peer}:");
+                    if let Some(b) = &backends {
+                        print_peer_route(&cfg, b, peer).await;
+                    }
                 }
                 match chain.resolve(&query).await {
                     Ok(res) => {
@@ -251,10 +255,33 @@ pub(crate) async fn run(args: DoctorArgs) -> Result<std::process::ExitCode> {
                         let whose = if peer.is_empty() { String::new() } else { format!("peer {peer}: ") };
                         let refused = if ascend && peer.is_empty() {
                             let segment = query.local_segment.as_deref().unwrap_or("(generated at start)");
-                            hccl::LocalIdentity::from_resolution(segment, "127.0.0.1", &res).err()
+                            // HIXL finds its NICs itself: the device IP is needed only without it.
+                            let need_ip = AscendOptions::from_config(&cfg, &env)
+                                .map(|o| o.backend(protocol) != ascend::AscendBackend::Hixl)
+                                .unwrap_or(true)
+                                && hccl::probe_backends(
+                                    ascend::AscendBackend::Auto,
+                                    &hccl::sys::SearchPath::from_env(),
+                                    true,
+                                )
+                                .hixl
+                                .is_err();
+                            hccl::LocalIdentity::from_resolution_for(segment, "127.0.0.1", &res, need_ip).err()
                         } else {
                             res.refuse_device_disagreements().err()
                         };
+                        if ascend && peer.is_empty() {
+                            let asked = AscendOptions::from_config(&cfg, &env)
+                                .map(|o| o.backend(protocol))
+                                .unwrap_or_else(|_| ascend::AscendBackend::for_protocol(protocol));
+                            let b = hccl::probe_backends(
+                                asked,
+                                &hccl::sys::SearchPath::from_env(),
+                                res.identity.device_ip.is_some(),
+                            );
+                            print_backends(&b, protocol);
+                            backends = Some(b);
+                        }
                         if let Some(e) = refused {
                             // The explanation is printed above; keep the problem to its point.
                             let message = e.message().split("\nresolved so far").next().unwrap_or_default();
@@ -280,5 +307,42 @@ pub(crate) async fn run(args: DoctorArgs) -> Result<std::process::ExitCode> {
             println!("  - {p}");
         }
         Ok(std::process::ExitCode::FAILURE)
+    }
+}
+
+/// The Ascend backends this node would run: one line each, saying why.
+fn print_backends(b: &hccl::Backends, protocol: &str) {
+    println!("ascend backend:   {} [from ascend_backend / FERRY_ASCEND_BACKEND, else protocol {protocol}]", b.asked);
+    match &b.hixl {
+        Ok(h) => println!(
+            "  HIXL:           on: {h}; peers publishing rank_info.endpoints (Mooncake ascend_direct nodes, Ferry nodes with HIXL) are reached through it"
+        ),
+        Err(why) => println!("  HIXL:           off: {why}"),
+    }
+    match (&b.hccl, &b.hixl) {
+        (Ok(()), Ok(_)) => {
+            println!("  direct HCCL:    on, for peers publishing deviceIp/hostPort and no HIXL endpoint")
+        }
+        (Ok(()), Err(_)) => println!("  direct HCCL:    on, for every peer (fallback: HIXL is off)"),
+        (Err(why), _) => println!("  direct HCCL:    off: {why}"),
+    }
+}
+
+/// Which backend reaches `peer` (its descriptor read from the metadata service), and why.
+async fn print_peer_route(cfg: &Config, b: &hccl::Backends, peer: &str) {
+    let desc = async {
+        let metadata = ferry::default_metadata().connect(cfg).await?;
+        let key = ferry::MetadataKeys::new(cfg.cluster_id()).segment(peer);
+        let bytes =
+            metadata.get(&key).await?.ok_or_else(|| ferry::Error::not_found(format!("no descriptor at {key}")))?;
+        ferry::SegmentDescriptor::from_json(&key, &bytes)
+    };
+    match tokio::time::timeout(std::time::Duration::from_secs(5), desc).await {
+        Ok(Ok(d)) => match b.for_peer(&d) {
+            Ok((backend, why)) => println!("  reached via:    {backend}: {why}"),
+            Err(why) => println!("  reached via:    nothing: {why}"),
+        },
+        Ok(Err(e)) => println!("  reached via:    unknown: its descriptor could not be read ({})", e.message()),
+        Err(_) => println!("  reached via:    unknown: the metadata service did not answer within 5 s"),
     }
 }

@@ -78,6 +78,11 @@ pub struct RankInfo {
     /// Atlas A3 only: the device's super pod (Ferry's extension, as `super_device_id`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub super_pod_id: Option<String>,
+    /// HIXL engines of the segment (`"ip:port"`, `"[ipv6]:port"`), as Mooncake's
+    /// `ascend_direct` transport publishes them: one per device engine, indexed by a buffer's
+    /// `device_id`. Omitted when empty (Mooncake reads it only when present).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub endpoints: Vec<String>,
     /// Fields this version does not know.
     #[serde(flatten, skip_deserializing)]
     pub extra: Map<String, Value>,
@@ -208,8 +213,18 @@ const DESCRIPTOR_FIELDS: &[&str] = &[
     "timestamp",
 ];
 const BUFFER_FIELDS: &[&str] = &["addr", "length", "name", "device_id"];
-const RANK_INFO_FIELDS: &[&str] =
-    &["rankId", "hostIp", "hostPort", "deviceLogicId", "devicePhyId", "deviceType", "deviceIp", "devicePort", "pid"];
+const RANK_INFO_FIELDS: &[&str] = &[
+    "rankId",
+    "hostIp",
+    "hostPort",
+    "deviceLogicId",
+    "devicePhyId",
+    "deviceType",
+    "deviceIp",
+    "devicePort",
+    "pid",
+    "endpoints",
+];
 
 /// The members of JSON object `value` whose names are not in `known`.
 pub(crate) fn unknown_fields(value: &Value, known: &[&str]) -> Map<String, Value> {
@@ -300,6 +315,23 @@ mod tests {
         let d = SegmentDescriptor::from_json("t", text.as_bytes()).unwrap();
         assert_eq!(d.rank_info.as_ref().unwrap().device_phy_id, 3);
         assert_eq!(d.buffers[0].device_id, Some(3));
+        let back: Value = serde_json::from_slice(&d.to_json()).unwrap();
+        assert_eq!(back, serde_json::from_str::<Value>(text).unwrap());
+    }
+
+    #[test]
+    fn mooncake_ascend_direct_endpoints_are_read_and_written_back() {
+        // What Mooncake's ascend_direct transport publishes (transfer_metadata.cpp encodes
+        // every rank_info field; only hostIp and endpoints are set).
+        let text = r#"{"name":"10.0.0.2:16000","protocol":"ascend",
+          "buffers":[{"addr":4096,"length":8192,"name":"npu:0","device_id":0}],
+          "rank_info":{"rankId":4294967295,"hostIp":"10.0.0.2","hostPort":0,"deviceLogicId":0,
+            "devicePhyId":0,"deviceType":5,"deviceIp":"","devicePort":0,"pid":0,
+            "endpoints":["10.0.0.2:20213"]}}"#;
+        let d = SegmentDescriptor::from_json("t", text.as_bytes()).unwrap();
+        let r = d.rank_info.as_ref().unwrap();
+        assert_eq!(r.endpoints, vec!["10.0.0.2:20213".to_owned()]);
+        assert!(r.extra.is_empty(), "{:?}", r.extra);
         let back: Value = serde_json::from_slice(&d.to_json()).unwrap();
         assert_eq!(back, serde_json::from_str::<Value>(text).unwrap());
     }

@@ -215,6 +215,7 @@ impl EngineBuilder {
             memory: memory.clone(),
             runtime: runtime.clone(),
             resolvers: resolvers.clone(),
+            descriptors: Some(Arc::new(MetadataDescriptors { metadata: metadata.clone(), keys: keys.clone() })),
         };
         let mut transports: Vec<Arc<dyn Transport>> = Vec::new();
         for factory in self.transports.companions() {
@@ -455,21 +456,7 @@ impl EngineInner {
     }
 
     async fn fetch(&self, name: &str) -> Result<SegmentDescriptor> {
-        let key = self.keys.segment(name);
-        let bytes = self.metadata.get(&key).await.map_err(|e| {
-            Error::new(
-                e.kind(),
-                format!("looking up segment `{name}` in {} metadata: {}", self.metadata.name(), e.message()),
-            )
-            .with_source(e)
-        })?;
-        let bytes = bytes.ok_or_else(|| {
-            Error::not_found(format!(
-                "segment `{name}` is not published in the {} metadata store (key {key})",
-                self.metadata.name()
-            ))
-        })?;
-        SegmentDescriptor::from_json(&key, &bytes)
+        fetch_descriptor(self.metadata.as_ref(), &self.keys, name).await
     }
 
     /// A snapshot of the installed transports.
@@ -1337,6 +1324,39 @@ impl TransferEngine {
 
 fn request_error(i: usize, e: Error) -> Error {
     e.context(format!("request {i}: {}; nothing was submitted", e.message()))
+}
+
+/// Reads `name`'s descriptor from `metadata`.
+async fn fetch_descriptor(
+    metadata: &dyn MetadataBackend,
+    keys: &MetadataKeys,
+    name: &str,
+) -> Result<SegmentDescriptor> {
+    let key = keys.segment(name);
+    let bytes = metadata.get(&key).await.map_err(|e| {
+        Error::new(e.kind(), format!("looking up segment `{name}` in {} metadata: {}", metadata.name(), e.message()))
+            .with_source(e)
+    })?;
+    let bytes = bytes.ok_or_else(|| {
+        Error::not_found(format!(
+            "segment `{name}` is not published in the {} metadata store (key {key})",
+            metadata.name()
+        ))
+    })?;
+    SegmentDescriptor::from_json(&key, &bytes)
+}
+
+/// The engine's metadata service as a [`DescriptorSource`] for its transports.
+struct MetadataDescriptors {
+    metadata: Arc<dyn MetadataBackend>,
+    keys: MetadataKeys,
+}
+
+#[async_trait::async_trait]
+impl crate::transport::DescriptorSource for MetadataDescriptors {
+    async fn fetch_descriptor(&self, name: &str) -> Result<SegmentDescriptor> {
+        fetch_descriptor(self.metadata.as_ref(), &self.keys, name).await
+    }
 }
 
 #[cfg(test)]

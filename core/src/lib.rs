@@ -56,4 +56,6 @@ pub use resolver::{
 };
 pub use segment::OpenSegment;
 pub use segment_name::{DEVICE_ID_LIMIT, SegmentName, SegmentNameError};
-pub use transport::{Capabilities, Transport, TransportContext, TransportFactory, TransportRegistry, TransportSource};
+pub use transport::{
+    Capabilities, DescriptorSource, Transport, TransportContext, TransportFactory, TransportRegistry, TransportSource,
+};

@@ -46,6 +46,21 @@ pub struct TransportContext {
     pub runtime: tokio::runtime::Handle,
     /// Identity resolvers.
     pub resolvers: ResolverChain,
+    /// Reads a peer's descriptor afresh from the metadata service (bypassing the engine's
+    /// cache), for a transport that retries after a peer may have restarted or re-registered.
+    /// `None` where no metadata service is at hand (tests, plugin hosts).
+    pub descriptors: Option<Arc<dyn DescriptorSource>>,
+}
+
+/// Reads segment descriptors from the engine's metadata service, uncached.
+#[async_trait]
+pub trait DescriptorSource: Send + Sync {
+    /// The descriptor `name` publishes now.
+    ///
+    /// # Errors
+    /// The metadata service's error, or [`ErrorKind::NotFound`](crate::ErrorKind::NotFound)
+    /// when the segment is not published.
+    async fn fetch_descriptor(&self, name: &str) -> Result<SegmentDescriptor>;
 }
 
 impl std::fmt::Debug for TransportContext {

@@ -37,6 +37,7 @@ pub use error::{
 pub use hccl::{Communicator, GlobalMem, MemKind, OneSidedOp, RootInfo};
 pub use library::{Capabilities, Library, LoadedPaths};
 pub use search::{
-    ACL_LIBRARY, CANN_LIB_DIR, CANN_TOOLKIT_LIB_DIR, HCCL_LIBRARY, HCOMM_LIBRARY, LIB_DIR_ENV, SearchDir, SearchPath,
+    ACL_LIBRARY, CANN_LIB_DIR, CANN_TOOLKIT_LIB_DIR, HCCL_LIBRARY, HCOMM_LIBRARY, HIXL_LIBRARY, LIB_DIR_ENV,
+    LLM_DATADIST_LIBRARY, METADEF_LIBRARY, SearchDir, SearchPath,
 };
 pub use worker::DeviceThread;

@@ -8,6 +8,12 @@ pub const ACL_LIBRARY: &str = "libascendcl.so";
 pub const HCCL_LIBRARY: &str = "libhccl.so";
 /// Newer CANN releases keep the communicator functions here (`libhccl.so` links it).
 pub const HCOMM_LIBRARY: &str = "libhcomm.so";
+/// HIXL's deprecated `adxl::AdxlEngine` (CANN 8.3 on) lives here.
+pub const LLM_DATADIST_LIBRARY: &str = "libllm_datadist.so";
+/// HIXL's `hixl::Hixl` (CANN >= 8.5).
+pub const HIXL_LIBRARY: &str = "libcann_hixl.so";
+/// `ge::AscendString`, the string type of HIXL's C++ API.
+pub const METADEF_LIBRARY: &str = "libmetadef.so";
 /// Ferry's override: a directory (or `:`-separated directories) holding the libraries.
 pub const LIB_DIR_ENV: &str = "FERRY_ASCEND_LIB_DIR";
 /// Install root of CANN <= 8.3.

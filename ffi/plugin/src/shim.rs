@@ -405,6 +405,7 @@ pub(crate) unsafe extern "C" fn create<P: PluginDefinition>(
             memory: memory.clone(),
             runtime: runtime.get().handle().clone(),
             resolvers: ResolverChain::with_defaults(),
+            descriptors: None,
         };
         let transport = block_on(runtime.get(), runtime_id, async move { factory.create(&ctx).await })??;
         let declared = P::CAPABILITIES;

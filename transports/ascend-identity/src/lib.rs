@@ -45,7 +45,8 @@ pub use hccn::{
     parse_hccn_conf, parse_hccn_conf_v6,
 };
 pub use options::{
-    AscendOptions, HCCL_CONTROL_PORT, HCCL_RETRIES, HCCN_CONF_PATH, OPTIONS, RANK_TABLE_PATH, RETRIES_ENV,
+    ASCEND_BACKEND, AscendBackend, AscendOptions, HCCL_CONTROL_PORT, HCCL_RETRIES, HCCN_CONF_PATH, OPTIONS,
+    RANK_TABLE_PATH, RETRIES_ENV,
 };
 pub use rank_table::{
     DisaggregatedDevice, DisaggregatedRankTable, HcclDevice, HcclRankTable, HcclServer, RANK_TABLE_ENV, RankEntry,

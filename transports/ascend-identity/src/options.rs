@@ -42,8 +42,73 @@ pub const HCCL_CONTROL_PORT: OptionSpec = OptionSpec {
     doc: "Ascend transport: port of its control channel (published as `rank_info.hostPort`); refused with `base_port`",
 };
 
+/// `ascend_backend` (`FERRY_ASCEND_BACKEND`): which Ascend data path the transport uses.
+pub const ASCEND_BACKEND: OptionSpec = OptionSpec {
+    key: "ascend_backend",
+    env: Some("FERRY_ASCEND_BACKEND"),
+    env_invalid: "not one of auto, hixl, hccl",
+    default: "from the protocol: `hixl`/`ascend_direct` -> hixl, `hccl` -> hccl, `ascend` -> auto",
+    doc: "Ascend transport backend: `hixl` (Huawei HIXL, as Mooncake's ascend_direct), `hccl` (direct HCCL), or \
+          `auto` (both when HIXL loads; each peer by what its descriptor publishes)",
+};
+
 /// Every option the Ascend side declares.
-pub const OPTIONS: [&OptionSpec; 4] = [&RANK_TABLE_PATH, &HCCN_CONF_PATH, &HCCL_RETRIES, &HCCL_CONTROL_PORT];
+pub const OPTIONS: [&OptionSpec; 5] =
+    [&RANK_TABLE_PATH, &HCCN_CONF_PATH, &HCCL_RETRIES, &HCCL_CONTROL_PORT, &ASCEND_BACKEND];
+
+/// Which data path(s) the Ascend transport runs ([`ASCEND_BACKEND`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AscendBackend {
+    /// HIXL when it loads (published as `rank_info.endpoints`) and direct HCCL (published as
+    /// Ferry's HCCL fields); each peer is reached by what its descriptor offers, HIXL first.
+    /// Without HIXL, direct HCCL alone, saying why.
+    Auto,
+    /// HIXL only (as Mooncake's `ascend_direct`); the transport refuses to start without it.
+    Hixl,
+    /// Direct HCCL only (HIXL is not loaded).
+    Hccl,
+}
+
+impl AscendBackend {
+    /// The default for a configured protocol name: `hixl` and `ascend_direct` ask for HIXL,
+    /// `hccl` for direct HCCL, anything else (`ascend`) for both.
+    pub fn for_protocol(protocol: &str) -> Self {
+        match protocol {
+            "hixl" | "ascend_direct" => AscendBackend::Hixl,
+            "hccl" => AscendBackend::Hccl,
+            _ => AscendBackend::Auto,
+        }
+    }
+
+    /// Its config spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AscendBackend::Auto => "auto",
+            AscendBackend::Hixl => "hixl",
+            AscendBackend::Hccl => "hccl",
+        }
+    }
+}
+
+impl std::str::FromStr for AscendBackend {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<Self, Self::Err> {
+        match s.trim() {
+            "auto" => Ok(AscendBackend::Auto),
+            "hixl" | "ascend_direct" => Ok(AscendBackend::Hixl),
+            "hccl" => Ok(AscendBackend::Hccl),
+            other => Err(format!("{other:?} is not one of auto, hixl, hccl")),
+        }
+    }
+}
+
+impl std::fmt::Display for AscendBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
 
 /// Mooncake's variable for the Ascend transport's retry count; it wins over `hccl_retries` and
 /// `FERRY_HCCL_RETRIES`, as in Mooncake.
@@ -61,6 +126,8 @@ pub struct AscendOptions {
     pub hccl_retries: Option<Setting<u32>>,
     /// [`HCCL_CONTROL_PORT`].
     pub hccl_control_port: Option<Setting<u16>>,
+    /// [`ASCEND_BACKEND`] (`None`: from the protocol, [`AscendBackend::for_protocol`]).
+    pub ascend_backend: Option<Setting<AscendBackend>>,
 }
 
 impl AscendOptions {
@@ -77,7 +144,13 @@ impl AscendOptions {
             hccn_conf_path: Self::hccn_conf_path(config, env)?,
             hccl_retries: Self::hccl_retries(config, env)?,
             hccl_control_port: Self::hccl_control_port(config, env)?,
+            ascend_backend: config.option(&ASCEND_BACKEND, env)?,
         })
+    }
+
+    /// The backend asked for: [`ASCEND_BACKEND`] when set, else the protocol's default.
+    pub fn backend(&self, protocol: &str) -> AscendBackend {
+        self.ascend_backend.as_ref().map_or_else(|| AscendBackend::for_protocol(protocol), |s| s.value)
     }
 
     /// [`RANK_TABLE_PATH`] alone.
@@ -232,5 +305,24 @@ mod tests {
         let solo = Config::from_json_str(r#"{"local_hostname": "10.0.0.5:17000", "hccl_control_port": 18000}"#, None);
         let o = AscendOptions::from_config(&solo.unwrap(), &env(&[])).unwrap();
         assert_eq!(o.hccl_control_port.unwrap().value, 18000);
+    }
+
+    #[test]
+    fn the_backend_follows_the_protocol_unless_set() {
+        let cfg = Config::from_json_str(r#"{"protocol":"ascend"}"#, None).unwrap();
+        let o = AscendOptions::from_config(&cfg, &env(&[])).unwrap();
+        assert_eq!(o.backend("ascend"), AscendBackend::Auto);
+        assert_eq!(o.backend("hccl"), AscendBackend::Hccl);
+        assert_eq!(o.backend("hixl"), AscendBackend::Hixl);
+        assert_eq!(o.backend("ascend_direct"), AscendBackend::Hixl);
+        let o = AscendOptions::from_config(&cfg, &env(&[("FERRY_ASCEND_BACKEND", "hccl")])).unwrap();
+        assert_eq!(o.backend("hixl"), AscendBackend::Hccl);
+        let cfg = Config::from_json_str(r#"{"protocol":"ascend","ascend_backend":"hixl"}"#, None).unwrap();
+        assert_eq!(AscendOptions::from_config(&cfg, &env(&[])).unwrap().backend("ascend"), AscendBackend::Hixl);
+        let e = AscendOptions::from_config(&cfg, &env(&[("FERRY_ASCEND_BACKEND", "rdma")])).unwrap_err();
+        assert!(e.to_string().contains("FERRY_ASCEND_BACKEND"), "{e}");
+        let cfg = Config::from_json_str(r#"{"protocol":"ascend","ascend_backend":"fast"}"#, None).unwrap();
+        let e = AscendOptions::from_config(&cfg, &env(&[])).unwrap_err();
+        assert!(e.to_string().contains("ascend_backend"), "{e}");
     }
 }

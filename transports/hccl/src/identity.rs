@@ -329,6 +329,18 @@ impl LocalIdentity {
     /// (the first answer would bind one card and publish another): the error shows both
     /// answers, the resolver of each and where it read them.
     pub fn from_resolution(segment: &str, host_fallback: &str, r: &Resolution) -> Result<Self> {
+        Self::from_resolution_for(segment, host_fallback, r, true)
+    }
+
+    /// [`from_resolution`](Self::from_resolution), with the device IP required only when
+    /// `need_device_ip` (direct HCCL builds rank tables from it; HIXL finds its device NICs
+    /// itself). Without one the identity's `device_ip` is empty.
+    pub fn from_resolution_for(
+        segment: &str,
+        host_fallback: &str,
+        r: &Resolution,
+        need_device_ip: bool,
+    ) -> Result<Self> {
         let id = &r.identity;
         let explain = || {
             let text = r.to_string();
@@ -352,7 +364,7 @@ impl LocalIdentity {
                 explain()
             ))
         })?;
-        let device_ip = id.device_ip.clone().ok_or_else(|| {
+        let device_ip = id.device_ip.clone().or_else(|| (!need_device_ip).then(String::new)).ok_or_else(|| {
             Error::config(format!(
                 "ascend transport: no device IP for physical NPU {physical}; add `address_{physical}=<ip>` (or \
                  `IPv6address_{physical}=<ip>`) to /etc/hccn.conf (or the file named by hccn_conf_path / \
@@ -387,6 +399,7 @@ impl LocalIdentity {
             pid: u64::from(std::process::id()),
             super_device_id: self.super_pod.as_ref().map(|s| s.device_id.clone()),
             super_pod_id: self.super_pod.as_ref().map(|s| s.pod_id.clone()),
+            endpoints: Vec::new(),
             extra: Default::default(),
         }
     }

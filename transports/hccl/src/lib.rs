@@ -49,6 +49,8 @@
 //!
 //! Validated on Ferry's emulated CANN only (`ffi/cann-emu`), never on an NPU.
 
+#[cfg(feature = "hixl")]
+mod hixl;
 mod identity;
 mod peer;
 mod pending;
@@ -61,11 +63,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use ferry_ascend_identity::AscendOptions;
+use ferry_ascend_identity::{AscendBackend, AscendOptions};
 use ferry_ascend_sys::{AscendError, DeviceThread, GlobalMem, HostBuffer, Library, MemKind, PointerKind, SearchPath};
 use ferry_core::{
-    Batch, Capabilities, Environment, Error, ErrorKind, HostAllocation, Location, MemoryRegistry, OpenSegment, Region,
-    Resolution, ResolveQuery, Result, SegmentDescriptor, SegmentName, Transport, TransportContext, TransportFactory,
+    Batch, Capabilities, Environment, Error, ErrorKind, HostAllocation, Location, MemoryRegistry, OpenSegment,
+    RankInfo, Region, Resolution, ResolveQuery, Result, SegmentDescriptor, SegmentName, Transport, TransportContext,
+    TransportFactory,
 };
 use tokio::sync::watch;
 
@@ -83,8 +86,111 @@ use crate::pending::Pending;
 
 /// Protocol name.
 pub const PROTOCOL: &str = "ascend";
-/// Accepted alias.
+/// Accepted alias: the direct-HCCL backend alone (unless `ascend_backend` says otherwise).
 pub const ALIAS: &str = "hccl";
+/// Accepted aliases asking for the HIXL backend alone: Mooncake's transport name and HIXL's.
+pub const HIXL_ALIASES: [&str; 2] = ["ascend_direct", "hixl"];
+#[cfg(feature = "hixl")]
+pub use ferry_hixl_sys as hixl_sys;
+#[cfg(feature = "hixl")]
+pub use hixl::{
+    ATTEMPTS as HIXL_ATTEMPTS, BASE_PORT_ENV, CONNECT_TIMEOUT_ENV, DEFAULT_BASE_PORT, DEFAULT_CONNECT_TIMEOUT,
+    WORKERS as HIXL_WORKERS,
+};
+
+/// How this transport reaches one peer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PeerBackend {
+    /// Through HIXL, to the engine in the peer's `rank_info.endpoints`.
+    Hixl,
+    /// Through direct HCCL, to the device and control channel in the peer's `rank_info`.
+    Hccl,
+}
+
+impl std::fmt::Display for PeerBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            PeerBackend::Hixl => "HIXL",
+            PeerBackend::Hccl => "direct HCCL",
+        })
+    }
+}
+
+/// Which backends run on this side, and why the others do not.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Backends {
+    /// What the config (or the protocol name) asked for.
+    pub asked: AscendBackend,
+    /// HIXL: the API and engine name (`adxl::AdxlEngine (…/libllm_datadist.so) as ip:port`),
+    /// or why it does not run.
+    pub hixl: std::result::Result<String, String>,
+    /// Direct HCCL: runs, or why not.
+    pub hccl: std::result::Result<(), String>,
+}
+
+impl Backends {
+    /// How a peer publishing `d` is reached, with the reason; an error says why it cannot be.
+    /// A peer publishing HIXL endpoints goes through HIXL when it runs here (what Mooncake's
+    /// `ascend_direct` nodes and Ferry nodes with HIXL publish); else one publishing Ferry's
+    /// direct-HCCL fields (`deviceIp`, `hostPort`) through HCCL.
+    pub fn for_peer(&self, d: &SegmentDescriptor) -> std::result::Result<(PeerBackend, String), String> {
+        let Some(r) = d.rank_info.as_ref() else {
+            return Err(format!("segment `{}` publishes no rank_info: it is not an Ascend segment", d.name));
+        };
+        let has_endpoints = !r.endpoints.is_empty();
+        let has_hccl = !r.device_ip.is_empty() && r.host_port != 0;
+        if has_endpoints && let Ok(h) = &self.hixl {
+            return Ok((
+                PeerBackend::Hixl,
+                format!("it publishes HIXL endpoint(s) {:?}; HIXL runs here ({h})", r.endpoints),
+            ));
+        }
+        if has_hccl && self.hccl.is_ok() {
+            let why_not_hixl = match (&self.hixl, has_endpoints) {
+                (_, false) => "it publishes no HIXL endpoint".to_owned(),
+                (Err(why), true) => format!("HIXL does not run here: {why}"),
+                (Ok(_), true) => unreachable!("handled above"),
+            };
+            return Ok((
+                PeerBackend::Hccl,
+                format!("{why_not_hixl}; it publishes deviceIp {} and hostPort {}", r.device_ip, r.host_port),
+            ));
+        }
+        let mut why = Vec::new();
+        match (&self.hixl, has_endpoints) {
+            (_, false) => why.push("it publishes no HIXL endpoint (rank_info.endpoints)".to_owned()),
+            (Err(e), true) => why.push(format!(
+                "it publishes HIXL endpoint(s) {:?} (a Mooncake ascend_direct node or a Ferry node with HIXL), but HIXL \
+                 does not run here: {e}",
+                r.endpoints
+            )),
+            (Ok(_), true) => {}
+        }
+        match (&self.hccl, has_hccl) {
+            (_, false) => why.push("it publishes no direct-HCCL fields (deviceIp and hostPort are empty)".to_owned()),
+            (Err(e), true) => {
+                why.push(format!("it publishes direct-HCCL fields, but direct HCCL does not run here: {e}"))
+            }
+            (Ok(()), true) => {}
+        }
+        Err(format!("ascend transport cannot reach segment `{}`: {}", d.name, why.join("; ")))
+    }
+}
+
+impl std::fmt::Display for Backends {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "asked {}; HIXL: ", self.asked)?;
+        match &self.hixl {
+            Ok(h) => write!(f, "on, {h}")?,
+            Err(why) => write!(f, "off ({why})")?,
+        }
+        f.write_str("; direct HCCL: ")?;
+        match &self.hccl {
+            Ok(()) => f.write_str("on"),
+            Err(why) => write!(f, "off ({why})"),
+        }
+    }
+}
 /// Default number of retries after a failed transfer (Mooncake's default).
 pub const DEFAULT_RETRIES: u32 = 2;
 /// Most retries honoured: a larger configured count is capped here (with a warning), so that a
@@ -121,6 +227,13 @@ pub struct Stats {
     /// Device threads still busy when their transport shut down (they end on their own once
     /// HCCL's timeouts fire); nonzero means a shutdown was not clean.
     pub threads_left_running: u64,
+    /// HIXL `TransferSync` calls that succeeded (one per group of a batch).
+    pub hixl_transfers: u64,
+    /// HIXL attempts (connect or transfer) that failed; each is followed by a disconnect and,
+    /// on the first, a descriptor refresh and one retry.
+    pub hixl_failed_attempts: u64,
+    /// HIXL `Connect` calls that succeeded.
+    pub hixl_connects: u64,
 }
 
 pub(crate) mod counters {
@@ -132,6 +245,9 @@ pub(crate) mod counters {
     pub(crate) static DEVICE_NS: AtomicU64 = AtomicU64::new(0);
     pub(crate) static ONE_SIDED_CALLS: AtomicU64 = AtomicU64::new(0);
     pub(crate) static THREADS_LEFT_RUNNING: AtomicU64 = AtomicU64::new(0);
+    pub(crate) static HIXL_TRANSFERS: AtomicU64 = AtomicU64::new(0);
+    pub(crate) static HIXL_FAILED_ATTEMPTS: AtomicU64 = AtomicU64::new(0);
+    pub(crate) static HIXL_CONNECTS: AtomicU64 = AtomicU64::new(0);
 
     /// Adds the time since `start` to the device-time counter.
     pub(crate) fn device_time(start: std::time::Instant) {
@@ -160,6 +276,9 @@ pub fn stats() -> Stats {
         device_ns: get(&DEVICE_NS),
         one_sided_calls: get(&ONE_SIDED_CALLS),
         threads_left_running: get(&THREADS_LEFT_RUNNING),
+        hixl_transfers: get(&HIXL_TRANSFERS),
+        hixl_failed_attempts: get(&HIXL_FAILED_ATTEMPTS),
+        hixl_connects: get(&HIXL_CONNECTS),
     }
 }
 
@@ -223,12 +342,26 @@ impl TransportFactory for HcclTransportFactory {
     }
 
     fn aliases(&self) -> &'static [&'static str] {
-        &[ALIAS]
+        &[ALIAS, HIXL_ALIASES[0], HIXL_ALIASES[1]]
     }
 
     async fn create(&self, ctx: &TransportContext) -> Result<Arc<dyn Transport>> {
         let lib = self.library()?;
-        Ok(Arc::new(HcclTransport::start(ctx, lib).await?))
+        let search = match &self.source {
+            LibrarySource::Env => SearchPath::from_env(),
+            LibrarySource::Search(s) => s.clone(),
+            LibrarySource::Loaded(l) => search_beside(l),
+        };
+        Ok(Arc::new(HcclTransport::start_with(ctx, lib, &search).await?))
+    }
+}
+
+/// Where to look for HIXL beside an already loaded ACL: the directory it was loaded from, else
+/// the process's search path.
+fn search_beside(lib: &Library) -> SearchPath {
+    match std::path::Path::new(&lib.paths().acl).parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => SearchPath::only(dir),
+        _ => SearchPath::from_env(),
     }
 }
 
@@ -309,9 +442,19 @@ pub(crate) struct Shared {
     pub(crate) peers: Mutex<HashMap<String, Arc<Peer>>>,
     pub(crate) stop: watch::Sender<bool>,
     pub(crate) stopped: AtomicBool,
+    /// The HIXL backend, when it runs.
+    #[cfg(feature = "hixl")]
+    pub(crate) hixl: Option<Arc<hixl::HixlSide>>,
+    /// What runs and why.
+    pub(crate) backends: Backends,
 }
 
 impl Shared {
+    /// Whether direct HCCL runs (this side publishes its fields and reaches peers with it).
+    pub(crate) fn hccl_on(&self) -> bool {
+        self.backends.hccl.is_ok()
+    }
+
     pub(crate) fn one_sided_ok(&self) -> bool {
         self.one_sided.load(Ordering::Acquire)
     }
@@ -405,6 +548,45 @@ fn published_host(ctx: &TransportContext, resolution: &Resolution) -> Result<Str
     )))
 }
 
+/// What [`HcclTransport::start`] would run, without starting anything: HIXL loaded (not
+/// initialised) from `search` unless `asked` excludes it, direct HCCL unless `asked` excludes
+/// it or (when HIXL does not load) `device_ip_known` is false. For `ferry doctor`.
+pub fn probe_backends(asked: AscendBackend, search: &SearchPath, device_ip_known: bool) -> Backends {
+    #[cfg(feature = "hixl")]
+    let hixl =
+        load_hixl(asked, search).map(|lib| format!("{} (loaded; the engine starts with the transport)", lib.api()));
+    #[cfg(not(feature = "hixl"))]
+    let hixl: std::result::Result<String, String> = load_hixl(asked, search).map(|never| match never {});
+    let hccl = match asked {
+        AscendBackend::Hixl => Err(format!("ascend_backend is {asked}")),
+        _ if !device_ip_known => Err("no device IP is known for this NPU".to_owned()),
+        _ => Ok(()),
+    };
+    Backends { asked, hixl, hccl }
+}
+
+/// HIXL loaded for `asked`, or why it is not used.
+#[cfg(feature = "hixl")]
+fn load_hixl(
+    asked: AscendBackend,
+    search: &SearchPath,
+) -> std::result::Result<Arc<ferry_hixl_sys::HixlLibrary>, String> {
+    if asked == AscendBackend::Hccl {
+        return Err("ascend_backend is hccl".into());
+    }
+    ferry_hixl_sys::HixlLibrary::load(search).map_err(|e| format!("HIXL cannot be loaded: {e}"))
+}
+
+/// Without the `hixl` feature HIXL is never loaded.
+#[cfg(not(feature = "hixl"))]
+fn load_hixl(asked: AscendBackend, _search: &SearchPath) -> std::result::Result<std::convert::Infallible, String> {
+    Err(if asked == AscendBackend::Hccl {
+        "ascend_backend is hccl".into()
+    } else {
+        "this build of Ferry has no HIXL support (the `hixl` cargo feature is off)".into()
+    })
+}
+
 /// The retry count: the configured one ([`DEFAULT_RETRIES`] when none), at most [`MAX_RETRIES`].
 fn capped_retries(configured: Option<u32>) -> u32 {
     let retries = configured.unwrap_or(DEFAULT_RETRIES);
@@ -422,18 +604,48 @@ impl HcclTransport {
     /// resolved (the message shows what was resolved and from where), and the ACL error when
     /// the device cannot be bound.
     pub async fn start(ctx: &TransportContext, lib: Arc<Library>) -> Result<Self> {
+        let search = search_beside(&lib);
+        Self::start_with(ctx, lib, &search).await
+    }
+
+    /// [`start`](Self::start), looking for HIXL in `hixl_search`.
+    ///
+    /// # Errors
+    /// As [`start`](Self::start); also [`ErrorKind::Config`] when HIXL is asked for alone
+    /// (`ascend_backend: "hixl"`, protocol `hixl`/`ascend_direct`) and does not load or start.
+    pub async fn start_with(ctx: &TransportContext, lib: Arc<Library>, hixl_search: &SearchPath) -> Result<Self> {
         // The Ascend options (`hccl_retries` and `hccl_control_port` with their variables,
         // Mooncake's retry variable first; a fixed port with `base_port` is refused).
         let options = AscendOptions::from_config(&ctx.config, &Environment::process())?;
+        let asked = options.backend(ctx.config.protocol());
         let retries = capped_retries(options.hccl_retries.map(|s| s.value));
         let control_port: u16 = options.hccl_control_port.map_or(0, |s| s.value);
+        let hixl_lib = load_hixl(asked, hixl_search);
+        if asked == AscendBackend::Hixl
+            && let Err(why) = &hixl_lib
+        {
+            return Err(Error::config(format!(
+                "ascend transport: the HIXL backend was asked for (protocol {:?}, ascend_backend {}) but {why}",
+                ctx.config.protocol(),
+                asked
+            )));
+        }
 
         let chain = with_acl_link(ctx.resolvers.clone(), Arc::new(AclQueryResolver::new(lib.clone())));
         let query = ResolveQuery::local(Some(ctx.segment_name.clone()), ctx.config.local_rank);
         let resolution =
             chain.resolve(&query).await.map_err(|e| e.context(format!("ascend transport: {}", e.message())))?;
         let host = published_host(ctx, &resolution)?;
-        let mut me = LocalIdentity::from_resolution(&ctx.segment_name, &host, &resolution)?;
+        // HIXL finds its device NICs itself: the device IP is needed only by direct HCCL.
+        let mut me = LocalIdentity::from_resolution_for(&ctx.segment_name, &host, &resolution, hixl_lib.is_err())?;
+        let mut hccl_state: std::result::Result<(), String> = match asked {
+            AscendBackend::Hixl => Err(format!("ascend_backend is {asked}")),
+            _ if me.device_ip.is_empty() => Err(format!(
+                "no device IP is known for physical NPU {} (hccn.conf, hccn_tool or a rank table gives it)",
+                me.physical_device
+            )),
+            _ => Ok(()),
+        };
         if lib.is_atlas_a3() {
             // HCCL needs a v1.2 rank table with each device's super-pod ids between A3 servers
             // (HIXL reads them the same way for its own tables).
@@ -475,6 +687,50 @@ impl HcclTransport {
         };
         let main = Arc::new(main);
 
+        #[cfg(feature = "hixl")]
+        let (hixl_side, hixl_state) = match hixl_lib {
+            Ok(hlib) => {
+                let start = hixl::HixlStart {
+                    lib: hlib,
+                    host_ip: me.host_ip.clone(),
+                    physical_device: me.physical_device,
+                    user_device: me.user_device,
+                    transfer_timeout: ctx.config.transfer_timeout(),
+                    descriptors: ctx.descriptors.clone(),
+                    runtime: ctx.runtime.clone(),
+                };
+                match hixl::HixlSide::start(start, main.clone(), &lib).await {
+                    Ok(side) => {
+                        let desc = format!("{} as {}", side.api(), side.name());
+                        (Some(Arc::new(side)), Ok(desc))
+                    }
+                    Err(e) if asked == AscendBackend::Hixl || hccl_state.is_err() => return Err(e),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "HIXL did not start; using direct HCCL for every peer");
+                        (None, Err(format!("it did not start: {e}")))
+                    }
+                }
+            }
+            Err(why) => (None, Err(why)),
+        };
+        #[cfg(not(feature = "hixl"))]
+        let hixl_state: std::result::Result<String, String> = hixl_lib.map(|never| match never {});
+        #[cfg(feature = "hixl")]
+        let hixl_on = hixl_side.is_some();
+        #[cfg(not(feature = "hixl"))]
+        let hixl_on = false;
+        if !hixl_on && hccl_state.is_err() {
+            hccl_state = Ok(());
+        }
+        if !hixl_on && me.device_ip.is_empty() {
+            // Only reachable when HIXL was expected: say what is missing now.
+            LocalIdentity::from_resolution(&ctx.segment_name, &host, &resolution)?;
+        }
+        if let Err(why) = &hixl_state {
+            tracing::info!("ascend transport: HIXL is off ({why}); direct HCCL reaches every peer");
+        }
+        let backends = Backends { asked, hixl: hixl_state, hccl: hccl_state };
+
         let listener = tokio::net::TcpListener::bind(("0.0.0.0", control_port)).await.map_err(|e| {
             Error::config(format!("ascend transport: cannot listen on 0.0.0.0:{control_port}")).with_source(e)
         })?;
@@ -511,6 +767,9 @@ impl HcclTransport {
             peers: Mutex::new(HashMap::new()),
             stop,
             stopped: AtomicBool::new(false),
+            #[cfg(feature = "hixl")]
+            hixl: hixl_side,
+            backends,
         });
         let server = ctx.runtime.spawn(server::serve(listener, shared.clone(), stop_rx));
         tracing::info!(
@@ -520,6 +779,7 @@ impl HcclTransport {
             device_ip = %shared.me.device_ip,
             control_port,
             one_sided = caps.one_sided,
+            backends = %shared.backends,
             "ascend transport started\n{resolution}"
         );
         Ok(Self { shared, server: Mutex::new(Some(server)) })
@@ -528,6 +788,23 @@ impl HcclTransport {
     /// This transport's identity.
     pub fn identity(&self) -> &LocalIdentity {
         &self.shared.me
+    }
+
+    /// Which backends run, and why the others do not.
+    pub fn backends(&self) -> &Backends {
+        &self.shared.backends
+    }
+
+    /// The HIXL engine name published in `rank_info.endpoints`, when HIXL runs.
+    pub fn hixl_engine(&self) -> Option<String> {
+        #[cfg(feature = "hixl")]
+        {
+            self.shared.hixl.as_ref().map(|h| h.name().to_owned())
+        }
+        #[cfg(not(feature = "hixl"))]
+        {
+            None
+        }
     }
 
     /// The control channel port.
@@ -644,11 +921,32 @@ impl Transport for HcclTransport {
     }
 
     fn publish(&self, descriptor: &mut SegmentDescriptor) {
-        descriptor.rank_info = Some(self.shared.me.rank_info(self.shared.control_port));
         let me = &self.shared.me;
+        #[cfg_attr(not(feature = "hixl"), allow(unused_mut))]
+        let mut rank_info = if self.shared.hccl_on() {
+            me.rank_info(self.shared.control_port)
+        } else {
+            // HIXL alone: what Mooncake's ascend_direct publishes (transfer_metadata.cpp:
+            // every field, only hostIp and endpoints set; rankId and deviceType at their
+            // defaults).
+            RankInfo {
+                rank_id: u64::from(u32::MAX),
+                host_ip: me.host_ip.clone(),
+                device_type: 5,
+                ..RankInfo::default()
+            }
+        };
+        #[cfg(feature = "hixl")]
+        if let Some(h) = &self.shared.hixl {
+            rank_info.endpoints = vec![h.name().to_owned()];
+        }
+        let hixl_on = !rank_info.endpoints.is_empty();
+        descriptor.rank_info = Some(rank_info);
         for b in &mut descriptor.buffers {
             if self.shared.placement(b.addr) == Some(Placement::Device) {
-                b.device_id = Some(i64::from(me.physical_device));
+                // With HIXL, the ACL device id as Mooncake's ascend_direct publishes it
+                // (aclrtGetDevice at registration); direct HCCL alone: the physical NPU.
+                b.device_id = Some(i64::from(if hixl_on { me.user_device } else { me.physical_device }));
             }
         }
     }
@@ -660,6 +958,7 @@ impl Transport for HcclTransport {
             && addr % IPC_ALIGNMENT != 0
             && !self.shared.settings.intra_roce
             && self.shared.one_sided_ok()
+            && self.shared.hccl_on()
         {
             return Err(Error::invalid(format!(
                 "device region {addr:#x}+{len} does not start on a 2 MiB boundary: engines on one server share \
@@ -667,6 +966,10 @@ impl Transport for HcclTransport {
                  (aclrtMalloc policy 1) and register the allocation from its start, or set \
                  HCCL_INTRA_ROCE_ENABLE=1 if engines on one server should use RoCE instead"
             )));
+        }
+        #[cfg(feature = "hixl")]
+        if let Some(h) = &self.shared.hixl {
+            h.register(addr, len, placement).await?;
         }
         self.shared.placements.lock().unwrap_or_else(|p| p.into_inner()).insert(addr, (len, placement));
         if placement == Placement::UnpinnedHost {
@@ -679,7 +982,7 @@ impl Transport for HcclTransport {
             );
             return Ok(());
         }
-        if !self.shared.one_sided_ok() {
+        if !self.shared.one_sided_ok() || !self.shared.hccl_on() {
             return Ok(());
         }
         let kind = if placement == Placement::Device { MemKind::Device } else { MemKind::Host };
@@ -716,6 +1019,12 @@ impl Transport for HcclTransport {
             }
             Err(e) => {
                 self.shared.placements.lock().unwrap_or_else(|p| p.into_inner()).remove(&addr);
+                #[cfg(feature = "hixl")]
+                if let Some(h) = &self.shared.hixl
+                    && let Err(undo) = h.unregister(addr, len).await
+                {
+                    tracing::error!(error = %undo, "undoing the HIXL registration failed");
+                }
                 Err(hccl_error(format!("ascend transport: registering {addr:#x}+{len} with HCCL"), e))
             }
         }
@@ -723,6 +1032,12 @@ impl Transport for HcclTransport {
 
     async fn unregister_memory(&self, region: &Region) -> Result<()> {
         let (addr, len) = (region.addr(), region.len());
+        // HIXL first: every link disconnected, then deregistered; a refusal keeps the region
+        // registered everywhere (the caller must not free it).
+        #[cfg(feature = "hixl")]
+        if let Some(h) = &self.shared.hixl {
+            h.unregister(addr, len).await?;
+        }
         self.shared.placements.lock().unwrap_or_else(|p| p.into_inner()).remove(&addr);
         let g = self.shared.globals.lock().unwrap_or_else(|p| p.into_inner()).remove(&addr);
         let Some(g) = g else { return Ok(()) };
@@ -815,6 +1130,17 @@ impl Transport for HcclTransport {
     }
 
     fn submit(&self, target: &Arc<OpenSegment>, batch: &Arc<Batch>, indices: &[u32]) -> Result<()> {
+        let (backend, _) = self.shared.backends.for_peer(target.descriptor()).map_err(Error::invalid)?;
+        #[cfg(feature = "hixl")]
+        if backend == PeerBackend::Hixl
+            && let Some(h) = &self.shared.hixl
+        {
+            if self.shared.is_stopped() {
+                return Err(Error::new(ErrorKind::Shutdown, "ascend transport stopped"));
+            }
+            return h.submit(target, batch, indices);
+        }
+        debug_assert_eq!(backend, PeerBackend::Hccl);
         let peer = self.shared.peer(target.name())?;
         peer.enqueue(target.clone(), Pending::new(batch.clone(), indices.to_vec()), self.shared.settings.timeout);
         Ok(())
@@ -830,6 +1156,13 @@ impl Transport for HcclTransport {
             tracing::error!("ascend transport: the control server did not stop within {SHUTDOWN_TIMEOUT:?}; aborted");
             h.abort();
         }
+        #[cfg(feature = "hixl")]
+        let hixl_clean = match &self.shared.hixl {
+            Some(h) => h.shutdown(SHUTDOWN_TIMEOUT).await,
+            None => true,
+        };
+        #[cfg(not(feature = "hixl"))]
+        let hixl_clean = true;
         let peers: Vec<Arc<Peer>> =
             self.shared.peers.lock().unwrap_or_else(|p| p.into_inner()).drain().map(|(_, p)| p).collect();
         // All peers at once: each waits up to SHUTDOWN_TIMEOUT for its threads.
@@ -837,7 +1170,7 @@ impl Transport for HcclTransport {
         for p in peers {
             stopping.spawn(async move { p.shutdown(SHUTDOWN_TIMEOUT).await });
         }
-        let mut busy = 0usize;
+        let mut busy = usize::from(!hixl_clean);
         while let Some(done) = stopping.join_next().await {
             busy += done.unwrap_or(1);
         }

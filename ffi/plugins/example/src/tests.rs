@@ -40,6 +40,7 @@ async fn side(name: &str) -> ferry_core::Result<Side> {
         memory: memory.clone(),
         runtime: tokio::runtime::Handle::current(),
         resolvers: ResolverChain::with_defaults(),
+        descriptors: None,
     };
     let transport = ExampleTransportFactory.create(&ctx).await?;
     Ok(Side { memory, transport, instance })
