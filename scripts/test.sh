@@ -24,8 +24,9 @@ fi
 # Mooncake's wheel, for the interop tests (tests/interop_mooncake.rs). If it cannot be installed
 # those tests fail and say why; nothing is skipped.
 need_debs=()
-# protoc builds the etcd client; etcd and Redis serve the metadata tests.
-for pkg in libibverbs1 libnuma1 librdmacm1 python3-venv protobuf-compiler etcd-server redis-server; do
+# protoc builds the etcd client; etcd and Redis serve the metadata tests. The Mooncake wheels link
+# libcurl.so.4 (the OpenSSL flavour, libcurl4) besides libibverbs and libnuma.
+for pkg in libibverbs1 libnuma1 librdmacm1 libcurl4 python3-venv protobuf-compiler etcd-server redis-server; do
     dpkg -s "$pkg" >/dev/null 2>&1 || need_debs+=("$pkg")
 done
 if [ ${#need_debs[@]} -gt 0 ]; then
@@ -44,6 +45,33 @@ if ! "$VENV/bin/python" -c 'import mooncake.engine' >/dev/null 2>&1; then
         || echo "WARNING: could not install the Mooncake wheel; the interop tests will fail and say so" >&2
 fi
 export FERRY_MOONCAKE_PYTHON="$PWD/$VENV/bin/python"
+# Mooncake's NPU wheel (its ascend_direct transport, on HIXL) for the HIXL interop tests
+# (ffi/python/tests/test_ascend_direct_interop.py), run on the emulated CANN and HIXL. It provides
+# the same `mooncake` package as the wheel above, hence a venv of its own. Pinned: the emulator
+# exports what this version imports. PyPI has it only as cp311 and cp312, manylinux_2_35 x86_64, so
+# the venv is made with the first of python3, python3.12, python3.11 that is 3.11 or 3.12. Its
+# declared dependencies are aiohttp, requests and msgpack (no torch, no CANN), so a plain install
+# is right; the CANN libraries it links come from the emulator's directory at run time. If this
+# fails, those tests fail and say why.
+NPU_VENV=.venv-mooncake-npu
+NPU_WHEEL=mooncake-transfer-engine-npu==0.3.13.post1
+if ! "$NPU_VENV/bin/python" -c 'import importlib.metadata as m, sys; sys.exit(m.version("mooncake-transfer-engine-npu") != "0.3.13.post1")' >/dev/null 2>&1; then
+    npu_python=""
+    for py in python3 python3.12 python3.11; do
+        if command -v "$py" >/dev/null 2>&1 && "$py" -c 'import sys; sys.exit(sys.version_info[:2] not in ((3, 11), (3, 12)))'; then
+            npu_python=$py
+            break
+        fi
+    done
+    if [ -z "$npu_python" ]; then
+        echo "WARNING: no python3.11 or python3.12 for $NPU_WHEEL (PyPI has only cp311/cp312 wheels); the ascend_direct interop tests will fail and say so" >&2
+    else
+        say "pip install $NPU_WHEEL into $NPU_VENV ($npu_python)"
+        { rm -rf "$NPU_VENV" && "$npu_python" -m venv "$NPU_VENV" && "$NPU_VENV/bin/pip" install -q "$NPU_WHEEL"; } \
+            || echo "WARNING: could not install $NPU_WHEEL; the ascend_direct interop tests will fail and say so" >&2
+    fi
+fi
+export FERRY_MOONCAKE_NPU_PYTHON="$PWD/$NPU_VENV/bin/python"
 
 # --- servers -------------------------------------------------------------------------------
 # Redis and etcd on free loopback ports, data in $WORK, stopped on exit. The contract tests use

@@ -63,6 +63,27 @@ def emulator_library() -> Path:
     )
 
 
+CANN_LIBRARY_NAMES = ("libascendcl.so", "libhccl.so")
+"""The names the emulated CANN answers to: ACL's runtime and HCCL."""
+
+HIXL_LIBRARY_NAMES = ("libllm_datadist.so", "libcann_hixl.so", "libmetadef.so")
+"""The names the emulated HIXL answers to: ``adxl::AdxlEngine`` (``libllm_datadist.so``),
+``hixl::Hixl`` (``libcann_hixl.so``) and ``ge::AscendString`` (``libmetadef.so``)."""
+
+
+def emulated_cann(directory: Path, hixl: bool = False) -> Path:
+    """Makes ``directory`` a CANN installation's library directory backed by the emulator: the
+    built library linked as ``libascendcl.so`` and ``libhccl.so``, and with ``hixl`` also as
+    HIXL's three libraries. Without ``hixl`` it is a CANN without HIXL, where Ferry's ``ascend``
+    transport falls back to direct HCCL and Mooncake's NPU wheel cannot load. Returns
+    ``directory``."""
+    lib = emulator_library()
+    directory.mkdir(parents=True, exist_ok=True)
+    for name in CANN_LIBRARY_NAMES + (HIXL_LIBRARY_NAMES if hixl else ()):
+        (directory / name).symlink_to(lib)
+    return directory
+
+
 def is_identity_variable(name: str) -> bool:
     """Variables an Ascend test process must not inherit: anything naming a card,
     a rank, a Ferry or Mooncake setting, CANN's install or the emulator's switches."""
@@ -93,6 +114,34 @@ def mooncake_python() -> Path:
         f"\n*** Mooncake interop cannot run: {path} cannot import mooncake.engine.\n*** Install the wheel: "
         f"python3 -m venv .venv-mooncake && .venv-mooncake/bin/pip install mooncake-transfer-engine-non-cuda "
         f"(plus Debian libibverbs1 libnuma1 librdmacm1), or set FERRY_MOONCAKE_PYTHON.\n"
+    )
+    return path
+
+
+MOONCAKE_NPU_WHEEL = ("mooncake-transfer-engine-npu", "0.3.13.post1")
+"""The Mooncake NPU wheel the ascend_direct interop tests judge Ferry by, and its pinned version
+(scripts/test.sh installs it)."""
+
+
+def mooncake_npu_python() -> Path:
+    """The Python of the venv holding Mooncake's NPU wheel: $FERRY_MOONCAKE_NPU_PYTHON, else the
+    repository's .venv-mooncake-npu. Checks the wheel's version only: it cannot import without
+    CANN (the tests give it the emulated one). Fails loudly (these tests are never skipped)."""
+    path = Path(os.environ.get("FERRY_MOONCAKE_NPU_PYTHON") or REPO / ".venv-mooncake-npu" / "bin" / "python")
+    name, version = MOONCAKE_NPU_WHEEL
+    found = ""
+    if path.is_file():
+        found = subprocess.run(
+            [str(path), "-c", f"import importlib.metadata as m; print(m.version({name!r}))"],
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+    assert found == version, (
+        f"\n*** the Mooncake NPU wheel ({name} {version}) is not installed for {path}"
+        + (f" (found {found})" if found else "")
+        + f": run scripts/test.sh, or python3.11 -m venv .venv-mooncake-npu && .venv-mooncake-npu/bin/pip "
+        f"install {name}=={version} (PyPI has cp311/cp312 manylinux_2_35 x86_64 builds), or set "
+        f"FERRY_MOONCAKE_NPU_PYTHON.\n"
     )
     return path
 

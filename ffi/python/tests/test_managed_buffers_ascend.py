@@ -20,7 +20,7 @@ import os
 from pathlib import Path
 from typing import Dict, List
 
-from _support import PEERS, Child, emulator_library, is_identity_variable, python_child
+from _support import PEERS, Child, emulated_cann, is_identity_variable, python_child
 
 WORKER = PEERS / "managed_buffer_worker.py"
 LENGTH = (4 << 20) + 12345  # not a multiple of a page: the whole length must move
@@ -31,9 +31,7 @@ ACL_MEM_LOCATION_TYPE_HOST = 0
 def start(tmp: Path, role: str, card: int, children: List[Child]) -> Child:
     lib_dir = tmp / "cann"
     if not lib_dir.exists():
-        lib_dir.mkdir()
-        for name in ("libascendcl.so", "libhccl.so"):
-            (lib_dir / name).symlink_to(emulator_library())
+        emulated_cann(lib_dir)  # no HIXL: the direct HCCL backend
         (tmp / "hccn.conf").write_text("".join(f"address_{d}=127.{NET}.0.{d + 1}\n" for d in range(8)))
     env: Dict[str, str] = {
         "FERRY_ASCEND_LIB_DIR": str(lib_dir),

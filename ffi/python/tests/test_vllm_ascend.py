@@ -35,7 +35,7 @@ from typing import Dict, List
 
 import pytest
 
-from _support import PEERS, Child, emulator_library, is_identity_variable, python_child
+from _support import PEERS, Child, emulated_cann, is_identity_variable, python_child
 
 WORKER = PEERS / "vllm_ascend_worker.py"
 LAYERS, BLOCKS, BLOCK_LEN = 2, 32, 64 << 10
@@ -78,11 +78,7 @@ class Node:
     (a /24 of its own per test, so tests never share a device endpoint)."""
 
     def __init__(self, root: Path, net: int) -> None:
-        lib = emulator_library()
-        self.lib_dir = root / "cann"
-        self.lib_dir.mkdir()
-        for name in ("libascendcl.so", "libhccl.so"):
-            (self.lib_dir / name).symlink_to(lib)
+        self.lib_dir = emulated_cann(root / "cann")  # no HIXL: the direct HCCL backend
         self.hccn_conf = root / "hccn.conf"
         self.hccn_conf.write_text("".join(f"address_{d}=127.{net}.0.{d + 1}\n" for d in range(8)))
         self.net = net

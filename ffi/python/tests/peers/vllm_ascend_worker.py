@@ -49,7 +49,7 @@ import json
 import os
 import random
 import sys
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 ACL_MEM_MALLOC_HUGE_ONLY = 1
 ACL_MEMCPY_HOST_TO_DEVICE = 1
@@ -88,15 +88,17 @@ class AclrtPtrAttributes(ctypes.Structure):
 
 
 class Acl:
-    """The few ACL runtime calls a vllm-ascend worker makes through torch_npu, via ctypes on the
-    library in ``FERRY_ASCEND_LIB_DIR``. Each call raises ``RuntimeError`` with the ACL code and
-    ``aclGetRecentErrMsg`` text when it fails."""
+    """The few ACL runtime calls a vllm-ascend worker makes through torch_npu, via ctypes on
+    ``path`` (default: the library in ``FERRY_ASCEND_LIB_DIR``). Each call raises
+    ``RuntimeError`` with the ACL code and ``aclGetRecentErrMsg`` text when it fails."""
 
-    def __init__(self) -> None:
-        lib_dir = os.environ.get("FERRY_ASCEND_LIB_DIR", "")
-        if not lib_dir:
-            fail("load", "FERRY_ASCEND_LIB_DIR is not set")
-        self.path = os.path.join(lib_dir.split(":")[0], "libascendcl.so")
+    def __init__(self, path: Optional[str] = None) -> None:
+        if path is None:
+            lib_dir = os.environ.get("FERRY_ASCEND_LIB_DIR", "")
+            if not lib_dir:
+                fail("load", "FERRY_ASCEND_LIB_DIR is not set")
+            path = os.path.join(lib_dir.split(":")[0], "libascendcl.so")
+        self.path = path
         try:
             self.lib = ctypes.CDLL(self.path, mode=ctypes.RTLD_GLOBAL)
         except OSError as e:
