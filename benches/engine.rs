@@ -63,7 +63,7 @@ fn overhead(c: &mut Criterion) {
         // SAFETY: as above.
         rt.block_on(unsafe { b.register_memory(dst.as_ptr() as u64, dst.len() as u64, Location::Cpu(0)) }).unwrap();
         let peer = rt.block_on(b.open_segment(a.segment_name())).unwrap();
-        assert_eq!(b.segment(peer).unwrap().transport().protocol(), protocol);
+        assert_eq!(b.segment(peer).unwrap().protocol(), protocol);
         let reqs: Vec<TransferRequest> = (0..BATCH as u64)
             .map(|i| TransferRequest {
                 opcode: Opcode::Read,

@@ -33,8 +33,8 @@
 //!                                     the peer's pattern), then writes local L into its R:
 //!                                     `TRANSFERRED {"error": null|"...", "stats": {...}}`
 //!     stats                           `STATS <counters>`
-//!     unregister-hccl <region>        asks the ascend transport itself to unregister region
-//!                                     <region> (0-based), bypassing the engine, and prints
+//!     unregister <region>             unregisters region <region> (0-based) through the engine
+//!                                     (every transport first) and prints
 //!                                     `UNREGISTERED {"error": null|"...", "kind": ...}`
 //!     quit                            shuts the engine down and exits
 //! ```
@@ -326,11 +326,9 @@ fn run() -> anyhow::Result<()> {
                     println!("TRANSFERRED {}", serde_json::json!({ "error": error, "stats": stats_json() }));
                 }
                 ["stats"] => println!("STATS {:?}", ferry_transport_hccl::stats()),
-                ["unregister-hccl", region] => {
+                ["unregister", region] => {
                     let base = mems.get(region.parse::<usize>()?).context("no such region")?.addr();
-                    let r =
-                        engine.memory().regions().into_iter().find(|r| r.addr() == base).context("not registered")?;
-                    let result = rt.block_on(engine.primary_transport().unregister_memory(&r));
+                    let result = rt.block_on(engine.unregister_memory(base));
                     let (error, kind) = match &result {
                         Ok(()) => (None, None),
                         Err(e) => (Some(e.to_string()), Some(e.kind().as_str())),

@@ -12,8 +12,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use common::{Buffer, builder, pair};
 use ferry::{
-    Batch, BlockSlice, BlockTransfer, Capabilities, Error, ErrorKind, InProcessMetadata, KvLayout, Location, Opcode,
-    OpenSegment, Transport, TransportContext, TransportFactory,
+    BlockSlice, BlockTransfer, Capabilities, Error, ErrorKind, InProcessMetadata, KvLayout, Location, Opcode,
+    OpenSegment, Submission, Transport, TransportContext, TransportFactory,
 };
 
 const BLOCKS: u32 = 32;
@@ -162,13 +162,12 @@ impl Transport for Poisoned {
     fn capabilities(&self) -> Capabilities {
         Capabilities { read: true, write: true, host_memory: true, cross_process: true, ..Default::default() }
     }
-    fn submit(&self, _t: &Arc<OpenSegment>, batch: &Arc<Batch>, indices: &[u32]) -> ferry::Result<()> {
-        for &i in indices {
-            let r = batch.request(i as usize).request;
+    fn submit(&self, _t: &Arc<OpenSegment>, mut submission: Submission) {
+        for i in submission.indices().to_vec() {
+            let r = submission.request(i).request;
             let hit = r.target_offset < self.bad.end && self.bad.start < r.target_offset + r.length;
-            batch.complete(i as usize, if hit { Err(Error::transport("link error")) } else { Ok(()) });
+            submission.complete(i, if hit { Err(Error::transport("link error")) } else { Ok(()) });
         }
-        Ok(())
     }
 }
 

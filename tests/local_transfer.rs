@@ -18,7 +18,7 @@ async fn read_and_write_between_two_engines() {
     let meta = InProcessMetadata::new();
     let common::Connected { prefill: _prefill, decode, src, dst, peer } =
         connected(&meta, 1 << 20, Location::Cpu(0)).await;
-    assert_eq!(decode.segment(peer).unwrap().transport().protocol(), "local");
+    assert_eq!(decode.segment(peer).unwrap().protocol(), "local");
     // Read the second half of prefill's buffer into the first half of ours.
     let half = src.len() / 2;
     let batch = decode
@@ -59,7 +59,7 @@ async fn an_engine_reaches_its_own_segment_by_memcpy() {
     let buf = Buffer::filled(8192, 9);
     unsafe { e.register_memory(buf.addr(), buf.len(), Location::Any).await }.unwrap();
     let me = e.open_segment("self").await.unwrap();
-    assert_eq!(e.segment(me).unwrap().transport().protocol(), "local");
+    assert_eq!(e.segment(me).unwrap().protocol(), "local");
     // Overlapping copy within one region (memmove semantics).
     let expect: Vec<u8> = buf.bytes()[..4096].to_vec();
     e.transfer(&[TransferRequest {

@@ -13,9 +13,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use common::Buffer;
 use ferry::{
-    Batch, Capabilities, Error, ErrorKind, Identity, InProcessMetadata, Location, MetadataBackend, Opcode, OpenSegment,
-    ResolveQuery, ResolverChain, SegmentDescriptor, SegmentResolver, TransferRequest, Transport, TransportContext,
-    TransportFactory, TransportRegistry, WatchEvent,
+    Capabilities, Error, ErrorKind, Identity, InProcessMetadata, Location, MetadataBackend, Opcode, OpenSegment,
+    ResolveQuery, ResolverChain, SegmentDescriptor, SegmentResolver, Submission, TransferRequest, Transport,
+    TransportContext, TransportFactory, TransportRegistry, WatchEvent,
 };
 use mockall::mock;
 
@@ -42,7 +42,7 @@ mock! {
         async fn register_memory(&self, region: &ferry::Region) -> ferry::Result<()>;
         async fn unregister_memory(&self, region: &ferry::Region) -> ferry::Result<()>;
         async fn connect(&self, target: &OpenSegment) -> ferry::Result<()>;
-        fn submit(&self, target: &Arc<OpenSegment>, batch: &Arc<Batch>, indices: &[u32]) -> ferry::Result<()>;
+        fn submit(&self, target: &Arc<OpenSegment>, submission: Submission);
         async fn shutdown(&self);
     }
 }
@@ -173,20 +173,10 @@ async fn submit_errors_fail_every_request_and_peer_loss_refreshes_the_descriptor
     wire_basics(&mut wire);
     wire.expect_register_memory().returning(|_| Ok(()));
     let c = calls.clone();
-    wire.expect_submit().returning(move |_, batch, indices| match c.fetch_add(1, Ordering::SeqCst) {
-        0 => Err(Error::transport("queue full")),
-        1 => {
-            for &i in indices {
-                batch.complete(i as usize, Err(Error::unreachable("peer reset the connection")));
-            }
-            Ok(())
-        }
-        _ => {
-            for &i in indices {
-                batch.complete(i as usize, Ok(()));
-            }
-            Ok(())
-        }
+    wire.expect_submit().returning(move |_, submission| match c.fetch_add(1, Ordering::SeqCst) {
+        0 => submission.fail_all(&Error::transport("queue full")),
+        1 => submission.fail_all(&Error::unreachable("peer reset the connection")),
+        _ => submission.complete_all(&Ok(())),
     });
     let e = engine_with(wire, meta.clone()).await.unwrap();
     unsafe { e.register_memory(buf.addr(), buf.len(), Location::Cpu(0)).await }.unwrap();
@@ -229,7 +219,10 @@ async fn a_transport_that_never_completes_times_out_and_can_be_cancelled() {
     let mut wire = MockWire::new();
     wire_basics(&mut wire);
     wire.expect_register_memory().returning(|_| Ok(()));
-    wire.expect_submit().returning(|_, _, _| Ok(())); // accepts, then goes silent
+    // Accepts, then goes silent (it keeps the requests: they stay leased).
+    let silent: Arc<std::sync::Mutex<Vec<Submission>>> = Arc::default();
+    let keep = silent.clone();
+    wire.expect_submit().returning(move |_, s| keep.lock().unwrap().push(s));
     let e = engine_with(wire, meta).await.unwrap();
     let buf = Buffer::zeroed(64);
     unsafe { e.register_memory(buf.addr(), buf.len(), Location::Cpu(0)).await }.unwrap();
@@ -254,6 +247,33 @@ async fn a_transport_that_never_completes_times_out_and_can_be_cancelled() {
     // let the caller free it.
     let err = e.shutdown().await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Busy, "{err}");
+    // Once the transport lets go of the requests, the memory is released.
+    silent.lock().unwrap().clear();
+    assert_eq!(e.memory().leases(), 0);
+}
+
+/// A transport that drops what it was given without an outcome cannot leave the caller waiting:
+/// the submission completes its requests as an internal error (and releases them) when dropped.
+#[tokio::test]
+async fn a_transport_that_drops_its_requests_fails_them_instead_of_hanging() {
+    let meta = InProcessMetadata::new();
+    let remote = 0x1000u64;
+    MetadataBackend::put(&*meta, "mooncake/ram/peer", &peer_descriptor(remote, 4096)).await.unwrap();
+    let mut wire = MockWire::new();
+    wire_basics(&mut wire);
+    wire.expect_register_memory().returning(|_| Ok(()));
+    wire.expect_unregister_memory().returning(|_| Ok(()));
+    wire.expect_submit().returning(|_, s| drop(s));
+    let e = engine_with(wire, meta).await.unwrap();
+    let buf = Buffer::zeroed(64);
+    unsafe { e.register_memory(buf.addr(), buf.len(), Location::Cpu(0)).await }.unwrap();
+    let peer = e.open_segment("peer").await.unwrap();
+    let req =
+        TransferRequest { opcode: Opcode::Read, source: buf.addr(), target: peer, target_offset: remote, length: 64 };
+    let err = e.transfer(&[req]).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Internal, "{err}");
+    assert!(err.to_string().contains("dropped without an outcome"), "{err}");
+    e.unregister_memory(buf.addr()).await.unwrap();
 }
 
 #[tokio::test]

@@ -154,7 +154,7 @@ async fn example_plugin_is_selected_by_protocol_in_mooncake_json_and_moves_data(
     let a = plugin_engine(&meta, Config::from_file(&config_path)?, "prefill", TransportRegistry::new()).await?;
     let b = plugin_engine(&meta, Config::from_file(&config_path)?, "decode", TransportRegistry::new()).await?;
     assert_eq!(a.protocols(), vec!["example"]);
-    assert_eq!(a.primary_transport().protocol(), "example");
+    assert_eq!(a.primary_protocol(), "example");
     let published = a.local_descriptor();
     assert_eq!(published.protocol, "example");
     assert!(

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{Buffer, tcp_only};
-use ferry::{ErrorKind, InProcessMetadata, Location, MetadataBackend, Opcode, SegmentDescriptor, TransferRequest};
+use ferry::{InProcessMetadata, Location, MetadataBackend, Opcode, SegmentDescriptor, TransferRequest};
 
 /// A tcp "peer" that accepts connections and never answers: a read to it stays in flight in the
 /// tcp transport (its reader would write the response into the local buffer).
@@ -33,7 +33,7 @@ fn silent_peer(name: &str) -> (std::net::TcpListener, SegmentDescriptor) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_caller_cannot_release_memory_a_transport_still_writes() {
-    let (_silent, d) = silent_peer("silent");
+    let (silent, d) = silent_peer("silent");
     let meta = InProcessMetadata::new();
     MetadataBackend::put(&*meta, "mooncake/ram/silent", &d.to_json()).await.unwrap();
     let e = ferry::builder()
@@ -55,15 +55,36 @@ async fn a_caller_cannot_release_memory_a_transport_still_writes() {
         target_offset: 0x1000,
         length: 4096,
     };
+    // The peer takes the request (its header) and never answers: the read is in flight.
+    let (got_header, header_seen) = std::sync::mpsc::channel();
+    let peer_side = std::thread::spawn(move || {
+        use std::io::Read;
+        let (mut sock, _) = silent.accept().unwrap();
+        let mut header = [0u8; ferry_transport_tcp::wire::HEADER_LEN];
+        sock.read_exact(&mut header).unwrap();
+        got_header.send(()).unwrap();
+        sock // kept open, silent, until the test drops it
+    });
     let batch = e.submit(&[req]).await.unwrap();
-    // Everything safe code can do with the batch it was given.
-    for i in 0..batch.len() {
-        batch.complete(i, Ok(()));
-    }
+    header_seen.recv_timeout(Duration::from_secs(10)).expect("the request reached the peer");
+    // Everything safe code can do with the batch it was given (it has no way to complete or
+    // release a request: `Batch::complete` does not exist, a compile_fail doctest of `Batch`
+    // shows it; nor to unregister behind the engine's back: `RegisteredMemory`'s doctest).
     batch.cancel();
-    // The tcp reader still holds the request (its peer never answered): the memory must stay
-    // registered, or the caller could free it under the reader.
-    let err = e.unregister_memory(local.addr()).await.expect_err("the transport still writes into this region");
-    assert_eq!(err.kind(), ErrorKind::Busy, "{err}");
+    assert!(batch.is_done(), "cancelled: the caller sees an outcome at once");
+    assert!(!batch.all_released(), "but the tcp reader still holds the request");
+    // So the memory stays registered: unregistering waits (up to the transfer timeout) for the
+    // transport instead of letting the caller free memory under the reader.
+    let waited = tokio::time::timeout(Duration::from_millis(500), e.unregister_memory(local.addr())).await;
+    assert!(waited.is_err(), "unregistered while the tcp reader may still write into it: {waited:?}");
+    assert!(!e.memory().is_empty(), "still registered");
+    // The peer goes away: the reader fails and releases the request; now the memory may go.
+    drop(peer_side.join().unwrap());
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !batch.all_released() {
+        assert!(std::time::Instant::now() < deadline, "the transport never released the request");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    e.unregister_memory(local.addr()).await.unwrap();
     e.shutdown().await.unwrap();
 }

@@ -33,7 +33,7 @@ async fn reads_and_writes_of_every_size_cross_the_socket() {
     unsafe { target.register_memory(remote.addr(), remote.len(), Location::Cpu(0)).await }.unwrap();
     unsafe { initiator.register_memory(local.addr(), local.len(), Location::Cpu(0)).await }.unwrap();
     let peer = initiator.open_segment(target.segment_name()).await.unwrap();
-    assert_eq!(initiator.segment(peer).unwrap().transport().protocol(), "tcp");
+    assert_eq!(initiator.segment(peer).unwrap().protocol(), "tcp");
     assert_eq!(initiator.segment(peer).unwrap().descriptor().tcp_proto_version, Some(2));
 
     for (i, size) in [1u64, 7, 4096, 65_539, 1 << 20, 16 << 20].into_iter().enumerate() {

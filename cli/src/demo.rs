@@ -275,7 +275,7 @@ pub(crate) async fn run(args: DemoArgs) -> Result<std::process::ExitCode> {
     let p_layout = KvLayout::uniform(&p_bases, args.blocks, args.block_size);
     let d_layout_id = decode.register_kv_layout(KvLayout::uniform(&d_cache.bases(), args.blocks, args.block_size))?;
     let peer = decode.open_segment(&prefill_name).await?;
-    let transport = decode.segment(peer)?.transport().protocol().to_owned();
+    let transport = decode.segment(peer)?.protocol().to_owned();
 
     let per_engine = u64::from(args.blocks) * args.block_size * regions as u64;
     if !args.json {

@@ -7,13 +7,13 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::Duration;
 
-use crate::batch::{Batch, Opcode, SegmentHandle, TransferRequest, ValidatedRequest};
+use crate::batch::{Batch, Opcode, SegmentHandle, Submission, TransferRequest};
 use crate::config::{Config, MetadataServer};
 use crate::descriptor::{BufferDesc, MetadataKeys, RpcMeta, SegmentDescriptor};
 use crate::error::{Error, ErrorKind, Result};
 use crate::host_memory::HostAllocation;
 use crate::kv::{BlockRun, BlockTransfer, KvLayout, plan_block_transfer};
-use crate::memory::{Location, MemoryRegistry, Region};
+use crate::memory::{Location, MemoryRegistry, Region, RegisteredMemory};
 use crate::metadata::{MetadataBackend, MetadataRegistry, WatchEvent};
 use crate::resolver::{Environment, Resolution, ResolveQuery, ResolverChain, ResolverRegistry};
 use crate::segment::OpenSegment;
@@ -616,14 +616,14 @@ impl std::fmt::Debug for TransferEngine {
 /// A submitted block transfer: the batch plus the mapping from requests back to blocks.
 #[derive(Debug, Clone)]
 pub struct BlockBatch {
-    batch: Arc<Batch>,
+    batch: Batch,
     runs: Vec<BlockRun>,
     local_blocks: Vec<u32>,
 }
 
 impl BlockBatch {
     /// The underlying batch (one request per run).
-    pub fn batch(&self) -> &Arc<Batch> {
+    pub fn batch(&self) -> &Batch {
         &self.batch
     }
 
@@ -688,9 +688,9 @@ impl TransferEngine {
         &self.inner.config
     }
 
-    /// The local memory registry.
-    pub fn memory(&self) -> &Arc<MemoryRegistry> {
-        &self.inner.memory
+    /// A read-only view of the registered memory (register and unregister through the engine).
+    pub fn memory(&self) -> RegisteredMemory {
+        RegisteredMemory::new(self.inner.memory.clone())
     }
 
     /// Protocols of the installed transports, in the order they are tried.
@@ -698,9 +698,10 @@ impl TransferEngine {
         self.inner.transports().iter().map(|t| t.protocol().to_owned()).collect()
     }
 
-    /// The primary (configured) transport.
-    pub fn primary_transport(&self) -> &Arc<dyn Transport> {
-        &self.inner.primary
+    /// The primary (configured) transport's protocol (the name it publishes; a configured
+    /// alias resolves to it).
+    pub fn primary_protocol(&self) -> &str {
+        self.inner.primary.protocol()
     }
 
     /// Name of the metadata backend in use.
@@ -783,14 +784,17 @@ impl TransferEngine {
             let undone = if attached {
                 self.unregister_local(addrs).await
             } else {
-                self.inner.memory.unregister_batch(addrs).map(|_| ())
+                self.inner.memory.unregister_batch(addrs).map(|_| ()).map_err(|e| {
+                    let wait = e.kind() == ErrorKind::Busy;
+                    (e, wait)
+                })
             };
             match undone {
                 Ok(()) => return cause,
-                Err(e) if e.kind() == ErrorKind::Busy && tokio::time::Instant::now() < deadline => {
+                Err((_, true)) if tokio::time::Instant::now() < deadline => {
                     tokio::time::sleep(Duration::from_millis(1)).await;
                 }
-                Err(e) => {
+                Err((e, _)) => {
                     let msg = format!(
                         "{}; the registration could not be rolled back ({}): the memory is still registered and must not be freed before unregister_memory succeeds",
                         cause.message(),
@@ -829,9 +833,16 @@ impl TransferEngine {
     /// with that transport's error: the regions are registered again (in the registry and in
     /// the transports that had already let go), so the caller keeps them and must not free them.
     #[allow(unsafe_code)]
-    async fn unregister_local(&self, addrs: &[u64]) -> Result<()> {
+    /// Unregisters `addrs` from the registry, then from every transport. The error says
+    /// whether waiting may help: `true` when a lease held the memory (a request finishing),
+    /// `false` when a transport refused (it keeps the memory; asking again cannot change that
+    /// and must not pretend it did).
+    async fn unregister_local(&self, addrs: &[u64]) -> std::result::Result<(), (Error, bool)> {
         let _change = self.inner.transport_change.lock().await;
-        let removed = self.inner.memory.unregister_batch(addrs)?;
+        let removed = self.inner.memory.unregister_batch(addrs).map_err(|e| {
+            let wait = e.kind() == ErrorKind::Busy;
+            (e, wait)
+        })?;
         let transports = self.inner.transports();
         let mut failure: Option<Error> = None;
         let mut detached: Vec<(usize, usize)> = Vec::new(); // (region, transport) pairs undone
@@ -857,20 +868,21 @@ impl TransferEngine {
         // SAFETY: these regions were registered under `register_memory`'s contract and their
         // unregistration has not succeeded, so the caller still guarantees the memory.
         let restored = unsafe { self.inner.memory.register_batch(&specs) }.map_err(|e| {
-            e.context(format!("{}; restoring the registration failed: {}", failure.message(), e.message()))
+            (e.context(format!("{}; restoring the registration failed: {}", failure.message(), e.message())), false)
         })?;
         for (r, t_idx) in detached {
             if let Err(e) = transports[t_idx].register_memory(&restored[r]).await {
                 tracing::error!(addr = restored[r].addr(), transport = transports[t_idx].protocol(), error = %e, "re-registering memory after a failed unregister failed");
             }
         }
-        Err(failure)
+        Err((failure, false))
     }
 
     /// Unregisters the region starting at `addr` and republishes.
     ///
     /// Errors: [`ErrorKind::NotFound`] when no region starts there, [`ErrorKind::Busy`] when
-    /// requests on it are still in flight after the transfer timeout.
+    /// requests on it are still in flight after the transfer timeout, or at once when a
+    /// transport cannot let go of it (it then stays registered and must not be freed).
     pub async fn unregister_memory(&self, addr: u64) -> Result<()> {
         self.unregister_memory_batch(&[addr]).await
     }
@@ -884,10 +896,11 @@ impl TransferEngine {
         let deadline = tokio::time::Instant::now() + self.transfer_timeout();
         loop {
             match self.unregister_local(addrs).await {
-                Err(e) if e.kind() == ErrorKind::Busy && tokio::time::Instant::now() < deadline => {
+                Ok(()) => break,
+                Err((_, true)) if tokio::time::Instant::now() < deadline => {
                     tokio::time::sleep(Duration::from_millis(1)).await;
                 }
-                other => break other?,
+                Err((e, _)) => return Err(e),
             }
         }
         self.inner.publish().await
@@ -1027,13 +1040,14 @@ impl TransferEngine {
     ///
     /// The caller must not run two transfers into overlapping destination ranges at the same
     /// time, nor touch a destination range until its request completed (as with any DMA engine).
-    pub async fn submit(&self, requests: &[TransferRequest]) -> Result<Arc<Batch>> {
+    pub async fn submit(&self, requests: &[TransferRequest]) -> Result<Batch> {
         self.inner.check_open()?;
         if requests.is_empty() {
             return Err(Error::invalid("empty batch: no requests to submit"));
         }
-        let leases = self
-            .inner
+        // Every local range in registered memory, before any segment is looked up (the ranges
+        // are leased for good below, with the batch).
+        self.inner
             .memory
             .lease_many(requests.iter().map(|r| (r.source, r.length)))
             .map_err(|(i, e)| request_error(i, e))?;
@@ -1079,37 +1093,21 @@ impl TransferEngine {
             break;
         }
 
-        let validated: Vec<ValidatedRequest> = requests
-            .iter()
-            .zip(&leases)
-            .map(|(r, lease)| ValidatedRequest { request: *r, local: Region::clone(lease) })
-            .collect();
-        // One lease per region is enough (requests of a batch usually share a few regions).
-        let mut held = leases;
-        held.sort_unstable_by_key(|l| Arc::as_ptr(l) as usize);
-        held.dedup_by(|a, b| Arc::ptr_eq(a, b));
-        let batch = Batch::new(validated, held, segments.clone());
+        let (batch, mut all) =
+            Batch::lease(&self.inner.memory, requests, segments.clone()).map_err(|(i, e)| request_error(i, e))?;
         if segments.len() == 1 {
-            let indices: Vec<u32> = (0..requests.len() as u32).collect();
-            self.start(&segments[0], &batch, &indices);
+            segments[0].transport().submit(&segments[0], all);
         } else {
             for (slot, seg) in segments.iter().enumerate() {
-                let indices: Vec<u32> =
-                    (0..requests.len() as u32).filter(|&i| slot_of[i as usize] as usize == slot).collect();
-                self.start(seg, &batch, &indices);
+                let mine: Submission = all.take(|i, _| slot_of[i as usize] as usize == slot);
+                seg.transport().submit(seg, mine);
             }
         }
         Ok(batch)
     }
 
-    fn start(&self, seg: &Arc<OpenSegment>, batch: &Arc<Batch>, indices: &[u32]) {
-        if let Err(e) = seg.transport().submit(seg, batch, indices) {
-            batch.fail_all(indices, &e);
-        }
-    }
-
     /// Blocking form of [`submit`](Self::submit).
-    pub fn submit_blocking(&self, requests: &[TransferRequest]) -> Result<Arc<Batch>> {
+    pub fn submit_blocking(&self, requests: &[TransferRequest]) -> Result<Batch> {
         self.block_on(self.submit(requests))?
     }
 
@@ -1363,7 +1361,7 @@ impl crate::transport::DescriptorSource for MetadataDescriptors {
 mod tests {
     use super::*;
     use crate::transport::{Capabilities, TransportFactory};
-    use crate::{Batch, IdentityField, InProcessMetadata};
+    use crate::{IdentityField, InProcessMetadata, Submission};
 
     /// A transport that moves nothing; its factory keeps the context it was given.
     struct Still;
@@ -1375,8 +1373,8 @@ mod tests {
         fn capabilities(&self) -> Capabilities {
             Capabilities::default()
         }
-        fn submit(&self, _: &Arc<OpenSegment>, _: &Arc<Batch>, _: &[u32]) -> Result<()> {
-            Err(Error::invalid("still moves nothing"))
+        fn submit(&self, _: &Arc<OpenSegment>, submission: Submission) {
+            submission.fail_all(&Error::invalid("still moves nothing"));
         }
     }
     #[derive(Default)]
@@ -1452,8 +1450,8 @@ mod tests {
         fn capabilities(&self) -> Capabilities {
             Capabilities::default()
         }
-        fn submit(&self, _: &Arc<OpenSegment>, _: &Arc<Batch>, _: &[u32]) -> Result<()> {
-            Err(Error::invalid("pinned moves nothing"))
+        fn submit(&self, _: &Arc<OpenSegment>, submission: Submission) {
+            submission.fail_all(&Error::invalid("pinned moves nothing"));
         }
         async fn allocate_host(&self, len: usize) -> Option<Result<HostAllocation>> {
             let mut bytes = vec![0u8; len].into_boxed_slice();

@@ -39,14 +39,16 @@ pub mod segment;
 pub mod segment_name;
 pub mod transport;
 
-pub use batch::{Batch, BatchStatus, Opcode, RequestStatus, SegmentHandle, TransferRequest, ValidatedRequest};
+pub use batch::{
+    Batch, BatchStatus, Opcode, RequestStatus, SegmentHandle, Submission, TransferRequest, ValidatedRequest,
+};
 pub use config::{BasePort, ByteSize, Config, ConfigStyle, FieldSource, MetadataServer, Role};
 pub use descriptor::{BufferDesc, MetadataKeys, RankInfo, RpcMeta, SegmentDescriptor};
 pub use engine::{BlockBatch, EngineBuilder, KvLayoutId, TransferEngine};
 pub use error::{Error, ErrorKind, Result};
 pub use host_memory::{HOST_ALIGNMENT, HostAllocation};
 pub use kv::{BlockRun, BlockSlice, BlockTransfer, KvLayout, KvRegion, plan_block_transfer};
-pub use memory::{Location, MemoryRegistry, Region, RegionLease};
+pub use memory::{Location, MemoryRegistry, Region, RegionLease, RegisteredMemory};
 pub use metadata::{InProcessMetadata, MetadataBackend, MetadataFactory, MetadataRegistry, Notification, WatchEvent};
 pub use options::{OptionSpec, Setting};
 pub use resolver::{

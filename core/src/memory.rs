@@ -353,6 +353,56 @@ impl MemoryRegistry {
     }
 }
 
+/// A read-only view of an engine's registered memory ([`TransferEngine::memory`]).
+/// Registering and unregistering go through the engine, which tells its transports (a
+/// transport may keep memory registered with a device or a peer): the view cannot change it.
+///
+/// ```compile_fail
+/// # fn f(engine: &ferry_core::TransferEngine) {
+/// engine.memory().unregister(0x1000); // only the engine unregisters (and tells its transports)
+/// # }
+/// ```
+///
+/// [`TransferEngine::memory`]: crate::TransferEngine::memory
+#[derive(Debug, Clone)]
+pub struct RegisteredMemory(Arc<MemoryRegistry>);
+
+impl RegisteredMemory {
+    pub(crate) fn new(registry: Arc<MemoryRegistry>) -> Self {
+        Self(registry)
+    }
+
+    /// Snapshot of all regions (copies), in address order.
+    pub fn regions(&self) -> Vec<Region> {
+        self.0.regions()
+    }
+
+    /// Snapshot of all regions in the order they were registered (oldest first).
+    pub fn regions_in_registration_order(&self) -> Vec<Region> {
+        self.0.regions_in_registration_order()
+    }
+
+    /// The first registered region that shares a byte with `[addr, addr + len)`, if any.
+    pub fn overlapping(&self, addr: u64, len: u64) -> Option<Region> {
+        self.0.overlapping(addr, len)
+    }
+
+    /// Number of registered regions.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// True when nothing is registered.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Leases held on the regions (requests in flight, and peers copying under a lease).
+    pub fn leases(&self) -> usize {
+        self.0.leases()
+    }
+}
+
 fn overlap(addr: u64, len: u64, existing: &Region) -> Error {
     Error::new(
         ErrorKind::AlreadyExists,

@@ -58,9 +58,15 @@ impl OpenSegment {
         &self.descriptor
     }
 
-    /// The transport that serves this segment.
-    pub fn transport(&self) -> &Arc<dyn Transport> {
+    /// The transport that serves this segment (the engine's; not handed out: its methods may
+    /// register memory the engine no longer vouches for).
+    pub(crate) fn transport(&self) -> &Arc<dyn Transport> {
         &self.transport
+    }
+
+    /// The protocol of the transport that serves this segment.
+    pub fn protocol(&self) -> &str {
+        self.transport.protocol()
     }
 
     /// Marks the cached descriptor as suspect (its peer failed); the next use refreshes it.

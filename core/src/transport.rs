@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 
-use crate::batch::Batch;
+use crate::batch::Submission;
 use crate::config::Config;
 use crate::descriptor::SegmentDescriptor;
 use crate::error::{Error, Result};
@@ -81,12 +81,15 @@ impl std::fmt::Debug for TransportContext {
 ///   range lies in a buffer of the target's descriptor. A transport that can see the target's
 ///   live registry checks again against it; one that cannot relies on the peer to reject.
 /// - [`submit`](Transport::submit) must not block on I/O: it queues the requests (or, for a
-///   memcpy transport, finishes them) and returns. After it returns `Ok`, the transport calls
-///   [`Batch::complete`] exactly once per index, within the configured transfer timeout —
-///   also for a request that was cancelled meanwhile, since that call is also its promise to
-///   touch the request's memory no more. When it returns `Err`, it has started none of them
-///   and the engine fails them all.
-/// - A transport checks [`Batch::is_cancelled`] before starting each request.
+///   memcpy transport, finishes them) and returns. It owns the [`Submission`]: it completes
+///   every request with [`Submission::complete`] exactly once, within the configured transfer
+///   timeout — also a request that was cancelled meanwhile, since that call is also its promise
+///   to touch the request's memory no more (a failure to start is completed the same way).
+///   Whatever it drops unfinished is completed as an internal error, and its memory released,
+///   at the drop: a transport can therefore never leave a request pending, only release it too
+///   early by dropping it while a device or socket still uses its memory — keep the submission
+///   alive until then.
+/// - A transport checks [`Submission::is_cancelled`] before starting each request.
 ///
 /// # Errors
 /// Outcomes use [`ErrorKind::PeerUnreachable`](crate::ErrorKind::PeerUnreachable) when the peer is
@@ -148,8 +151,9 @@ pub trait Transport: Send + Sync + 'static {
         Ok(())
     }
 
-    /// Starts requests `indices` of `batch`, all addressed to `target`.
-    fn submit(&self, target: &Arc<OpenSegment>, batch: &Arc<Batch>, indices: &[u32]) -> Result<()>;
+    /// Starts the requests of `submission`, all addressed to `target`, and completes each (see
+    /// the contract above).
+    fn submit(&self, target: &Arc<OpenSegment>, submission: Submission);
 
     /// Stops serving; pending requests fail with [`ErrorKind::Shutdown`](crate::ErrorKind::Shutdown).
     async fn shutdown(&self) {}

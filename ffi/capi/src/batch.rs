@@ -1,6 +1,5 @@
 //! Batches: submit, poll, wait, cancel, free, and the one-call synchronous transfer.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use ferry::{Batch, BlockBatch, ErrorKind, Opcode, RequestStatus, SegmentHandle, TransferRequest};
@@ -16,7 +15,7 @@ use crate::{FerryBatch, FerryEngine};
 
 /// A submitted batch as the C API holds it.
 pub(crate) struct BatchEntry {
-    batch: Arc<Batch>,
+    batch: Batch,
     /// The submitting engine's transfer timeout (what a wait of 0 ms means).
     timeout: Duration,
     /// For batches from `ferry_kv_submit_blocks`: the runs, to map failures back to blocks.
@@ -27,7 +26,7 @@ pub(crate) struct BatchEntry {
 pub(crate) static BATCHES: HandleTable<BatchEntry> = HandleTable::new(BATCH_TAG, "batch", "freed");
 
 /// Gives a submitted batch a handle; if that fails, cancels it (nobody could reach it).
-pub(crate) fn insert(batch: Arc<Batch>, timeout: Duration, blocks: Option<BlockBatch>) -> CResult<FerryBatch> {
+pub(crate) fn insert(batch: Batch, timeout: Duration, blocks: Option<BlockBatch>) -> CResult<FerryBatch> {
     let keep = batch.clone();
     BATCHES.insert(BatchEntry { batch, timeout, blocks }).inspect_err(|_| keep.cancel())
 }
@@ -120,7 +119,7 @@ fn status_of(batch: &Batch, i: usize) -> FerryTransferStatus {
         Some(RequestStatus::Completed) => FerryTransferStatus {
             state: FERRY_STATE_COMPLETED,
             code: FERRY_OK,
-            transferred: batch.request(i).request.length,
+            transferred: batch.request(i).map_or(0, |v| v.request.length),
         },
         Some(RequestStatus::Failed(kind)) => {
             FerryTransferStatus { state: FERRY_STATE_FAILED, code: code_of(kind), transferred: 0 }

@@ -15,7 +15,7 @@ use ferry_abi::{
     FerryPluginTarget, FerryTransferRequest, FerryTransferStatus,
 };
 use ferry_core::{
-    Batch, Capabilities, Error, ErrorKind, Opcode, OpenSegment, Region, Result, SegmentDescriptor, Transport,
+    Capabilities, Error, ErrorKind, Opcode, OpenSegment, Region, Result, SegmentDescriptor, Submission, Transport,
     TransportContext, TransportFactory,
 };
 
@@ -160,11 +160,13 @@ unsafe impl Send for BatchPtr {}
 /// A submitted batch whose requests are not all finished.
 struct Outstanding {
     pbatch: BatchPtr,
-    batch: Arc<Batch>,
+    /// The requests, in the plugin batch's order; taken (and completed) once the plugin reports
+    /// none pending. An `Outstanding` is never dropped before: the completion thread exits only
+    /// when its queue is empty.
+    submission: Option<Submission>,
     /// Keeps the plugin target open while the batch is outstanding (targets are closed once
     /// their segment is gone).
     _segment: Arc<OpenSegment>,
-    indices: Vec<u32>,
     deadline: Instant,
     /// The plugin was asked to cancel the batch.
     cancel_sent: bool,
@@ -228,8 +230,9 @@ impl Shared {
     /// batch (releasing it), frees the plugin batch and returns true. A request the plugin still
     /// reports pending is never released: its memory may still be touched.
     fn poll_once(&self, out: &mut Outstanding, statuses: &mut Vec<FerryTransferStatus>) -> bool {
+        let Some(held) = out.submission.as_ref() else { return true };
         statuses.clear();
-        statuses.resize(out.indices.len(), FerryTransferStatus::default());
+        statuses.resize(held.len(), FerryTransferStatus::default());
         let Some(poll) = self.api.poll else { return false };
         // SAFETY: a live batch of this instance, and a status array of the batch's length.
         let pending = unsafe { poll(self.instance.0, out.pbatch.0, statuses.as_mut_ptr(), statuses.len()) };
@@ -237,9 +240,7 @@ impl Shared {
             // The plugin cannot say what it is doing: fail the requests for the caller now, ask
             // the plugin to stop, and keep the memory until it reports the batch finished.
             let e = status_error(&self.plugin, "poll", pending);
-            for &i in &out.indices {
-                out.batch.report_outcome(i as usize, Err(e.duplicate()));
-            }
+            held.report_all(&e);
             self.cancel_once(out);
             return false;
         }
@@ -266,8 +267,9 @@ impl Shared {
     /// Reports each request's outcome (releasing it) and frees the plugin batch. Only called
     /// once the plugin reported no request pending. An outcome recorded earlier (a timeout,
     /// the caller's cancel) stays; `complete` only releases then.
-    fn finish(&self, out: &Outstanding, statuses: &[FerryTransferStatus]) {
-        for (k, &i) in out.indices.iter().enumerate() {
+    fn finish(&self, out: &mut Outstanding, statuses: &[FerryTransferStatus]) {
+        let Some(mut held) = out.submission.take() else { return };
+        for (k, i) in held.indices().to_vec().into_iter().enumerate() {
             let st = statuses.get(k).copied().unwrap_or_default();
             let result = match st.state {
                 FERRY_STATE_COMPLETED => Ok(()),
@@ -278,7 +280,7 @@ impl Shared {
                     format!("plugin `{}`: poll reported unknown state {other} for request {k}", self.protocol()),
                 )),
             };
-            out.batch.complete(i as usize, result);
+            held.complete(i, result);
         }
         if let Some(free) = self.api.free_batch {
             // SAFETY: nothing of the batch is pending; it is freed once.
@@ -326,7 +328,7 @@ impl Shared {
             let mut still = Vec::new();
             let mut progressed = false;
             for mut out in current {
-                if out.batch.is_cancelled() {
+                if out.submission.as_ref().is_some_and(Submission::is_cancelled) {
                     self.cancel_once(&mut out);
                 } else if !out.cancel_sent && Instant::now() >= out.deadline {
                     let e = Error::timeout(format!(
@@ -334,8 +336,8 @@ impl Shared {
                         self.protocol(),
                         self.timeout
                     ));
-                    for &i in &out.indices {
-                        out.batch.report_outcome(i as usize, Err(e.duplicate()));
+                    if let Some(held) = &out.submission {
+                        held.report_all(&e);
                     }
                     self.cancel_once(&mut out);
                 }
@@ -386,6 +388,76 @@ pub struct PluginTransport {
 impl std::fmt::Debug for PluginTransport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PluginTransport").field("protocol", &self.shared.protocol()).finish_non_exhaustive()
+    }
+}
+
+impl PluginTransport {
+    /// Hands `submission` to the plugin; on an error the plugin has not taken it and it comes
+    /// back with the error.
+    fn try_submit(
+        &self,
+        target: &Arc<OpenSegment>,
+        submission: Submission,
+    ) -> std::result::Result<(), Box<(Error, Submission)>> {
+        let shared = &self.shared;
+        if shared.stopping.load(Ordering::Acquire) {
+            let e = Error::new(ErrorKind::Shutdown, format!("plugin `{}` transport is shut down", shared.protocol()));
+            return Err(Box::new((e, submission)));
+        }
+        let Some(submission) = submission.unless_cancelled("the plugin saw it") else { return Ok(()) };
+        let ptarget = match shared.target_for(target) {
+            Ok(t) => t,
+            Err(e) => return Err(Box::new((e, submission))),
+        };
+        let requests: Vec<FerryTransferRequest> = submission
+            .requests()
+            .map(|(_, v)| {
+                let r = &v.request;
+                FerryTransferRequest {
+                    opcode: match r.opcode {
+                        Opcode::Read => FERRY_OPCODE_READ,
+                        Opcode::Write => FERRY_OPCODE_WRITE,
+                    },
+                    flags: 0,
+                    target: r.target.0,
+                    local_addr: r.source,
+                    remote_addr: r.target_offset,
+                    length: r.length,
+                }
+            })
+            .collect();
+        let Some(submit) = shared.api.submit else {
+            return Err(Box::new((status_error(&shared.plugin, "submit", ferry_abi::FERRY_E_PLUGIN), submission)));
+        };
+        let mut pbatch: *mut FerryPluginBatch = std::ptr::null_mut();
+        // SAFETY: valid instance and target; `requests` holds `len` requests the engine checked
+        // against registered memory (local) and the target's descriptor (remote).
+        let code = unsafe { submit(shared.instance.0, ptarget.0, requests.as_ptr(), requests.len(), &mut pbatch) };
+        if code != FERRY_OK {
+            return Err(Box::new((status_error(&shared.plugin, "submit", code), submission)));
+        }
+        if pbatch.is_null() {
+            let e = Error::new(
+                ErrorKind::Plugin,
+                format!("plugin `{}`: submit reported success but returned no batch", shared.protocol()),
+            );
+            return Err(Box::new((e, submission)));
+        }
+        let n = submission.len();
+        let mut out = Outstanding {
+            pbatch: BatchPtr(pbatch),
+            submission: Some(submission),
+            _segment: target.clone(),
+            deadline: Instant::now() + shared.timeout,
+            cancel_sent: false,
+        };
+        // A synchronous plugin is done already: finish here, without a thread hop.
+        let mut statuses = Vec::with_capacity(n);
+        if !shared.poll_once(&mut out, &mut statuses) {
+            shared.queue.lock().unwrap_or_else(|p| p.into_inner()).push_back(out);
+            shared.wake.notify_one();
+        }
+        Ok(())
     }
 }
 
@@ -499,68 +571,12 @@ impl Transport for PluginTransport {
         Ok(())
     }
 
-    fn submit(&self, target: &Arc<OpenSegment>, batch: &Arc<Batch>, indices: &[u32]) -> Result<()> {
-        let shared = &self.shared;
-        if shared.stopping.load(Ordering::Acquire) {
-            return Err(Error::new(
-                ErrorKind::Shutdown,
-                format!("plugin `{}` transport is shut down", shared.protocol()),
-            ));
+    fn submit(&self, target: &Arc<OpenSegment>, submission: Submission) {
+        if let Err(e) = self.try_submit(target, submission) {
+            // `try_submit` gives the submission back only when the plugin did not take it.
+            let (e, submission) = *e;
+            submission.fail_all(&e);
         }
-        if batch.is_cancelled() {
-            for &i in indices {
-                batch.complete(i as usize, Err(Error::new(ErrorKind::Cancelled, "cancelled by the caller")));
-            }
-            return Ok(());
-        }
-        let ptarget = shared.target_for(target)?;
-        let requests: Vec<FerryTransferRequest> = indices
-            .iter()
-            .map(|&i| {
-                let r = &batch.request(i as usize).request;
-                FerryTransferRequest {
-                    opcode: match r.opcode {
-                        Opcode::Read => FERRY_OPCODE_READ,
-                        Opcode::Write => FERRY_OPCODE_WRITE,
-                    },
-                    flags: 0,
-                    target: r.target.0,
-                    local_addr: r.source,
-                    remote_addr: r.target_offset,
-                    length: r.length,
-                }
-            })
-            .collect();
-        let submit =
-            shared.api.submit.ok_or_else(|| status_error(&shared.plugin, "submit", ferry_abi::FERRY_E_PLUGIN))?;
-        let mut pbatch: *mut FerryPluginBatch = std::ptr::null_mut();
-        // SAFETY: valid instance and target; `requests` holds `len` requests the engine checked
-        // against registered memory (local) and the target's descriptor (remote).
-        let code = unsafe { submit(shared.instance.0, ptarget.0, requests.as_ptr(), requests.len(), &mut pbatch) };
-        if code != FERRY_OK {
-            return Err(status_error(&shared.plugin, "submit", code));
-        }
-        if pbatch.is_null() {
-            return Err(Error::new(
-                ErrorKind::Plugin,
-                format!("plugin `{}`: submit reported success but returned no batch", shared.protocol()),
-            ));
-        }
-        let mut out = Outstanding {
-            pbatch: BatchPtr(pbatch),
-            batch: batch.clone(),
-            _segment: target.clone(),
-            indices: indices.to_vec(),
-            deadline: Instant::now() + shared.timeout,
-            cancel_sent: false,
-        };
-        // A synchronous plugin is done already: finish here, without a thread hop.
-        let mut statuses = Vec::with_capacity(indices.len());
-        if !shared.poll_once(&mut out, &mut statuses) {
-            shared.queue.lock().unwrap_or_else(|p| p.into_inner()).push_back(out);
-            shared.wake.notify_one();
-        }
-        Ok(())
     }
 
     async fn shutdown(&self) {

@@ -149,7 +149,7 @@ pub const fn protocol_cstr(with_nul: &'static str) -> &'static CStr {
 /// ```
 /// use std::sync::Arc;
 /// use ferry_plugin::ferry_core::{
-///     Batch, Capabilities, OpenSegment, Result, Transport, TransportContext, TransportFactory,
+///     Capabilities, OpenSegment, Result, Submission, Transport, TransportContext, TransportFactory,
 /// };
 ///
 /// /// A transport that completes every request at once, moving nothing.
@@ -159,11 +159,8 @@ pub const fn protocol_cstr(with_nul: &'static str) -> &'static CStr {
 /// impl Transport for Nothing {
 ///     fn protocol(&self) -> &str { "nothing" }
 ///     fn capabilities(&self) -> Capabilities { ferry_plugin::DEFAULT_CAPABILITIES }
-///     fn submit(&self, _: &Arc<OpenSegment>, batch: &Arc<Batch>, indices: &[u32]) -> Result<()> {
-///         for &i in indices {
-///             batch.complete(i as usize, Ok(()));
-///         }
-///         Ok(())
+///     fn submit(&self, _: &Arc<OpenSegment>, submission: Submission) {
+///         submission.complete_all(&Ok(()));
 ///     }
 /// }
 ///

@@ -20,7 +20,7 @@ use ferry_abi::{
 };
 use ferry_core::{
     Batch, Config, Error, ErrorKind, Location, MemoryRegistry, Opcode, OpenSegment, Region, RequestStatus,
-    ResolverChain, SegmentDescriptor, SegmentHandle, TransferRequest, Transport, TransportContext, ValidatedRequest,
+    ResolverChain, SegmentDescriptor, SegmentHandle, TransferRequest, Transport, TransportContext,
 };
 use serde_json::{Map, Value};
 
@@ -191,7 +191,7 @@ struct Target {
 /// A submitted batch: what `submit` returns as `FerryPluginBatch *`.
 struct PluginBatch {
     magic: u64,
-    batch: Arc<Batch>,
+    batch: Batch,
 }
 
 /// What a shim knows while it runs: whom to report to, and what to undo at the end.
@@ -703,34 +703,23 @@ pub(crate) unsafe extern "C" fn submit(
                 )));
             }
         }
-        let leases = inst
-            .memory
-            .lease_many(requests.iter().map(|r| (r.local_addr, r.length)))
-            .map_err(|(i, e)| e.context(format!("request {i}: {}; nothing was submitted", e.message())))?;
-        let validated: Vec<ValidatedRequest> = requests
+        let requests: Vec<TransferRequest> = requests
             .iter()
             .zip(&opcodes)
-            .zip(&leases)
-            .map(|((r, &opcode), lease)| ValidatedRequest {
-                request: TransferRequest {
-                    opcode,
-                    source: r.local_addr,
-                    target: segment.handle(),
-                    target_offset: r.remote_addr,
-                    length: r.length,
-                },
-                local: Region::clone(lease),
+            .map(|(r, &opcode)| TransferRequest {
+                opcode,
+                source: r.local_addr,
+                target: segment.handle(),
+                target_offset: r.remote_addr,
+                length: r.length,
             })
             .collect();
-        // One lease per region keeps it registered until every request was released.
-        let mut held = leases;
-        held.sort_unstable_by_key(|l| Arc::as_ptr(l) as usize);
-        held.dedup_by(|a, b| Arc::ptr_eq(a, b));
-        let batch = Batch::new(validated, held, vec![segment.clone()]);
-        let indices: Vec<u32> = (0..count as u32).collect();
+        // Leases keep every local region registered until the transport released its requests.
+        let (batch, submission) = Batch::lease(&inst.memory, &requests, vec![segment.clone()])
+            .map_err(|(i, e)| e.context(format!("request {i}: {}; nothing was submitted", e.message())))?;
         {
             let _rt = inst.runtime.get().enter();
-            inst.transport.submit(segment, &batch, &indices)?;
+            inst.transport.submit(segment, submission);
         }
         let boxed = Box::new(PluginBatch { magic: BATCH_MAGIC, batch });
         // SAFETY: `out` is non-null and points to writable storage for a pointer (ABI contract).
@@ -750,7 +739,7 @@ fn status_of(batch: &Batch, i: usize) -> FerryTransferStatus {
         Some(RequestStatus::Completed) => FerryTransferStatus {
             state: FERRY_STATE_COMPLETED,
             code: FERRY_OK,
-            transferred: batch.request(i).request.length,
+            transferred: batch.request(i).map_or(0, |v| v.request.length),
         },
         Some(RequestStatus::Failed(kind)) => {
             FerryTransferStatus { state: FERRY_STATE_FAILED, code: -kind.code(), transferred: 0 }

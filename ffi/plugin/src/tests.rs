@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use ferry_abi::*;
 use ferry_core::{
-    Batch, Capabilities, Error, ErrorKind, Location, Opcode, OpenSegment, Region, Result, SegmentDescriptor, Transport,
-    TransportContext, TransportFactory,
+    Capabilities, Error, ErrorKind, Location, Opcode, OpenSegment, Region, Result, SegmentDescriptor, Submission,
+    Transport, TransportContext, TransportFactory,
 };
 
 const PROTOCOL: &str = "shimtest";
@@ -49,8 +49,8 @@ struct TestTransport {
 }
 
 /// Copies request `i` between two addresses of this process.
-fn copy(batch: &Batch, i: usize) {
-    let r = &batch.request(i).request;
+fn copy(submission: &Submission, i: u32) {
+    let r = &submission.request(i).request;
     let (src, dst) = match r.opcode {
         Opcode::Read => (r.target_offset, r.source),
         Opcode::Write => (r.source, r.target_offset),
@@ -86,55 +86,47 @@ impl Transport for TestTransport {
         }
     }
 
-    fn submit(&self, target: &Arc<OpenSegment>, batch: &Arc<Batch>, indices: &[u32]) -> Result<()> {
+    fn submit(&self, target: &Arc<OpenSegment>, mut submission: Submission) {
         let mode = target.descriptor().extra.get("mode").and_then(|m| m.as_str()).unwrap_or("copy").to_owned();
-        let indices = indices.to_vec();
         match mode.as_str() {
             "copy" => {
-                for &i in &indices {
-                    copy(batch, i as usize);
-                    batch.complete(i as usize, Ok(()));
+                for i in submission.indices().to_vec() {
+                    copy(&submission, i);
+                    submission.complete(i, Ok(()));
                 }
             }
             "async" => {
                 // Completes later, on the runtime, once the test opened the target's gate.
                 let gate = target.descriptor().extra.get("gate").and_then(|g| g.as_str()).map(str::to_owned);
-                let batch = batch.clone();
                 self.runtime.spawn(async move {
                     while gate.as_ref().is_some_and(|g| !OPEN_GATES.lock().unwrap().contains(g)) {
                         tokio::time::sleep(Duration::from_millis(1)).await;
                     }
-                    for &i in &indices {
-                        copy(&batch, i as usize);
-                        batch.complete(i as usize, Ok(()));
+                    for i in submission.indices().to_vec() {
+                        copy(&submission, i);
+                        submission.complete(i, Ok(()));
                     }
                 });
             }
             "hold" => {
                 // Holds the requests until cancelled, then keeps "touching" them a while.
-                let batch = batch.clone();
                 self.runtime.spawn(async move {
-                    while !batch.is_cancelled() {
+                    while !submission.is_cancelled() {
                         tokio::time::sleep(Duration::from_millis(1)).await;
                     }
                     tokio::time::sleep(Duration::from_millis(40)).await;
                     HOLD_RELEASED.store(true, Ordering::SeqCst);
-                    for &i in &indices {
-                        batch.complete(i as usize, Err(Error::new(ErrorKind::Cancelled, "seen the cancellation")));
-                    }
+                    submission.fail_all(&Error::new(ErrorKind::Cancelled, "seen the cancellation"));
                 });
             }
             "fail" => {
-                for &i in &indices {
-                    let cause = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "reset by peer");
-                    batch.complete(i as usize, Err(Error::unreachable("peer gone").with_source(cause)));
-                }
+                let cause = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "reset by peer");
+                submission.fail_all(&Error::unreachable("peer gone").with_source(cause));
             }
-            "reject" => return Err(Error::transport("shimtest rejects this batch")),
+            "reject" => submission.fail_all(&Error::transport("shimtest rejects this batch")),
             "panic" => panic!("shimtest submit exploded"),
-            other => return Err(Error::invalid(format!("unknown test mode {other}"))),
+            other => submission.fail_all(&Error::invalid(format!("unknown test mode {other}"))),
         }
-        Ok(())
     }
 }
 
@@ -525,9 +517,16 @@ fn failures_carry_their_code_and_message() {
     f.free(batch);
 
     let rejecting = f.open("peer2", "reject");
+    // A transport that refuses a whole batch completes its requests with the error (it owns
+    // them from the moment it is handed them): the host sees them failed, with the message.
     let (code, batch) = f.submit(rejecting, &[req(FERRY_OPCODE_READ, &local, &remote)]);
-    assert_eq!((code, batch), (FERRY_E_TRANSPORT, std::ptr::null_mut()));
-    assert!(f.recorder.contains(FERRY_LOG_WARN, "shimtest rejects this batch"), "the message reached the host");
+    assert_eq!(code, FERRY_OK);
+    assert_eq!(
+        f.wait(batch, 1)[0],
+        FerryTransferStatus { state: FERRY_STATE_FAILED, code: FERRY_E_TRANSPORT, transferred: 0 }
+    );
+    assert_eq!(f.error(batch, 0, 128).1, "shimtest rejects this batch");
+    f.free(batch);
     assert_eq!(f.unregister(addr(&local), 64), FERRY_OK, "a rejected batch holds no lease");
     f.close(failing);
     f.close(rejecting);

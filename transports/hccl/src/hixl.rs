@@ -41,7 +41,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use ferry_ascend_sys::DeviceThread;
-use ferry_core::{Batch, DescriptorSource, Error, ErrorKind, Opcode, OpenSegment, Result, SegmentDescriptor};
+use ferry_core::{DescriptorSource, Error, ErrorKind, Opcode, OpenSegment, Result, SegmentDescriptor, Submission};
 use ferry_hixl_sys::{
     FeatureType, HixlApi, HixlEngine, HixlError, HixlLibrary, MemHandle, MemType, TransferOp, TransferOpDesc,
 };
@@ -342,34 +342,44 @@ impl HixlSide {
         }
     }
 
-    /// Queues requests `indices` of `batch` (to `target`) on the transfer threads, grouped by
-    /// opcode and remote engine. An error (nothing queued) when the descriptor names no engine.
-    pub(crate) fn submit(
-        self: &Arc<Self>,
-        target: &Arc<OpenSegment>,
-        batch: &Arc<Batch>,
-        indices: &[u32],
-    ) -> Result<()> {
+    /// Queues `submission` (requests to `target`) on the transfer threads, grouped by opcode and
+    /// remote engine. A request whose remote address names no engine fails at once.
+    pub(crate) fn submit(self: &Arc<Self>, target: &Arc<OpenSegment>, mut submission: Submission) {
         let d = target.descriptor();
-        let mut groups: BTreeMap<(bool, String), Vec<u32>> = BTreeMap::new();
-        for &i in indices {
-            let r = batch.request(i as usize).request;
-            let engine = remote_engine(d, r.target_offset).ok_or_else(|| {
-                Error::invalid(format!("segment `{}` publishes no HIXL endpoint (rank_info.endpoints)", d.name))
-            })?;
-            groups.entry((r.opcode == Opcode::Write, engine.to_owned())).or_default().push(i);
+        let mut groups: BTreeMap<(bool, String), Submission> = BTreeMap::new();
+        while !submission.is_empty() {
+            let first = submission.indices()[0];
+            let r = submission.request(first).request;
+            let write = r.opcode == Opcode::Write;
+            let Some(engine) = remote_engine(d, r.target_offset).map(str::to_owned) else {
+                return submission.fail_all(&Error::invalid(format!(
+                    "segment `{}` publishes no HIXL endpoint (rank_info.endpoints)",
+                    d.name
+                )));
+            };
+            let group = submission.take(|_, v| {
+                (v.request.opcode == Opcode::Write) == write
+                    && remote_engine(d, v.request.target_offset) == Some(engine.as_str())
+            });
+            match groups.entry((write, engine)) {
+                std::collections::btree_map::Entry::Occupied(mut o) => {
+                    let _ = o.get_mut().absorb(group);
+                }
+                std::collections::btree_map::Entry::Vacant(v) => {
+                    v.insert(group);
+                }
+            }
         }
         let deadline = Instant::now() + self.transfer_timeout;
-        for ((write, engine), indices) in groups {
-            let group = Pending::new(batch.clone(), indices);
+        for ((write, engine), group) in groups {
             let worker = &self.workers[shard(&engine, self.workers.len())];
             let (side, target) = (self.clone(), target.clone());
+            let group = Pending::new(group);
             if let Err(e) = worker.submit(move |_, _| side.run(&target, engine, write, group, deadline)) {
                 // The job was dropped with its `Pending`, which completed its requests as lost.
                 tracing::error!(error = %e, "ascend transport (HIXL): a transfer thread is gone");
             }
         }
-        Ok(())
     }
 
     /// Runs one group on a transfer thread: connect when needed, `TransferSync`, one retry
@@ -380,7 +390,7 @@ impl HixlSide {
             .indices()
             .iter()
             .map(|&i| {
-                let r = group.batch().request(i as usize).request;
+                let r = group.request(i);
                 TransferOpDesc {
                     local_addr: r.source as usize,
                     remote_addr: r.target_offset as usize,

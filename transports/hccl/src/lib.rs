@@ -66,8 +66,8 @@ use async_trait::async_trait;
 use ferry_ascend_identity::{AscendBackend, AscendOptions};
 use ferry_ascend_sys::{AscendError, DeviceThread, GlobalMem, HostBuffer, Library, MemKind, PointerKind, SearchPath};
 use ferry_core::{
-    Batch, Capabilities, Environment, Error, ErrorKind, HostAllocation, Location, MemoryRegistry, OpenSegment,
-    RankInfo, Region, Resolution, ResolveQuery, Result, SegmentDescriptor, SegmentName, Transport, TransportContext,
+    Capabilities, Environment, Error, ErrorKind, HostAllocation, Location, MemoryRegistry, OpenSegment, RankInfo,
+    Region, Resolution, ResolveQuery, Result, SegmentDescriptor, SegmentName, Submission, Transport, TransportContext,
     TransportFactory,
 };
 use tokio::sync::watch;
@@ -1037,6 +1037,18 @@ impl Transport for HcclTransport {
         if let Some(h) = &self.shared.hixl {
             h.unregister(addr, len).await?;
         }
+        // A registration an earlier unregister could not take back (it may still be bound to a
+        // communicator on the device) stays until shutdown: never report it unregistered.
+        if self.shared.stranded.lock().unwrap_or_else(|p| p.into_inner()).iter().any(|g| g.addr() == addr) {
+            return Err(Error::new(
+                ErrorKind::Busy,
+                format!(
+                    "ascend transport: region {addr:#x}+{len} may still be bound to an HCCL communicator (an earlier \
+                     unbind failed); it stays registered with HCCL until the transport shuts down and must not be \
+                     freed before"
+                ),
+            ));
+        }
         self.shared.placements.lock().unwrap_or_else(|p| p.into_inner()).remove(&addr);
         let g = self.shared.globals.lock().unwrap_or_else(|p| p.into_inner()).remove(&addr);
         let Some(g) = g else { return Ok(()) };
@@ -1128,21 +1140,25 @@ impl Transport for HcclTransport {
         Some(Ok(unsafe { HostAllocation::new(addr, len, "aclrtMallocHost", free) }))
     }
 
-    fn submit(&self, target: &Arc<OpenSegment>, batch: &Arc<Batch>, indices: &[u32]) -> Result<()> {
-        let (backend, _) = self.shared.backends.for_peer(target.descriptor()).map_err(Error::invalid)?;
+    fn submit(&self, target: &Arc<OpenSegment>, submission: Submission) {
+        let backend = match self.shared.backends.for_peer(target.descriptor()) {
+            Ok((b, _)) => b,
+            Err(why) => return submission.fail_all(&Error::invalid(why)),
+        };
+        if self.shared.is_stopped() {
+            return submission.fail_all(&Error::new(ErrorKind::Shutdown, "ascend transport stopped"));
+        }
         #[cfg(feature = "hixl")]
         if backend == PeerBackend::Hixl
             && let Some(h) = &self.shared.hixl
         {
-            if self.shared.is_stopped() {
-                return Err(Error::new(ErrorKind::Shutdown, "ascend transport stopped"));
-            }
-            return h.submit(target, batch, indices);
+            return h.submit(target, submission);
         }
         debug_assert_eq!(backend, PeerBackend::Hccl);
-        let peer = self.shared.peer(target.name())?;
-        peer.enqueue(target.clone(), Pending::new(batch.clone(), indices.to_vec()), self.shared.settings.timeout);
-        Ok(())
+        match self.shared.peer(target.name()) {
+            Ok(peer) => peer.enqueue(target.clone(), Pending::new(submission), self.shared.settings.timeout),
+            Err(e) => submission.fail_all(&e),
+        }
     }
 
     async fn shutdown(&self) {

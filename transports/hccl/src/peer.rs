@@ -736,7 +736,7 @@ struct Driver {
 fn ops(pending: &Pending) -> (Vec<OneSidedOp>, Vec<OneSidedOp>) {
     let (mut reads, mut writes) = (Vec::new(), Vec::new());
     for &i in pending.indices() {
-        let r = pending.batch().request(i as usize).request;
+        let r = pending.request(i);
         let op = OneSidedOp { local: r.source, remote: r.target_offset, len: r.length };
         match r.opcode {
             Opcode::Read => reads.push(op),
@@ -816,7 +816,7 @@ impl Driver {
                 .iter()
                 .enumerate()
                 .filter_map(|(pos, &i)| {
-                    let r = pending.batch().request(i as usize).request;
+                    let r = pending.request(i);
                     let why = match placement(r.source) {
                         Some(Placement::UnpinnedHost) => format!(
                             "local host memory {:#x}+{} was not allocated with aclrtMallocHost, so HCCL cannot \
@@ -1324,7 +1324,7 @@ impl Driver {
             .indices()
             .iter()
             .map(|&i| {
-                let r = chunk.batch().request(i as usize).request;
+                let r = chunk.request(i);
                 WireOp { write: r.opcode == Opcode::Write, addr: r.target_offset, len: r.length }
             })
             .collect();
@@ -1352,7 +1352,7 @@ impl Driver {
         refused.dedup_by_key(|r| r.0);
         for (pos, why) in refused {
             let i = chunk.indices()[pos];
-            let r = chunk.batch().request(i as usize).request;
+            let r = chunk.request(i);
             chunk.complete_at(
                 pos,
                 Err(Error::out_of_bounds(format!(
@@ -1371,7 +1371,7 @@ impl Driver {
                 }
             };
         }
-        let requests: Vec<_> = chunk.indices().iter().map(|&i| chunk.batch().request(i as usize).request).collect();
+        let requests: Vec<_> = chunk.indices().iter().map(|&i| chunk.request(i)).collect();
         let hosts = self.shared.host_flags(requests.iter().map(|r| r.source));
         let local: Vec<SideOp> = requests
             .iter()

@@ -91,7 +91,7 @@ async fn the_control_channel_refuses_what_it_cannot_honour() {
     let (_dir, lib) = emulator();
     let conf = TempDir::new("ferry-hccn").unwrap();
     let e = engine(lib.clone(), &conf).await;
-    assert_eq!(e.primary_transport().protocol(), "ascend", "`hccl` is an alias");
+    assert_eq!(e.primary_protocol(), "ascend", "`hccl` is an alias");
     let buf = vec![7u8; 4096];
     // SAFETY: `buf` outlives the engine (shut down below) and is only read meanwhile.
     unsafe { e.register_memory(buf.as_ptr() as u64, 4096, Location::Cpu(0)).await }.unwrap();

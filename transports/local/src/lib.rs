@@ -16,8 +16,8 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use async_trait::async_trait;
 use ferry_core::{
-    Batch, Capabilities, Error, ErrorKind, MemoryRegistry, Opcode, OpenSegment, Result, SegmentDescriptor, Transport,
-    TransportContext, TransportFactory,
+    Capabilities, Error, ErrorKind, MemoryRegistry, Opcode, OpenSegment, Result, SegmentDescriptor, Submission,
+    Transport, TransportContext, TransportFactory,
 };
 
 /// Protocol name.
@@ -87,8 +87,18 @@ impl Drop for LocalTransport {
 ///
 /// Errors: the lease's error (`OutOfBounds`, `Shutdown` when the owner shut down, ...) with the
 /// segment's name; [`ErrorKind::Unsupported`] for device memory.
-pub fn copy_request(owner: &MemoryRegistry, seg: &OpenSegment, batch: &Batch, i: usize, transport: &str) -> Result<()> {
-    let v = batch.request(i);
+pub fn copy_request(
+    owner: &MemoryRegistry,
+    seg: &OpenSegment,
+    submission: &Submission,
+    i: u32,
+    transport: &str,
+) -> Result<()> {
+    // Only a request the submission still holds has its local memory leased.
+    if !submission.indices().contains(&i) {
+        return Err(Error::new(ErrorKind::Internal, format!("request {i} is not held by this submission")));
+    }
+    let v = submission.request(i);
     let r = &v.request;
     // The remote range must be registered *now* in the owner's registry; the lease keeps it
     // registered until the copy is done.
@@ -144,22 +154,22 @@ impl Transport for LocalTransport {
     }
 
     /// Copies inline: a memcpy transport finishes its requests before `submit` returns.
-    fn submit(&self, target: &Arc<OpenSegment>, batch: &Arc<Batch>, indices: &[u32]) -> Result<()> {
-        let owner = live_memory(target.descriptor()).ok_or_else(|| {
-            Error::unreachable(format!(
+    fn submit(&self, target: &Arc<OpenSegment>, mut submission: Submission) {
+        let Some(owner) = live_memory(target.descriptor()) else {
+            submission.fail_all(&Error::unreachable(format!(
                 "the engine that published segment `{}` is no longer running in this process",
                 target.name()
-            ))
-        })?;
-        for &i in indices {
-            let i = i as usize;
-            if batch.is_cancelled() || !batch.is_pending(i) {
-                continue;
-            }
-            let outcome = copy_request(&owner, target, batch, i, PROTOCOL);
-            batch.complete(i, outcome);
+            )));
+            return;
+        };
+        for i in submission.indices().to_vec() {
+            let outcome = if submission.is_cancelled() {
+                Err(Error::new(ErrorKind::Cancelled, "cancelled before the copy"))
+            } else {
+                copy_request(&owner, target, &submission, i, PROTOCOL)
+            };
+            submission.complete(i, outcome);
         }
-        Ok(())
     }
 
     async fn shutdown(&self) {

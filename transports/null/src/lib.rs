@@ -10,7 +10,9 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use ferry_core::{Batch, Capabilities, OpenSegment, Result, Transport, TransportContext, TransportFactory};
+use ferry_core::{
+    Capabilities, Error, ErrorKind, OpenSegment, Result, Submission, Transport, TransportContext, TransportFactory,
+};
 
 /// Protocol name.
 pub const PROTOCOL: &str = "null";
@@ -44,12 +46,13 @@ impl Transport for NullTransport {
         Capabilities { read: true, write: true, host_memory: true, device_memory: true, ..Capabilities::default() }
     }
 
-    fn submit(&self, _target: &Arc<OpenSegment>, batch: &Arc<Batch>, indices: &[u32]) -> Result<()> {
-        for &i in indices {
-            if !batch.is_cancelled() {
-                batch.complete(i as usize, Ok(()));
-            }
-        }
-        Ok(())
+    fn submit(&self, _target: &Arc<OpenSegment>, submission: Submission) {
+        // Every request is released, a cancelled one as cancelled (it moved nothing).
+        let outcome = if submission.is_cancelled() {
+            Err(Error::new(ErrorKind::Cancelled, "cancelled before the null transport saw it"))
+        } else {
+            Ok(())
+        };
+        submission.complete_all(&outcome);
     }
 }

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use ferry_core::{Batch, Error, ErrorKind, Opcode};
+use ferry_core::{Batch, Error, ErrorKind, Opcode, Submission, ValidatedRequest};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
@@ -29,19 +29,32 @@ const COALESCE: usize = 64 * 1024;
 /// Gathered headers and small payloads are written once they reach this size.
 const FLUSH_AT: usize = 256 * 1024;
 
+/// The one request of a job, held until its outcome is known. Shared by the job's copies (the
+/// writer's and the reader's); when the last goes without an outcome, the submission's drop
+/// completes the request as lost, so none is left pending.
+struct Slot {
+    submission: std::sync::Mutex<Option<Submission>>,
+}
+
 /// One request handed to a lane.
 #[derive(Clone)]
 pub(crate) struct Job {
-    pub(crate) batch: Arc<Batch>,
+    /// The request's batch, to read the request (the slot completes it).
+    batch: Batch,
     pub(crate) index: usize,
+    slot: Arc<Slot>,
     pub(crate) deadline: Instant,
     /// Requests queued or in flight on this job's lane.
     load: Arc<AtomicUsize>,
 }
 
 impl Job {
+    /// The request.
+    fn request(&self) -> &ValidatedRequest {
+        self.batch.request(self.index).expect("a job's index is in its batch")
+    }
     fn live(&self) -> bool {
-        !self.batch.is_cancelled() && self.batch.is_pending(self.index)
+        !self.batch.is_cancelled() && self.slot.submission.lock().unwrap_or_else(|p| p.into_inner()).is_some()
     }
     /// The job leaves its lane.
     fn leave(&self) {
@@ -63,7 +76,10 @@ impl Job {
     }
     fn finish(&self, outcome: Result<(), Error>) {
         self.leave();
-        self.batch.complete(self.index, outcome);
+        let held = self.slot.submission.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(s) = held {
+            s.complete_all(&outcome);
+        }
     }
 }
 
@@ -112,7 +128,8 @@ impl Peer {
 
     /// Queues a request on the next lane. Fails (handing the job back) only when the lanes have
     /// stopped.
-    pub(crate) fn send(&self, batch: &Arc<Batch>, index: usize, deadline: Instant) -> bool {
+    /// Queues the one request of `submission`; gives it back when the lane is gone.
+    pub(crate) fn send(&self, submission: Submission, deadline: Instant) -> Result<(), Submission> {
         // The least loaded lane, the first of equals: an idle peer keeps using one lane (whose
         // thread is the one most recently awake), a busy one spreads over all of them.
         let (tx, load) = self
@@ -122,12 +139,20 @@ impl Peer {
             .expect("a peer has at least one lane");
         load.fetch_add(1, Ordering::Relaxed);
         self.last_used_ms.store(self.created.elapsed().as_millis() as u64, Ordering::Relaxed);
-        let job = Job { batch: batch.clone(), index, deadline, load: load.clone() };
+        let index = submission.indices()[0] as usize;
+        let batch = submission.batch();
+        let slot = Arc::new(Slot { submission: std::sync::Mutex::new(Some(submission)) });
+        let job = Job { batch, index, slot, deadline, load: load.clone() };
         match tx.send(job) {
-            Ok(()) => true,
+            Ok(()) => Ok(()),
             Err(e) => {
-                e.0.leave();
-                false
+                let job = e.0;
+                job.leave();
+                let back = job.slot.submission.lock().unwrap_or_else(|p| p.into_inner()).take();
+                match back {
+                    Some(s) => Err(s),
+                    None => Ok(()), // completed meanwhile: nothing to give back
+                }
             }
         }
     }
@@ -219,7 +244,7 @@ async fn connection(
             if job.expired() {
                 continue;
             }
-            let v = job.batch.request(job.index);
+            let v = job.request();
             let r = v.request;
             if addr.v2 || r.opcode == Opcode::Read {
                 // Only a payload sent straight from the caller's memory (one too large to be
@@ -340,7 +365,7 @@ async fn read_responses(
     // payload was sent does not make it a success.
     let mut done = async |job: Job, seq: u64, outcome: Result<(), Error>| {
         let mut outcome = outcome;
-        if job.batch.request(job.index).request.opcode == Opcode::Write {
+        if job.request().request.opcode == Opcode::Write {
             let sent = match flushed.wait_for(|&(ok, stopped)| ok >= seq || stopped).await {
                 Ok(state) => state.0 >= seq,
                 Err(_) => false, // the writer is gone
@@ -423,7 +448,7 @@ async fn idle_close(r: &mut OwnedReadHalf) -> std::io::Result<usize> {
 }
 
 async fn read_response(r: &mut OwnedReadHalf, job: &Job, v2: bool) -> std::io::Result<Result<(), Error>> {
-    let v = job.batch.request(job.index);
+    let v = job.request();
     let req = &v.request;
     if v2 {
         let mut st = [0u8; STATUS_LEN];

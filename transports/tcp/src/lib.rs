@@ -25,7 +25,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use ferry_core::{
-    Batch, Capabilities, Error, OpenSegment, Result, SegmentDescriptor, SegmentName, Transport, TransportContext,
+    Capabilities, Error, OpenSegment, Result, SegmentDescriptor, SegmentName, Submission, Transport, TransportContext,
     TransportFactory,
 };
 use tokio::net::TcpListener;
@@ -243,15 +243,17 @@ impl Transport for TcpTransport {
         descriptor.extra.entry("rdma_server_name").or_insert_with(|| String::new().into());
     }
 
-    fn submit(&self, target: &Arc<OpenSegment>, batch: &Arc<Batch>, indices: &[u32]) -> Result<()> {
-        let peer = self.peer(target)?;
+    fn submit(&self, target: &Arc<OpenSegment>, submission: Submission) {
+        let peer = match self.peer(target) {
+            Ok(p) => p,
+            Err(e) => return submission.fail_all(&e),
+        };
         let deadline = initiator::deadline(self.timeout);
-        for &i in indices {
-            if !peer.send(batch, i as usize, deadline) {
-                batch.complete(i as usize, Err(Error::new(ferry_core::ErrorKind::Shutdown, "tcp transport stopped")));
+        for one in submission.into_each() {
+            if let Err(unsent) = peer.send(one, deadline) {
+                unsent.fail_all(&Error::new(ferry_core::ErrorKind::Shutdown, "tcp transport stopped"));
             }
         }
-        Ok(())
     }
 
     async fn shutdown(&self) {

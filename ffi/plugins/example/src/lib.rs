@@ -5,7 +5,7 @@
 //! directory of its live instances by segment name, publishes its instance id in the segment
 //! descriptor (`example_instance`), checks every remote range against the target instance's
 //! *live* memory registry (not only the published descriptor), and reports one outcome per
-//! request through [`Batch::complete`].
+//! request through [`Submission::complete`](ferry_core::Submission::complete).
 //!
 //! Built as a `cdylib` it is `libferry_transport_example.so`, loaded by Ferry's plugin host
 //! when a config says `"protocol": "example"` (see `docs/plugins.md`); built as an `rlib`,
@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use async_trait::async_trait;
 use ferry_core::{
-    Batch, Capabilities, Error, ErrorKind, MemoryRegistry, OpenSegment, Result, SegmentDescriptor, Transport,
+    Capabilities, Error, ErrorKind, MemoryRegistry, OpenSegment, Result, SegmentDescriptor, Submission, Transport,
     TransportContext, TransportFactory,
 };
 
@@ -134,29 +134,29 @@ impl Transport for ExampleTransport {
     }
 
     /// Copies inline: a memcpy transport finishes its requests before `submit` returns.
-    fn submit(&self, target: &Arc<OpenSegment>, batch: &Arc<Batch>, indices: &[u32]) -> Result<()> {
+    fn submit(&self, target: &Arc<OpenSegment>, mut submission: Submission) {
         let peer = peer_memory(target.descriptor());
-        for &i in indices {
-            let i = i as usize;
-            let outcome = if batch.is_cancelled() {
+        for i in submission.indices().to_vec() {
+            let outcome = if submission.is_cancelled() {
                 Err(Error::new(ErrorKind::Cancelled, "cancelled before it started"))
             } else {
                 match &peer {
                     // The same-process copy of the `local` transport; a peer that shut down
                     // is a peer gone.
-                    Ok(peer) => ferry_transport_local::copy_request(peer, target, batch, i, PROTOCOL).map_err(|e| {
-                        if e.kind() == ErrorKind::Shutdown {
-                            Error::new(ErrorKind::PeerUnreachable, e.message())
-                        } else {
-                            e
-                        }
-                    }),
+                    Ok(peer) => {
+                        ferry_transport_local::copy_request(peer, target, &submission, i, PROTOCOL).map_err(|e| {
+                            if e.kind() == ErrorKind::Shutdown {
+                                Error::new(ErrorKind::PeerUnreachable, e.message())
+                            } else {
+                                e
+                            }
+                        })
+                    }
                     Err(e) => Err(e.duplicate()),
                 }
             };
-            batch.complete(i, outcome);
+            submission.complete(i, outcome);
         }
-        Ok(())
     }
 
     async fn shutdown(&self) {

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use ferry_core::{
     Batch, BufferDesc, Config, EngineBuilder, ErrorKind, InProcessMetadata, Location, MemoryRegistry, MetadataBackend,
-    Opcode, OpenSegment, Region, RequestStatus, ResolverChain, SegmentDescriptor, SegmentHandle, TransferEngine,
-    TransferRequest, TransportContext, TransportFactory, TransportRegistry, ValidatedRequest,
+    Opcode, OpenSegment, RequestStatus, ResolverChain, SegmentDescriptor, SegmentHandle, TransferEngine,
+    TransferRequest, TransportContext, TransportFactory, TransportRegistry,
 };
 use ferry_plugin::ferry_abi::*;
 
@@ -72,20 +72,11 @@ impl Side {
     }
 
     /// Submits one request to `target` and returns its batch (completed: the copy is inline).
-    fn submit(&self, target: &Arc<OpenSegment>, opcode: Opcode, local: u64, remote: u64, len: u64) -> Arc<Batch> {
-        let lease = self.memory.lease(local, len).unwrap();
-        let request = ValidatedRequest {
-            request: TransferRequest {
-                opcode,
-                source: local,
-                target: target.handle(),
-                target_offset: remote,
-                length: len,
-            },
-            local: Region::clone(&lease),
-        };
-        let batch = Batch::new(vec![request], vec![lease], vec![target.clone()]);
-        self.transport.submit(target, &batch, &[0]).unwrap();
+    fn submit(&self, target: &Arc<OpenSegment>, opcode: Opcode, local: u64, remote: u64, len: u64) -> Batch {
+        let request =
+            TransferRequest { opcode, source: local, target: target.handle(), target_offset: remote, length: len };
+        let (batch, submission) = Batch::lease(&self.memory, &[request], vec![target.clone()]).unwrap();
+        self.transport.submit(target, submission);
         assert!(batch.all_released(), "an inline transport releases every request before submit returns");
         batch
     }
@@ -134,20 +125,16 @@ async fn copies_both_ways_and_checks_the_live_registry() {
 
     // A cancelled batch is released with a cancelled outcome, nothing moved.
     let before = dst.clone();
-    let lease = a.memory.lease(addr(&dst), 8).unwrap();
-    let request = ValidatedRequest {
-        request: TransferRequest {
-            opcode: Opcode::Read,
-            source: addr(&dst),
-            target: SegmentHandle(1),
-            target_offset: addr(&src) + 100,
-            length: 8,
-        },
-        local: Region::clone(&lease),
+    let request = TransferRequest {
+        opcode: Opcode::Read,
+        source: addr(&dst),
+        target: SegmentHandle(1),
+        target_offset: addr(&src) + 100,
+        length: 8,
     };
-    let batch = Batch::new(vec![request], vec![lease], vec![target.clone()]);
+    let (batch, submission) = Batch::lease(&a.memory, &[request], vec![target.clone()]).unwrap();
     batch.cancel();
-    a.transport.submit(&target, &batch, &[0]).unwrap();
+    a.transport.submit(&target, submission);
     assert!(batch.all_released());
     assert_eq!(batch.request_status(0), Some(RequestStatus::Cancelled));
     assert_eq!(dst, before);

@@ -9,7 +9,7 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use ferry_core::{Batch, Capabilities, OpenSegment, Result, Transport, TransportContext, TransportFactory};
+use ferry_core::{Capabilities, OpenSegment, Result, Submission, Transport, TransportContext, TransportFactory};
 
 /// Protocol name.
 pub const PROTOCOL: &str = "panicky";
@@ -58,7 +58,7 @@ impl Transport for PanickyTransport {
         CAPABILITIES
     }
 
-    fn submit(&self, _target: &Arc<OpenSegment>, _batch: &Arc<Batch>, _indices: &[u32]) -> Result<()> {
+    fn submit(&self, _target: &Arc<OpenSegment>, _submission: Submission) {
         panic!("{PANIC_MESSAGE}");
     }
 }
