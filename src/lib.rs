@@ -12,7 +12,9 @@
 //! | `local` | same-process memcpy (`local`) | yes |
 //! | `null`  | no-op, for measuring engine overhead (`null`) | no |
 //! | `tcp`   | Mooncake-compatible TCP (`tcp`) | yes |
-//! | `hccl`  | Ascend NPUs over HCCL (`ascend`, alias `hccl`; CANN loaded at run time) and the Ascend identity resolvers (`rank_table`, `env`, `acl`, `hccn_conf`) | yes |
+//! | `hccl`  | Ascend NPUs (`ascend`; `hccl` direct HCCL alone; CANN loaded at run time) and the Ascend identity resolvers (`rank_table`, `env`, `acl`, `hccn_conf`) | yes |
+//! | `hixl`  | the Ascend transport's HIXL backend (`hixl`, `ascend_direct`; Mooncake `ascend_direct` interop; built with the system `c++`) | yes |
+//! | `mock`  | a scriptable transport for unit tests of code built on Ferry (`mock`; see `docs/testing.md`) | no |
 //! | `p2p`   | P2P handshake metadata (`P2PHANDSHAKE`) | yes |
 //! | `http`  | HTTP metadata client (`http://host:port/metadata`) | yes |
 //! | `redis` | Redis metadata (`redis://host:port`) | yes |
@@ -59,6 +61,8 @@ pub mod transports {
     pub use ferry_transport_hccl as hccl;
     #[cfg(feature = "local")]
     pub use ferry_transport_local as local;
+    #[cfg(feature = "mock")]
+    pub use ferry_transport_mock as mock;
     #[cfg(feature = "null")]
     pub use ferry_transport_null as null;
     #[cfg(feature = "tcp")]

@@ -9,12 +9,8 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
 use common::{Buffer, builder, pair};
-use ferry::{
-    BlockSlice, BlockTransfer, Capabilities, Error, ErrorKind, InProcessMetadata, KvLayout, Location, Opcode,
-    OpenSegment, Submission, Transport, TransportContext, TransportFactory,
-};
+use ferry::{BlockSlice, BlockTransfer, ErrorKind, InProcessMetadata, KvLayout, Location, Opcode};
 
 const BLOCKS: u32 = 32;
 const BLOCK_LEN: u64 = 256;
@@ -149,61 +145,21 @@ async fn bad_block_requests_get_distinct_errors() {
     assert!(d.bytes().iter().all(|&b| b == 0));
 }
 
-/// Fails every request that touches one poisoned remote address range; completes the rest.
-struct Poisoned {
-    bad: std::ops::Range<u64>,
-}
-
-#[async_trait]
-impl Transport for Poisoned {
-    fn protocol(&self) -> &str {
-        "poisoned"
-    }
-    fn capabilities(&self) -> Capabilities {
-        Capabilities { read: true, write: true, host_memory: true, cross_process: true, ..Default::default() }
-    }
-    fn submit(&self, _t: &Arc<OpenSegment>, mut submission: Submission) {
-        for i in submission.indices().to_vec() {
-            let r = submission.request(i).request;
-            let hit = r.target_offset < self.bad.end && self.bad.start < r.target_offset + r.length;
-            submission.complete(i, if hit { Err(Error::transport("link error")) } else { Ok(()) });
-        }
-    }
-}
-
-struct PoisonedFactory(std::ops::Range<u64>);
-#[async_trait]
-impl TransportFactory for PoisonedFactory {
-    fn protocol(&self) -> &'static str {
-        "poisoned"
-    }
-    async fn create(&self, _: &TransportContext) -> ferry::Result<Arc<dyn Transport>> {
-        Ok(Arc::new(Poisoned { bad: self.0.clone() }))
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failures_are_reported_per_block() {
     let meta = InProcessMetadata::new();
     let remote_base = 0x4000_0000u64;
-    // Remote block 9 of region 1 is poisoned.
+    // A mock peer whose memory spans both remote regions; remote block 9 of region 1 fails (the
+    // scripted transport stands in for a link error on one run).
     let poison = remote_base + 0x10_0000 + 9 * BLOCK_LEN;
-    let reg = ferry::TransportRegistry::new().with(Arc::new(PoisonedFactory(poison..poison + 1)));
-    let remote = {
-        let mut d = ferry::SegmentDescriptor::new("far", "poisoned");
-        for r in 0..2u64 {
-            d.buffers.push(ferry::BufferDesc {
-                addr: remote_base + r * 0x10_0000,
-                length: BLOCKS as u64 * BLOCK_LEN,
-                name: "cpu:0".into(),
-                device_id: None,
-                extra: Default::default(),
-            });
-        }
-        d
-    };
+    let script = ferry_transport_mock::MockScript::new();
+    script
+        .when(ferry_transport_mock::When::Remote { segment: "far".into(), range: poison..poison + 1 })
+        .fail(ErrorKind::Transport);
+    let remote = script.peer("far", remote_base, vec![0; (0x10_0000 + BLOCKS as u64 * BLOCK_LEN) as usize]);
     ferry::MetadataBackend::put(&*meta, "mooncake/ram/far", &remote.to_json()).await.unwrap();
-    let e = builder(&meta).transports(reg).protocol("poisoned").build().await.unwrap();
+    let reg = ferry::TransportRegistry::new().with(Arc::new(script.factory()));
+    let e = builder(&meta).transports(reg).protocol("mock").build().await.unwrap();
     let bufs: Vec<Buffer> = (0..2).map(|_| Buffer::zeroed((BLOCKS as u64 * BLOCK_LEN) as usize)).collect();
     let regions: Vec<_> = bufs.iter().map(|b| (b.addr(), b.len(), Location::Cpu(0))).collect();
     unsafe { e.register_memory_batch(&regions).await }.unwrap();

@@ -465,6 +465,17 @@ impl Batch {
         segments: Vec<Arc<OpenSegment>>,
     ) -> std::result::Result<(Batch, Submission), (usize, Error)> {
         let leases = memory.lease_many(requests.iter().map(|r| (r.source, r.length)))?;
+        Self::from_leases(requests, leases, segments)
+    }
+
+    /// [`lease`](Self::lease) with the leases already taken (one per request, in order, each
+    /// covering its request's local range: the engine checks the local ranges before it looks
+    /// up the segments, and takes them only once).
+    pub(crate) fn from_leases(
+        requests: &[TransferRequest],
+        leases: Vec<RegionLease>,
+        segments: Vec<Arc<OpenSegment>>,
+    ) -> std::result::Result<(Batch, Submission), (usize, Error)> {
         let validated: Vec<ValidatedRequest> = requests
             .iter()
             .zip(&leases)

@@ -1045,9 +1045,10 @@ impl TransferEngine {
         if requests.is_empty() {
             return Err(Error::invalid("empty batch: no requests to submit"));
         }
-        // Every local range in registered memory, before any segment is looked up (the ranges
-        // are leased for good below, with the batch).
-        self.inner
+        // Every local range in registered memory, leased (for the batch) before any segment is
+        // looked up.
+        let leases = self
+            .inner
             .memory
             .lease_many(requests.iter().map(|r| (r.source, r.length)))
             .map_err(|(i, e)| request_error(i, e))?;
@@ -1094,7 +1095,7 @@ impl TransferEngine {
         }
 
         let (batch, mut all) =
-            Batch::lease(&self.inner.memory, requests, segments.clone()).map_err(|(i, e)| request_error(i, e))?;
+            Batch::from_leases(requests, leases, segments.clone()).map_err(|(i, e)| request_error(i, e))?;
         if segments.len() == 1 {
             segments[0].transport().submit(&segments[0], all);
         } else {
