@@ -5,7 +5,9 @@ over loopback TCP with P2PHANDSHAKE, and print throughputs and ratios (Ferry / M
 Usage (repository root, after `cargo build --release -p ferry-cli`):
   python3 bench/tcp_vs_mooncake.py --mooncake-bench .venv-mooncake/bin/transfer_engine_bench
 Options: --duration S (default 3), --blocks 4096,65536,1048576,4194304, --threads 1,2,
---ops read,write, --batch 64, --json FILE (write the table as JSON too).
+--ops read,write, --batch 64, --json FILE (write the table as JSON too), --ferry PATH (the
+`ferry` binary; default target/release/ferry: another build's binary compares two Ferry builds
+against the same Mooncake in one run).
 """
 import argparse
 import json
@@ -49,13 +51,18 @@ def run_initiator(cmd):
     return float(m.group(1)), extra
 
 
+def is_ferry(binary):
+    """Whether `binary` is a `ferry` build (which takes `bench` first) rather than Mooncake's."""
+    return os.path.basename(binary).startswith("ferry")
+
+
 def measure(binary, args, buffer_size, detail=False):
     common = ["--protocol=tcp", "--metadata_server=P2PHANDSHAKE", "--local_server_name=127.0.0.1",
               f"--buffer_size={buffer_size}"]
-    target, segment = start_target([binary, "bench", "--mode=target"] + common if binary == FERRY
+    target, segment = start_target([binary, "bench", "--mode=target"] + common if is_ferry(binary)
                                    else [binary, "--mode=target"] + common)
     try:
-        init = [binary, "bench"] if binary == FERRY else [binary]
+        init = [binary, "bench"] if is_ferry(binary) else [binary]
         tput, extra = run_initiator(init + ["--mode=initiator", f"--segment_id={segment}"] + common + args)
         return (tput, extra) if detail else tput
     finally:
@@ -75,8 +82,10 @@ def main():
     ap.add_argument("--ops", default="read,write")
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--json", help="also write the results to this file")
+    ap.add_argument("--ferry", default=FERRY, help="the ferry binary to measure")
     a = ap.parse_args()
-    if not os.path.exists(FERRY):
+    ferry = a.ferry
+    if not os.path.exists(ferry):
         raise SystemExit("build Ferry first: cargo build --release -p ferry-cli")
     rows = []
     print(f"{'op':<6}{'block':>9}{'thr':>4}{'Mooncake GB/s':>15}{'Ferry GB/s':>12}{'ratio':>8}")
@@ -88,7 +97,7 @@ def main():
                 args = [f"--operation={op}", f"--block_size={block}", f"--batch_size={a.batch}",
                         f"--threads={threads}", f"--duration={a.duration}"]
                 mc = measure(a.mooncake_bench, args, buffer_size)
-                fe = measure(FERRY, args, buffer_size)
+                fe = measure(ferry, args, buffer_size)
                 ratio = fe / mc if mc else float("inf")
                 rows.append({"op": op, "block": block, "threads": threads, "mooncake": mc, "ferry": fe, "ratio": ratio})
                 print(f"{op:<6}{block:>9}{threads:>4}{mc:>15.2f}{fe:>12.2f}{ratio:>7.2f}x", flush=True)
@@ -97,7 +106,7 @@ def main():
     # Single-request latency: 4 KiB reads, batch 1, one thread.
     args = ["--operation=read", "--block_size=4096", "--batch_size=1", "--threads=1", f"--duration={a.duration}"]
     mc, mce = measure(a.mooncake_bench, args, 256 << 20, detail=True)
-    fe, fee = measure(FERRY, args, 256 << 20, detail=True)
+    fe, fee = measure(ferry, args, 256 << 20, detail=True)
     latency = {"mooncake_mean_us": mce.get("mean_batch_us"), "ferry_mean_us": fee.get("mean_batch_us"),
                "ferry_p50_us": fee.get("p50_us")}
     print(f"4 KiB read, batch 1: Mooncake mean {latency['mooncake_mean_us']:.1f} us; "
