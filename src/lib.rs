@@ -159,3 +159,8 @@ pub fn builder() -> EngineBuilder {
         .metadata_registry(default_metadata())
         .resolver_registry(default_resolvers())
 }
+
+/// README's Rust example, compiled and run as a doc test (`cargo test --doc -p ferry`).
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
