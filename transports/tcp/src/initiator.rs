@@ -29,20 +29,16 @@ const COALESCE: usize = 64 * 1024;
 /// Gathered headers and small payloads are written once they reach this size.
 const FLUSH_AT: usize = 256 * 1024;
 
-/// The one request of a job, held until its outcome is known. Shared by the job's copies (the
-/// writer's and the reader's); when the last goes without an outcome, the submission's drop
-/// completes the request as lost, so none is left pending.
-struct Slot {
-    submission: std::sync::Mutex<Option<Submission>>,
-}
-
-/// One request handed to a lane.
-#[derive(Clone)]
+/// One request handed to a lane. It holds the request's [`Submission`] and is moved, never
+/// copied: to the reader once its header is written (or kept by the writer for a v1 WRITE, which
+/// has no response), and completed exactly once by whoever holds it last; dropping it unfinished
+/// completes the request as lost.
 pub(crate) struct Job {
-    /// The request's batch, to read the request (the slot completes it).
+    /// The request's batch, to read the request (the writer keeps a clone while the reader holds
+    /// the job).
     batch: Batch,
     pub(crate) index: usize,
-    slot: Arc<Slot>,
+    submission: Submission,
     pub(crate) deadline: Instant,
     /// Requests queued or in flight on this job's lane.
     load: Arc<AtomicUsize>,
@@ -51,35 +47,33 @@ pub(crate) struct Job {
 impl Job {
     /// The request.
     fn request(&self) -> &ValidatedRequest {
-        self.batch.request(self.index).expect("a job's index is in its batch")
+        self.submission.request(self.index as u32)
     }
     fn live(&self) -> bool {
-        !self.batch.is_cancelled() && self.slot.submission.lock().unwrap_or_else(|p| p.into_inner()).is_some()
+        !self.batch.is_cancelled()
     }
     /// The job leaves its lane.
     fn leave(&self) {
         self.load.fetch_sub(1, Ordering::Relaxed);
     }
     /// Fails the job, unsent, when its deadline already passed (so it cannot make a
-    /// connection attempt or a write time out for the fresh requests queued behind it).
-    fn expired(&self) -> bool {
+    /// connection attempt or a write time out for the fresh requests queued behind it); gives
+    /// it back otherwise.
+    fn unexpired(self) -> Option<Job> {
         if self.deadline > Instant::now() {
-            return false;
+            return Some(self);
         }
         self.finish(Err(Error::timeout("tcp request not sent before its deadline")));
-        true
+        None
     }
     /// The job leaves its lane unstarted (it was cancelled): the batch learns that its memory
     /// is no longer touched.
-    fn release(&self) {
+    fn release(self) {
         self.finish(Err(Error::new(ErrorKind::Cancelled, "cancelled before it was sent")));
     }
-    fn finish(&self, outcome: Result<(), Error>) {
+    fn finish(self, outcome: Result<(), Error>) {
         self.leave();
-        let held = self.slot.submission.lock().unwrap_or_else(|p| p.into_inner()).take();
-        if let Some(s) = held {
-            s.complete_all(&outcome);
-        }
+        self.submission.complete_all(&outcome);
     }
 }
 
@@ -141,18 +135,13 @@ impl Peer {
         self.last_used_ms.store(self.created.elapsed().as_millis() as u64, Ordering::Relaxed);
         let index = submission.indices()[0] as usize;
         let batch = submission.batch();
-        let slot = Arc::new(Slot { submission: std::sync::Mutex::new(Some(submission)) });
-        let job = Job { batch, index, slot, deadline, load: load.clone() };
+        let job = Job { batch, index, submission, deadline, load: load.clone() };
         match tx.send(job) {
             Ok(()) => Ok(()),
             Err(e) => {
                 let job = e.0;
                 job.leave();
-                let back = job.slot.submission.lock().unwrap_or_else(|p| p.into_inner()).take();
-                match back {
-                    Some(s) => Err(s),
-                    None => Ok(()), // completed meanwhile: nothing to give back
-                }
+                Err(job.submission)
             }
         }
     }
@@ -176,9 +165,7 @@ async fn lane(addr: PeerAddr, mut rx: mpsc::UnboundedReceiver<Job>, stop: tokio:
             job.release();
             continue;
         }
-        if job.expired() {
-            continue;
-        }
+        let Some(job) = job.unexpired() else { continue };
         let stream = match timeout_at(job.deadline, TcpStream::connect((addr.host.as_str(), addr.port))).await {
             Ok(Ok(s)) => s,
             outcome => {
@@ -241,10 +228,11 @@ async fn connection(
                 job.release();
                 continue;
             }
-            if job.expired() {
-                continue;
-            }
-            let v = job.request();
+            let Some(job) = job.unexpired() else { continue };
+            // The writer reads the request through the batch; the job itself goes to whoever
+            // completes it (the reader, or `unacked` for a v1 WRITE).
+            let (batch, index, job_deadline) = (job.batch.clone(), job.index, job.deadline);
+            let v = batch.request(index).expect("a job's index is in its batch");
             let r = v.request;
             if addr.v2 || r.opcode == Opcode::Read {
                 // Only a payload sent straight from the caller's memory (one too large to be
@@ -256,15 +244,15 @@ async fn connection(
                 } else {
                     0
                 };
-                if let Err(mpsc::error::SendError((job, _))) = inflight_tx.send((job.clone(), number)) {
+                if let Err(mpsc::error::SendError((job, _))) = inflight_tx.send((job, number)) {
                     queue.push_front(job);
                     break;
                 }
             } else {
-                unacked.push(job.clone());
+                unacked.push(job);
             }
-            let due = *deadline.get_or_insert(job.deadline);
-            let due = due.min(job.deadline);
+            let due = *deadline.get_or_insert(job_deadline);
+            let due = due.min(job_deadline);
             deadline = Some(due);
             buf.extend_from_slice(
                 &Header { size: r.length, addr: r.target_offset, opcode: r.opcode, v2: addr.v2 }.encode(),
@@ -301,10 +289,10 @@ async fn connection(
             }
         }
         match outcome {
-            Ok(()) => unacked.iter().for_each(|j| j.finish(Ok(()))),
+            Ok(()) => unacked.into_iter().for_each(|j| j.finish(Ok(()))),
             Err(e) => {
                 tracing::debug!(error = %e, "tcp initiator: write failed; connection dropped");
-                unacked.iter().for_each(|j| j.finish(Err(e.duplicate())));
+                unacked.into_iter().for_each(|j| j.finish(Err(e.duplicate())));
                 return finish(w, inflight_tx, flushed, reader, queue).await;
             }
         }
