@@ -41,7 +41,7 @@ mock! {
         fn publish(&self, descriptor: &mut SegmentDescriptor);
         async fn register_memory(&self, region: &ferry::Region) -> ferry::Result<()>;
         async fn unregister_memory(&self, region: &ferry::Region) -> ferry::Result<()>;
-        async fn connect(&self, target: &OpenSegment) -> ferry::Result<()>;
+        async fn open(&self, target: &SegmentDescriptor) -> ferry::Result<ferry::PeerHandle>;
         fn submit(&self, target: &Arc<OpenSegment>, submission: Submission);
         async fn shutdown(&self);
     }
@@ -69,17 +69,8 @@ impl TransportFactory for Fixed {
 }
 
 fn wire_basics(w: &mut MockWire) {
-    w.expect_protocol().return_const("wire".to_owned());
-    w.expect_capabilities().return_const(Capabilities {
-        read: true,
-        write: true,
-        host_memory: true,
-        cross_process: true,
-        ..Default::default()
-    });
-    w.expect_serves().returning(|d| d.protocol == "wire");
-    w.expect_publish().return_const(());
-    w.expect_shutdown().return_const(());
+    w_basics_without_open(w);
+    w.expect_open().returning(|_| Ok(Arc::new(())));
 }
 
 fn peer_descriptor(addr: u64, len: u64) -> Vec<u8> {
@@ -353,4 +344,58 @@ async fn a_transport_that_cannot_let_go_of_memory_keeps_it_registered() {
     e.unregister_memory(buf.addr()).await.unwrap();
     assert!(e.memory().is_empty());
     assert_eq!(registered.load(Ordering::SeqCst), 1, "no transport had let go, so none was re-registered");
+}
+
+/// A transport opens each peer once per descriptor the engine fetched (not per submit); what it
+/// opened reaches every submit through the open segment, and an error from `open` is reported to
+/// each submit to that segment until a refreshed descriptor opens cleanly.
+#[tokio::test]
+async fn a_peer_is_opened_once_per_descriptor_and_its_error_reaches_each_submit() {
+    let meta = InProcessMetadata::new();
+    let remote = 0x1000u64;
+    MetadataBackend::put(&*meta, "mooncake/ram/peer", &peer_descriptor(remote, 4096)).await.unwrap();
+    let opens = Arc::new(AtomicUsize::new(0));
+    let mut wire = MockWire::new();
+    w_basics_without_open(&mut wire);
+    wire.expect_register_memory().returning(|_| Ok(()));
+    let o = opens.clone();
+    wire.expect_open().returning(move |d| match o.fetch_add(1, Ordering::SeqCst) {
+        0 => Err(Error::invalid(format!("segment `{}` publishes no route (first descriptor)", d.name))),
+        n => Ok(Arc::new(n) as ferry::PeerHandle),
+    });
+    wire.expect_submit().returning(|target, submission| match target.peer::<usize>() {
+        Ok(&1) => submission.complete_all(&Ok(())),
+        Ok(n) => submission.fail_all(&Error::transport(format!("opened as {n}"))),
+        Err(e) => submission.fail_all(&e),
+    });
+    let e = engine_with(wire, meta.clone()).await.unwrap();
+    let buf = Buffer::zeroed(64);
+    unsafe { e.register_memory(buf.addr(), buf.len(), Location::Cpu(0)).await }.unwrap();
+    let peer = e.open_segment("peer").await.unwrap();
+    let req =
+        TransferRequest { opcode: Opcode::Read, source: buf.addr(), target: peer, target_offset: remote, length: 64 };
+    for _ in 0..2 {
+        let err = e.transfer(&[req]).await.unwrap_err();
+        assert!(err.to_string().contains("publishes no route"), "{err}");
+    }
+    assert_eq!(opens.load(Ordering::SeqCst), 1, "opened once for two submits");
+    e.refresh_segment(peer).await.unwrap();
+    for _ in 0..3 {
+        e.transfer(&[req]).await.unwrap();
+    }
+    assert_eq!(opens.load(Ordering::SeqCst), 2, "opened again only for the refreshed descriptor");
+}
+
+fn w_basics_without_open(w: &mut MockWire) {
+    w.expect_protocol().return_const("wire".to_owned());
+    w.expect_capabilities().return_const(Capabilities {
+        read: true,
+        write: true,
+        host_memory: true,
+        cross_process: true,
+        ..Default::default()
+    });
+    w.expect_serves().returning(|d| d.protocol == "wire");
+    w.expect_publish().return_const(());
+    w.expect_shutdown().return_const(());
 }

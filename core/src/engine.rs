@@ -526,6 +526,8 @@ impl EngineInner {
             )));
         }
         let transport = self.pick_transport(&desc).await?;
+        // The transport opens the peer once per descriptor; an error is kept for its submits.
+        let peer = transport.open(&desc).await;
         let mut table = self.segments.write().unwrap_or_else(|p| p.into_inner());
         let handle = match table.by_name.get(name) {
             Some(h) => *h,
@@ -535,7 +537,7 @@ impl EngineInner {
                 h
             }
         };
-        let seg = Arc::new(OpenSegment::new(handle, desc, transport));
+        let seg = Arc::new(OpenSegment::new(handle, desc, transport, peer));
         table.by_handle.insert(handle, seg.clone());
         Ok(seg)
     }

@@ -59,5 +59,6 @@ pub use resolver::{
 pub use segment::OpenSegment;
 pub use segment_name::{DEVICE_ID_LIMIT, SegmentName, SegmentNameError};
 pub use transport::{
-    Capabilities, DescriptorSource, Transport, TransportContext, TransportFactory, TransportRegistry, TransportSource,
+    Capabilities, DescriptorSource, PeerHandle, Transport, TransportContext, TransportFactory, TransportRegistry,
+    TransportSource,
 };

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use crate::batch::SegmentHandle;
 use crate::descriptor::SegmentDescriptor;
 use crate::error::{Error, Result};
-use crate::transport::Transport;
+use crate::transport::{PeerHandle, Transport};
 
 /// A segment this engine has opened. Immutable once built; a refresh replaces it (same handle).
 pub struct OpenSegment {
@@ -16,6 +16,8 @@ pub struct OpenSegment {
     /// Buffers as sorted, non-wrapping `(start, end)` pairs for binary search.
     ranges: Vec<(u64, u64)>,
     transport: Arc<dyn Transport>,
+    /// What the transport opened for this descriptor, or why it could not.
+    peer: std::result::Result<PeerHandle, Error>,
     stale: AtomicBool,
 }
 
@@ -31,8 +33,14 @@ impl std::fmt::Debug for OpenSegment {
 }
 
 impl OpenSegment {
-    /// Wraps a (validated) descriptor and the transport that reaches it.
-    pub fn new(handle: SegmentHandle, descriptor: SegmentDescriptor, transport: Arc<dyn Transport>) -> Self {
+    /// Wraps a (validated) descriptor, the transport that reaches it and what the transport
+    /// opened for it ([`Transport::open`]).
+    pub fn new(
+        handle: SegmentHandle,
+        descriptor: SegmentDescriptor,
+        transport: Arc<dyn Transport>,
+        peer: std::result::Result<PeerHandle, Error>,
+    ) -> Self {
         let mut ranges: Vec<(u64, u64)> = descriptor
             .buffers
             .iter()
@@ -40,7 +48,7 @@ impl OpenSegment {
             .map(|b| (b.addr, b.addr.saturating_add(b.length)))
             .collect();
         ranges.sort_unstable();
-        Self { handle, descriptor, ranges, transport, stale: AtomicBool::new(false) }
+        Self { handle, descriptor, ranges, transport, peer, stale: AtomicBool::new(false) }
     }
 
     /// The handle callers use.
@@ -67,6 +75,20 @@ impl OpenSegment {
     /// The protocol of the transport that serves this segment.
     pub fn protocol(&self) -> &str {
         self.transport.protocol()
+    }
+
+    /// What the serving transport opened for this descriptor, as its own type `T`: the error
+    /// `open` returned, or an internal error when the transport kept something else.
+    pub fn peer<T: std::any::Any + Send + Sync>(&self) -> Result<&T> {
+        match &self.peer {
+            Ok(p) => p.downcast_ref::<T>().ok_or_else(|| {
+                Error::new(
+                    crate::ErrorKind::Internal,
+                    format!("segment `{}`: the transport's peer state has another type", self.descriptor.name),
+                )
+            }),
+            Err(e) => Err(e.duplicate()),
+        }
     }
 
     /// Marks the cached descriptor as suspect (its peer failed); the next use refreshes it.

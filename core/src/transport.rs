@@ -52,6 +52,10 @@ pub struct TransportContext {
     pub descriptors: Option<Arc<dyn DescriptorSource>>,
 }
 
+/// What a transport keeps for one opened peer segment ([`Transport::open`]); the transport
+/// downcasts it back with [`OpenSegment::peer`].
+pub type PeerHandle = Arc<dyn std::any::Any + Send + Sync>;
+
 /// Reads segment descriptors from the engine's metadata service, uncached.
 #[async_trait]
 pub trait DescriptorSource: Send + Sync {
@@ -145,10 +149,15 @@ pub trait Transport: Send + Sync + 'static {
         None
     }
 
-    /// Prepares the connection to `target` ahead of the first transfer (optional warm-up).
-    async fn connect(&self, target: &OpenSegment) -> Result<()> {
+    /// Opens the peer segment `target` describes: reads what this transport needs of the
+    /// descriptor and finds or creates its state for that peer (a connection pool, a
+    /// communicator's peer, a plugin target). Called by the engine once per descriptor it
+    /// fetched, before the first submit to it; the result rides with the open segment
+    /// ([`OpenSegment::peer`]) and is replaced when the descriptor changes. An error is kept
+    /// and reported to every submit to that segment. The default keeps nothing.
+    async fn open(&self, target: &SegmentDescriptor) -> Result<PeerHandle> {
         let _ = target;
-        Ok(())
+        Ok(Arc::new(()))
     }
 
     /// Starts the requests of `submission`, all addressed to `target`, and completes each (see

@@ -566,11 +566,6 @@ impl Transport for PluginTransport {
         Ok(())
     }
 
-    async fn connect(&self, target: &OpenSegment) -> Result<()> {
-        let _ = target;
-        Ok(())
-    }
-
     fn submit(&self, target: &Arc<OpenSegment>, submission: Submission) {
         if let Err(e) = self.try_submit(target, submission) {
             // `try_submit` gives the submission back only when the plugin did not take it.

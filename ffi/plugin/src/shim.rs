@@ -627,7 +627,10 @@ pub(crate) unsafe extern "C" fn open_target(
             ));
         }
         let handle = SegmentHandle(inst.next_target.fetch_add(1, Ordering::Relaxed));
-        let segment = Arc::new(OpenSegment::new(handle, desc, inst.transport.clone()));
+        // The transport opens the peer once, here (its error is kept for the target's submits).
+        let (transport, opened) = (inst.transport.clone(), desc.clone());
+        let peer = inst.block_on(async move { transport.open(&opened).await })?;
+        let segment = Arc::new(OpenSegment::new(handle, desc, inst.transport.clone(), peer));
         let target = Box::new(Target { magic: TARGET_MAGIC, segment });
         // SAFETY: `out` is non-null and points to writable storage for a pointer (ABI contract).
         unsafe { out.write(Box::into_raw(target).cast()) };

@@ -66,9 +66,9 @@ use async_trait::async_trait;
 use ferry_ascend_identity::{AscendBackend, AscendOptions};
 use ferry_ascend_sys::{AscendError, DeviceThread, GlobalMem, HostBuffer, Library, MemKind, PointerKind, SearchPath};
 use ferry_core::{
-    Capabilities, Environment, Error, ErrorKind, HostAllocation, Location, MemoryRegistry, OpenSegment, RankInfo,
-    Region, Resolution, ResolveQuery, Result, SegmentDescriptor, SegmentName, Submission, Transport, TransportContext,
-    TransportFactory,
+    Capabilities, Environment, Error, ErrorKind, HostAllocation, Location, MemoryRegistry, OpenSegment, PeerHandle,
+    RankInfo, Region, Resolution, ResolveQuery, Result, SegmentDescriptor, SegmentName, Submission, Transport,
+    TransportContext, TransportFactory,
 };
 use tokio::sync::watch;
 
@@ -114,6 +114,14 @@ impl std::fmt::Display for PeerBackend {
             PeerBackend::Hccl => "direct HCCL",
         })
     }
+}
+
+/// What the transport opened for one peer segment (per descriptor).
+enum OpenedPeer {
+    /// Reached through HIXL (the engine name is picked per request from the descriptor).
+    Hixl,
+    /// Reached through direct HCCL, by this peer state.
+    Hccl(Arc<Peer>),
 }
 
 /// Which backends run on this side, and why the others do not.
@@ -1140,24 +1148,39 @@ impl Transport for HcclTransport {
         Some(Ok(unsafe { HostAllocation::new(addr, len, "aclrtMallocHost", free) }))
     }
 
+    /// Decides, once per descriptor, which backend reaches the peer (logged with why), and for
+    /// direct HCCL finds or starts its peer state.
+    async fn open(&self, target: &SegmentDescriptor) -> Result<PeerHandle> {
+        if self.shared.is_stopped() {
+            return Err(Error::new(ErrorKind::Shutdown, "ascend transport stopped"));
+        }
+        let (backend, why) = self.shared.backends.for_peer(target).map_err(Error::invalid)?;
+        tracing::info!(segment = %target.name, %backend, "ascend transport: peer reached via {backend}: {why}");
+        Ok(Arc::new(match backend {
+            PeerBackend::Hixl => OpenedPeer::Hixl,
+            PeerBackend::Hccl => OpenedPeer::Hccl(self.shared.peer(&target.name)?),
+        }))
+    }
+
     fn submit(&self, target: &Arc<OpenSegment>, submission: Submission) {
-        let backend = match self.shared.backends.for_peer(target.descriptor()) {
-            Ok((b, _)) => b,
-            Err(why) => return submission.fail_all(&Error::invalid(why)),
+        let opened = match target.peer::<OpenedPeer>() {
+            Ok(p) => p,
+            Err(e) => return submission.fail_all(&e),
         };
         if self.shared.is_stopped() {
             return submission.fail_all(&Error::new(ErrorKind::Shutdown, "ascend transport stopped"));
         }
-        #[cfg(feature = "hixl")]
-        if backend == PeerBackend::Hixl
-            && let Some(h) = &self.shared.hixl
-        {
-            return h.submit(target, submission);
-        }
-        debug_assert_eq!(backend, PeerBackend::Hccl);
-        match self.shared.peer(target.name()) {
-            Ok(peer) => peer.enqueue(target.clone(), Pending::new(submission), self.shared.settings.timeout),
-            Err(e) => submission.fail_all(&e),
+        match opened {
+            #[cfg(feature = "hixl")]
+            OpenedPeer::Hixl => match &self.shared.hixl {
+                Some(h) => h.submit(target, submission),
+                None => submission.fail_all(&Error::new(ErrorKind::Internal, "HIXL peer without HIXL")),
+            },
+            #[cfg(not(feature = "hixl"))]
+            OpenedPeer::Hixl => submission.fail_all(&Error::new(ErrorKind::Internal, "HIXL peer without HIXL")),
+            OpenedPeer::Hccl(peer) => {
+                peer.enqueue(target.clone(), Pending::new(submission), self.shared.settings.timeout)
+            }
         }
     }
 

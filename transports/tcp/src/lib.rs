@@ -25,8 +25,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use ferry_core::{
-    Capabilities, Error, OpenSegment, Result, SegmentDescriptor, SegmentName, Submission, Transport, TransportContext,
-    TransportFactory,
+    Capabilities, Error, OpenSegment, PeerHandle, Result, SegmentDescriptor, SegmentName, Submission, Transport,
+    TransportContext, TransportFactory,
 };
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -122,8 +122,8 @@ impl TcpTransport {
         self.port
     }
 
-    fn peer(&self, target: &OpenSegment) -> Result<Arc<Peer>> {
-        let d = target.descriptor();
+    /// The peer `d` describes: its address read from the descriptor, its lanes found or started.
+    fn peer_for(&self, d: &SegmentDescriptor) -> Result<Arc<Peer>> {
         let port = d
             .tcp_data_port
             .ok_or_else(|| Error::invalid(format!("segment `{}` publishes no tcp_data_port", d.name)))?;
@@ -243,8 +243,12 @@ impl Transport for TcpTransport {
         descriptor.extra.entry("rdma_server_name").or_insert_with(|| String::new().into());
     }
 
+    async fn open(&self, target: &SegmentDescriptor) -> Result<PeerHandle> {
+        Ok(Arc::new(self.peer_for(target)?))
+    }
+
     fn submit(&self, target: &Arc<OpenSegment>, submission: Submission) {
-        let peer = match self.peer(target) {
+        let peer = match target.peer::<Arc<Peer>>() {
             Ok(p) => p,
             Err(e) => return submission.fail_all(&e),
         };
