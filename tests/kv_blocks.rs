@@ -138,10 +138,13 @@ async fn bad_block_requests_get_distinct_errors() {
         decode.submit_blocks(dl, peer, &KvLayout::uniform(&[p.addr()], 100, 64), &spec(&[0], &[50])).await.unwrap_err();
     assert_eq!(e.kind(), ErrorKind::OutOfBounds);
     assert!(e.message().contains("remote range"), "{e}");
-    let e = decode.submit_blocks(ferry::KvLayoutId(999), peer, &good, &spec(&[0], &[0])).await.unwrap_err();
-    assert_eq!(e.kind(), ErrorKind::NotFound);
+    // Ids cannot be made from integers; a binding's integer is checked.
+    assert_eq!(decode.kv_layout_id(dl.raw()).unwrap(), dl);
+    assert_eq!(decode.kv_layout_id(dl.raw() + 1000).unwrap_err().kind(), ErrorKind::NotFound);
     decode.unregister_kv_layout(dl).unwrap();
     assert_eq!(decode.unregister_kv_layout(dl).unwrap_err().kind(), ErrorKind::NotFound);
+    let e = decode.submit_blocks(dl, peer, &good, &spec(&[0], &[0])).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::NotFound, "an unregistered layout: {e}");
     assert!(d.bytes().iter().all(|&b| b == 0));
 }
 

@@ -106,7 +106,11 @@ async fn bad_requests_are_refused_before_any_byte_moves() {
     }
     assert!(dst.bytes().iter().all(|&b| b == 0), "nothing was copied");
 
-    let unknown = ferry::SegmentHandle(9999);
+    // A handle of a segment this engine closed (handles cannot be made from integers; a
+    // binding's integer is checked with `segment_handle`).
+    let unknown = decode.open_segment(decode.segment_name()).await.unwrap();
+    decode.close_segment(unknown).unwrap();
+    assert_eq!(decode.segment_handle(unknown.raw()).unwrap_err().kind(), ErrorKind::NotFound);
     assert_eq!(
         decode
             .submit(&[TransferRequest { target: unknown, ..req(dst.addr(), src.addr(), 1) }])

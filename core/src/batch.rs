@@ -2,7 +2,7 @@
 //! cancel), and the transport's [`Submission`] (the requests it was handed, each with its leased
 //! local span, which it completes exactly once — or its drop does).
 
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -21,8 +21,26 @@ pub enum Opcode {
 
 /// Handle of an opened segment (see `TransferEngine::open_segment`). Stable for the engine's
 /// lifetime, across descriptor refreshes.
+///
+/// Not made from an integer: handles come from `open_segment` (or [`fresh`](Self::fresh), for
+/// a host of its own segments), each unique in the process, so one engine's handle is never
+/// another's. Bindings that pass integers (C, Python) turn them back with
+/// `TransferEngine::segment_handle`, which checks that the segment is open.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct SegmentHandle(pub u64);
+pub struct SegmentHandle(u64);
+
+impl SegmentHandle {
+    /// A new handle, unique in this process (never 0).
+    pub fn fresh() -> Self {
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        Self(NEXT.fetch_add(1, Ordering::Relaxed))
+    }
+
+    /// Its number, for bindings that pass handles as integers.
+    pub fn raw(self) -> u64 {
+        self.0
+    }
+}
 
 /// One transfer: `length` bytes between local address `source` and the target segment's
 /// address `target_offset` (the peer's virtual address, as in Mooncake).
@@ -776,7 +794,7 @@ mod tests {
             .map(|i| TransferRequest {
                 opcode: Opcode::Read,
                 source: i as u64 * 8,
-                target: SegmentHandle(1),
+                target: SegmentHandle::fresh(),
                 target_offset: 0,
                 length: 8,
             })
@@ -870,7 +888,7 @@ mod tests {
         let r = |source, length| TransferRequest {
             opcode: Opcode::Write,
             source,
-            target: SegmentHandle(1),
+            target: SegmentHandle::fresh(),
             target_offset: 0,
             length,
         };

@@ -242,9 +242,7 @@ impl EngineBuilder {
             local_rank,
             resolvers,
             segments: RwLock::new(SegmentTable::default()),
-            next_handle: AtomicU64::new(1),
             layouts: RwLock::new(HashMap::new()),
-            next_layout: AtomicU64::new(1),
             publish_lock: tokio::sync::Mutex::new(()),
             runtime,
             owned_runtime: Mutex::new(None),
@@ -276,9 +274,18 @@ struct SegmentTable {
     by_handle: HashMap<SegmentHandle, Arc<OpenSegment>>,
 }
 
-/// Identifies a KV layout registered with [`TransferEngine::register_kv_layout`].
+/// Identifies a KV layout registered with [`TransferEngine::register_kv_layout`]. Not made from
+/// an integer (bindings turn theirs back with [`TransferEngine::kv_layout_id`], which checks it);
+/// unique in the process.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct KvLayoutId(pub u64);
+pub struct KvLayoutId(u64);
+
+impl KvLayoutId {
+    /// Its number, for bindings that pass ids as integers.
+    pub fn raw(self) -> u64 {
+        self.0
+    }
+}
 
 struct EngineInner {
     name: String,
@@ -301,9 +308,7 @@ struct EngineInner {
     resolvers: ResolverChain,
     local_rank: Option<u32>,
     segments: RwLock<SegmentTable>,
-    next_handle: AtomicU64,
     layouts: RwLock<HashMap<KvLayoutId, Arc<KvLayout>>>,
-    next_layout: AtomicU64,
     publish_lock: tokio::sync::Mutex<()>,
     runtime: tokio::runtime::Handle,
     owned_runtime: Mutex<Option<tokio::runtime::Runtime>>,
@@ -532,7 +537,7 @@ impl EngineInner {
         let handle = match table.by_name.get(name) {
             Some(h) => *h,
             None => {
-                let h = SegmentHandle(self.next_handle.fetch_add(1, Ordering::Relaxed));
+                let h = SegmentHandle::fresh();
                 table.by_name.insert(name.to_owned(), h);
                 h
             }
@@ -548,7 +553,7 @@ impl EngineInner {
             .by_handle
             .get(&handle)
             .cloned()
-            .ok_or_else(|| Error::not_found(format!("segment handle {} is not open in this engine", handle.0)))
+            .ok_or_else(|| Error::not_found(format!("segment handle {} is not open in this engine", handle.raw())))
     }
 
     /// The cached segment, refreshed first when it was marked stale.
@@ -1021,13 +1026,36 @@ impl TransferEngine {
         self.inner.cached(handle)
     }
 
+    /// The handle of an open segment numbered `raw` ([`SegmentHandle::raw`]), for bindings that
+    /// pass handles as integers: [`ErrorKind::NotFound`] unless this engine has it open.
+    pub fn segment_handle(&self, raw: u64) -> Result<SegmentHandle> {
+        let table = self.inner.segments.read().unwrap_or_else(|p| p.into_inner());
+        table
+            .by_handle
+            .keys()
+            .find(|h| h.raw() == raw)
+            .copied()
+            .ok_or_else(|| Error::not_found(format!("segment handle {raw} is not open in this engine")))
+    }
+
+    /// The id of a KV layout numbered `raw` ([`KvLayoutId::raw`]), for bindings that pass ids as
+    /// integers: [`ErrorKind::NotFound`] unless this engine has it registered.
+    pub fn kv_layout_id(&self, raw: u64) -> Result<KvLayoutId> {
+        let layouts = self.inner.layouts.read().unwrap_or_else(|p| p.into_inner());
+        layouts
+            .keys()
+            .find(|id| id.raw() == raw)
+            .copied()
+            .ok_or_else(|| Error::not_found(format!("KV layout {raw} is not registered with this engine")))
+    }
+
     /// Forgets an opened segment (its handle becomes invalid).
     pub fn close_segment(&self, handle: SegmentHandle) -> Result<()> {
         let mut table = self.inner.segments.write().unwrap_or_else(|p| p.into_inner());
         let seg = table
             .by_handle
             .remove(&handle)
-            .ok_or_else(|| Error::not_found(format!("segment handle {} is not open", handle.0)))?;
+            .ok_or_else(|| Error::not_found(format!("segment handle {} is not open", handle.raw())))?;
         table.by_name.remove(seg.name());
         Ok(())
     }
@@ -1148,7 +1176,8 @@ impl TransferEngine {
                 )
             })?;
         }
-        let id = KvLayoutId(self.inner.next_layout.fetch_add(1, Ordering::Relaxed));
+        static NEXT_LAYOUT: AtomicU64 = AtomicU64::new(1);
+        let id = KvLayoutId(NEXT_LAYOUT.fetch_add(1, Ordering::Relaxed));
         self.inner.layouts.write().unwrap_or_else(|p| p.into_inner()).insert(id, Arc::new(layout));
         Ok(id)
     }

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use ferry::{Batch, BlockBatch, ErrorKind, Opcode, RequestStatus, SegmentHandle, TransferRequest};
+use ferry::{Batch, BlockBatch, ErrorKind, Opcode, RequestStatus, TransferRequest};
 use ferry_abi::{
     FERRY_E_CANCELLED, FERRY_OK, FERRY_OPCODE_READ, FERRY_OPCODE_WRITE, FERRY_STATE_CANCELLED, FERRY_STATE_COMPLETED,
     FERRY_STATE_FAILED, FERRY_STATE_PENDING, FerryTransferRequest, FerryTransferStatus,
@@ -42,8 +42,9 @@ pub(crate) fn opcode(value: u32, what: &str) -> CResult<Opcode> {
     }
 }
 
-/// Converts the C requests (bounds are checked by the engine at submit).
-fn requests(requests: &[FerryTransferRequest]) -> CResult<Vec<TransferRequest>> {
+/// Converts the C requests (bounds are checked by the engine at submit; each integer target
+/// must be a segment `e` has open).
+fn requests(e: &ferry::TransferEngine, requests: &[FerryTransferRequest]) -> CResult<Vec<TransferRequest>> {
     requests
         .iter()
         .enumerate()
@@ -54,7 +55,9 @@ fn requests(requests: &[FerryTransferRequest]) -> CResult<Vec<TransferRequest>> 
             Ok(TransferRequest {
                 opcode: opcode(r.opcode, &format!("request {i}: opcode"))?,
                 source: r.local_addr,
-                target: SegmentHandle(r.target),
+                target: e
+                    .segment_handle(r.target)
+                    .map_err(|err| err.context(format!("request {i}: {}", err.message())))?,
                 target_offset: r.remote_addr,
                 length: r.length,
             })
@@ -66,12 +69,16 @@ fn requests(requests: &[FerryTransferRequest]) -> CResult<Vec<TransferRequest>> 
 ///
 /// # Safety
 /// As for `ferry_submit`'s `requests`.
-unsafe fn request_args(ptr: *const FerryTransferRequest, count: usize) -> CResult<Vec<TransferRequest>> {
+unsafe fn request_args(
+    e: &ferry::TransferEngine,
+    ptr: *const FerryTransferRequest,
+    count: usize,
+) -> CResult<Vec<TransferRequest>> {
     if count == 0 {
         return Err(invalid("`count` is 0: a batch needs at least one request"));
     }
     // SAFETY: the caller's contract: `ptr` points to `count` requests.
-    requests(unsafe { slice_arg(ptr, count, "requests") }?)
+    requests(e, unsafe { slice_arg(ptr, count, "requests") }?)
 }
 
 fn wait_timeout(timeout_ms: u64, default: Duration) -> Duration {
@@ -103,11 +110,11 @@ pub unsafe extern "C" fn ferry_submit(
     out: *mut FerryBatch,
 ) -> i32 {
     guard("ferry_submit", || {
+        let e = self::engine(engine)?;
         // SAFETY: the caller promises `requests` holds `count` requests (this function's contract).
-        let reqs = unsafe { request_args(requests, count) }?;
+        let reqs = unsafe { request_args(&e, requests, count) }?;
         // SAFETY: the caller promises `out` is valid for one write (this function's contract).
         let out = unsafe { Out::new(out, "out") }?;
-        let e = self::engine(engine)?;
         let batch = e.submit_blocking(&reqs)?;
         out.write(insert(batch, e.transfer_timeout(), None)?);
         Ok(())
@@ -308,9 +315,9 @@ pub unsafe extern "C" fn ferry_transfer_sync(
     timeout_ms: u64,
 ) -> i32 {
     guard("ferry_transfer_sync", || {
-        // SAFETY: the caller promises `requests` holds `count` requests (this function's contract).
-        let reqs = unsafe { request_args(requests, count) }?;
         let e = self::engine(engine)?;
+        // SAFETY: the caller promises `requests` holds `count` requests (this function's contract).
+        let reqs = unsafe { request_args(&e, requests, count) }?;
         let batch = e.submit_blocking(&reqs)?;
         let outcome = batch.wait_ok_blocking(wait_timeout(timeout_ms, e.transfer_timeout()));
         if outcome.as_ref().is_err_and(|err| err.kind() == ErrorKind::Timeout) {

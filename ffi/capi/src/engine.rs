@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::ffi::c_char;
 use std::sync::Mutex;
 
-use ferry::{Config, Error, ErrorKind, HostAllocation, Location, SegmentHandle, TransferEngine};
+use ferry::{Config, Error, ErrorKind, HostAllocation, Location, TransferEngine};
 
 use crate::FerryEngine;
 use crate::errors::{CResult, Out, OutArray, copy_str, guard, invalid, opt_str_arg, str_arg};
@@ -361,7 +361,7 @@ pub unsafe extern "C" fn ferry_open_segment(engine: FerryEngine, name: *const c_
             return Err(invalid("`name` is empty"));
         }
         let e = self::engine(engine)?;
-        out.write(e.open_segment_blocking(name)?.0);
+        out.write(e.open_segment_blocking(name)?.raw());
         Ok(())
     })
 }
@@ -372,7 +372,8 @@ pub unsafe extern "C" fn ferry_open_segment(engine: FerryEngine, name: *const c_
 pub extern "C" fn ferry_close_segment(engine: FerryEngine, segment: u64) -> i32 {
     guard("ferry_close_segment", || {
         let e = self::engine(engine)?;
-        e.close_segment(SegmentHandle(segment))
+        e.segment_handle(segment)
+            .and_then(|h| e.close_segment(h))
             .map_err(|err| Error::new(ErrorKind::NotFound, format!("engine `{}`: {}", e.segment_name(), err.message())))
     })
 }
@@ -410,7 +411,7 @@ pub unsafe extern "C" fn ferry_segment_buffers(
         let (addr_out, len_out) =
             unsafe { (OutArray::new(addrs, cap, "addrs")?, OutArray::new(lengths, cap, "lengths")?) };
         let e = self::engine(engine)?;
-        let seg = e.segment(SegmentHandle(segment))?;
+        let seg = e.segment(e.segment_handle(segment)?)?;
         // The engine's own segment is answered from its live registrations, not from the copy
         // fetched when it was opened.
         let own = (seg.name() == e.segment_name()).then(|| e.local_descriptor());

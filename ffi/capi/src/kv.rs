@@ -1,6 +1,6 @@
 //! The KV-block API: register a KV cache layout once, then move selected blocks.
 
-use ferry::{BlockTransfer, KvLayout, KvLayoutId, SegmentHandle};
+use ferry::{BlockTransfer, KvLayout};
 
 use crate::batch::insert;
 use crate::engine::engine;
@@ -38,7 +38,7 @@ pub unsafe extern "C" fn ferry_kv_layout_register(
             return Err(invalid("`base_count` is 0: a KV layout needs at least one region"));
         }
         let e = self::engine(engine)?;
-        out.write(e.register_kv_layout(KvLayout::uniform(bases, block_count, block_len))?.0);
+        out.write(e.register_kv_layout(KvLayout::uniform(bases, block_count, block_len))?.raw());
         Ok(())
     })
 }
@@ -47,7 +47,10 @@ pub unsafe extern "C" fn ferry_kv_layout_register(
 /// (`FERRY_E_NOT_FOUND` when it is not registered).
 #[unsafe(no_mangle)]
 pub extern "C" fn ferry_kv_layout_unregister(engine: FerryEngine, layout: u64) -> i32 {
-    guard("ferry_kv_layout_unregister", || self::engine(engine)?.unregister_kv_layout(KvLayoutId(layout)))
+    guard("ferry_kv_layout_unregister", || {
+        let e = self::engine(engine)?;
+        e.unregister_kv_layout(e.kv_layout_id(layout)?)
+    })
 }
 
 /// Moves selected blocks between the local layout `local_layout` and the peer's layout in
@@ -112,7 +115,8 @@ pub unsafe extern "C" fn ferry_kv_submit_blocks(
         };
         let remote = KvLayout::uniform(remote_bases, remote_block_count, remote_block_len);
         let e = self::engine(engine)?;
-        let blocks = e.submit_blocks_blocking(KvLayoutId(local_layout), SegmentHandle(segment), &remote, &spec)?;
+        let (local, target) = (e.kv_layout_id(local_layout)?, e.segment_handle(segment)?);
+        let blocks = e.submit_blocks_blocking(local, target, &remote, &spec)?;
         out.write(insert(blocks.batch().clone(), e.transfer_timeout(), Some(blocks))?);
         Ok(())
     })

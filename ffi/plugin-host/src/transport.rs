@@ -419,7 +419,7 @@ impl PluginTransport {
                         Opcode::Write => FERRY_OPCODE_WRITE,
                     },
                     flags: 0,
-                    target: r.target.0,
+                    target: r.target.raw(),
                     local_addr: r.source,
                     remote_addr: r.target_offset,
                     length: r.length,

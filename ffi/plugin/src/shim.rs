@@ -66,7 +66,6 @@ pub(crate) struct Instance {
     /// The plugin-side mirror of the host's registrations.
     memory: Arc<MemoryRegistry>,
     config: Arc<Config>,
-    next_target: AtomicU64,
     shut_down: AtomicBool,
     runtime_id: u64,
     /// Declared last: dropped after the transport.
@@ -426,7 +425,6 @@ pub(crate) unsafe extern "C" fn create<P: PluginDefinition>(
             transport,
             memory,
             config,
-            next_target: AtomicU64::new(1),
             shut_down: AtomicBool::new(false),
             runtime_id,
             runtime,
@@ -626,7 +624,7 @@ pub(crate) unsafe extern "C" fn open_target(
                 ),
             ));
         }
-        let handle = SegmentHandle(inst.next_target.fetch_add(1, Ordering::Relaxed));
+        let handle = SegmentHandle::fresh();
         // The transport opens the peer once, here (its error is kept for the target's submits).
         let (transport, opened) = (inst.transport.clone(), desc.clone());
         let peer = inst.block_on(async move { transport.open(&opened).await })?;
