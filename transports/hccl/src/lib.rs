@@ -154,10 +154,10 @@ impl Backends {
             ));
         }
         if has_hccl && self.hccl.is_ok() {
-            let why_not_hixl = match (&self.hixl, has_endpoints) {
-                (_, false) => "it publishes no HIXL endpoint".to_owned(),
-                (Err(why), true) => format!("HIXL does not run here: {why}"),
-                (Ok(_), true) => unreachable!("handled above"),
+            // (A peer with endpoints while HIXL runs was taken above.)
+            let why_not_hixl = match &self.hixl {
+                Err(why) if has_endpoints => format!("HIXL does not run here: {why}"),
+                _ => "it publishes no HIXL endpoint".to_owned(),
             };
             return Ok((
                 PeerBackend::Hccl,
