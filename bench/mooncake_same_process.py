@@ -2,7 +2,7 @@
 """Measure Mooncake Transfer Engine (PyPI wheel) moving data between two engines of one process.
 
 This is the job Ferry's `local` transport does by memcpy; Mooncake has no same-process path, so
-its engines talk TCP over loopback (its issue 20). Prints one JSON object:
+its engines talk TCP over loopback. Prints one JSON object:
   {"overhead_4KiB_x128_req_per_s": ..., "bandwidth_1MiB_gb_per_s": ..., "bandwidth_64MiB_gb_per_s": ...}
 
 Usage: python bench/mooncake_same_process.py [--seconds N]

@@ -1,5 +1,5 @@
 //! Two engines with the `ascend` transport in one process, on emulated cards 4 and 5, against
-//! the rules of real CANN the emulator enforces (issue 11, section 2): communicator init and
+//! the rules of real CANN the emulator enforces: communicator init and
 //! destroy never overlap, memory registered after a communicator was prepared is reached
 //! without a failed attempt, a failed build leaves nothing bound, location `*` is asked of the
 //! runtime, host memory HCCL cannot register is refused at once with what to do, one range

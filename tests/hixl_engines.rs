@@ -1,4 +1,4 @@
-//! The `ascend` transport's HIXL backend (issue 17), engine to engine on the emulated CANN and
+//! The `ascend` transport's HIXL backend, engine to engine on the emulated CANN and
 //! emulated HIXL (`ffi/cann-emu`, one library also serving as `libllm_datadist.so`,
 //! `libcann_hixl.so` and `libmetadef.so`): both engines publish Mooncake `ascend_direct`'s
 //! descriptor (`rank_info.hostIp`, `rank_info.endpoints`, per-buffer `device_id`) and move

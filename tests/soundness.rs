@@ -1,5 +1,5 @@
 //! Safe code must not be able to make a transport touch memory after the caller may free it
-//! (issue 13, section 1).
+//! (the caller-facing batch cannot release what a transport holds).
 //!
 //! A batch's local memory stays leased until its transport released every request; only then
 //! may the region be unregistered (and freed). The caller-facing batch can be waited on, polled

@@ -2,7 +2,7 @@
 //!
 //! This crate builds `libferry_cann_emu.so`, a shared library that exports the ACL runtime
 //! (`libascendcl.so`) and HCCL (`libhccl.so`) C symbols Ferry binds at run time, with exactly
-//! the prototypes of `shared/reference/ascend-cann.md`, and an emulated HIXL: the C++ entry
+//! the prototypes of CANN's public headers (see `docs/ascend.md`), and an emulated HIXL: the C++ entry
 //! points of `adxl::AdxlEngine` (`libllm_datadist.so`), `hixl::Hixl` (`libcann_hixl.so`) and
 //! `ge::AscendString` (`libmetadef.so`), see [`hixl`]. It emulates N Ascend devices in host
 //! memory and runs HCCL between processes over loopback TCP, so Ferry's HCCL transport can be

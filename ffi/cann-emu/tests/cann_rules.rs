@@ -1,4 +1,4 @@
-//! The rules of real CANN the emulator enforces (issue 11, section 1), one test each. Every
+//! The rules of real CANN the emulator enforces, one test each. Every
 //! rule cites its public source in `docs/ascend.md` ("What the emulated CANN enforces").
 //!
 //! Two-rank cases run both ranks in one child process, on two threads bound to two emulated

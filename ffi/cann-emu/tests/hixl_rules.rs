@@ -1,4 +1,4 @@
-//! The rules of HIXL/ADXL the emulated HIXL enforces (issue 17, section 3), one test each, and
+//! The rules of HIXL/ADXL the emulated HIXL enforces, one test each, and
 //! transfers between two processes with every byte checked. Every rule cites its HIXL source in
 //! `docs/ascend.md` ("What the emulated HIXL enforces, and its sources") and beside the code.
 //!

@@ -1,5 +1,5 @@
 """Ferry's ``ascend`` transport and Mooncake's ``ascend_direct``, judged by the real Mooncake NPU
-wheel (issue 17), on Ferry's emulated CANN and emulated HIXL.
+wheel, on Ferry's emulated CANN and emulated HIXL.
 
 **What this proves and what it does not.** Both sides of every transfer here use the emulated
 HIXL (``ffi/cann-emu``) between them, so these tests prove Ferry's use of HIXL's API and of
@@ -483,7 +483,7 @@ def test_a_mooncake_pull_from_a_dead_prefill_fails_and_leaves_the_cache_alone(in
 
 
 def check_ferry_descriptor(peer: Peer, base_port: int, device: int) -> None:
-    """Ferry publishes what a Mooncake ``ascend_direct`` initiator needs (issue 17, "Mooncake's
+    """Ferry publishes what a Mooncake ``ascend_direct`` initiator needs ("Mooncake's
     descriptor shape"): ``rank_info.hostIp``, ``rank_info.endpoints`` (its HIXL engine's
     ``ip:port``, on Mooncake's port scheme) and each buffer's ``device_id`` (what Mooncake
     publishes: the registering thread's ``aclrtGetDevice``)."""

@@ -1,4 +1,4 @@
-"""``scripts/ascend-smoke.sh`` in emulator mode (issue 11, section 5): the script an Atlas owner
+"""``scripts/ascend-smoke.sh`` in emulator mode: the script an Atlas owner
 runs must work end to end before it reaches one. It runs ``ferry doctor`` for both cards, a data
 check (``examples/ascend_peer``) and a throughput run (``ferry bench --device=npu:0``) in both
 directions on the emulated CANN, and ends with exactly one verdict line.

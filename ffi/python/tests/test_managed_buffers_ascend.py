@@ -1,4 +1,4 @@
-"""Managed buffers of ``ascend`` engines on Ferry's emulated CANN (issue 11, section 2 item 8).
+"""Managed buffers of ``ascend`` engines on Ferry's emulated CANN.
 
 HCCL can only register host memory that came from ``aclrtMallocHost`` (docs/ascend.md, "What
 the emulated CANN enforces", rule 5), so ``allocate_managed_buffer`` of an ``ascend`` engine

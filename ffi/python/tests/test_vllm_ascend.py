@@ -1,4 +1,4 @@
-"""The vllm-ascend case, end to end, on Ferry's emulated CANN (issue 11, section 4).
+"""The vllm-ascend case, end to end, on Ferry's emulated CANN.
 
 Two processes behave like vllm-ascend workers (``peers/vllm_ascend_worker.py``): each is given
 one card by ``ASCEND_RT_VISIBLE_DEVICES`` alone (no ``LOCAL_RANK``, no Ferry identity variable,

@@ -2,7 +2,7 @@
 //!
 //! The `local` transport: moves bytes by memcpy between engines that live in the same process,
 //! and from an engine to its own segment. Mooncake's TCP path sends such transfers through a
-//! socket (its issue 20); Ferry takes this shortcut instead.
+//! socket; Ferry takes this shortcut instead.
 //!
 //! It is installed as a *companion*: beside whatever protocol an engine is configured with, it
 //! is tried first and serves every segment whose publisher is a live engine of this process
