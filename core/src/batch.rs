@@ -40,6 +40,11 @@ impl SegmentHandle {
     pub fn raw(self) -> u64 {
         self.0
     }
+
+    /// The handle numbered `raw`, for the engine's checked lookup (never handed out unchecked).
+    pub(crate) fn from_raw(raw: u64) -> Self {
+        Self(raw)
+    }
 }
 
 /// One transfer: `length` bytes between local address `source` and the target segment's
@@ -506,7 +511,7 @@ impl Batch {
         let core = BatchCore::new(validated, held, segments);
         let n =
             u32::try_from(requests.len()).map_err(|_| (0, Error::invalid("more than 2^32 requests in one batch")))?;
-        let submission = Submission { core: core.clone(), indices: (0..n).collect() };
+        let submission = Submission::new(core.clone(), (0..n).collect());
         Ok((Batch { core }, submission))
     }
 
@@ -630,23 +635,38 @@ impl Batch {
 #[derive(Debug)]
 pub struct Submission {
     core: Arc<BatchCore>,
+    /// The batch indices it holds are `indices[done..]`: completing them in order (what most
+    /// transports do) only moves `done`, so a large submission completes in linear time.
     indices: Vec<u32>,
+    done: usize,
 }
 
 impl Submission {
+    fn new(core: Arc<BatchCore>, indices: Vec<u32>) -> Self {
+        Self { core, indices, done: 0 }
+    }
+
+    /// Takes the indices it still holds out of it (it then holds none).
+    fn take_held(&mut self) -> Vec<u32> {
+        let held = self.indices.split_off(self.done);
+        self.indices.clear();
+        self.done = 0;
+        held
+    }
+
     /// The batch indices it holds, in order.
     pub fn indices(&self) -> &[u32] {
-        &self.indices
+        &self.indices[self.done..]
     }
 
     /// How many requests it holds.
     pub fn len(&self) -> usize {
-        self.indices.len()
+        self.indices().len()
     }
 
     /// True when it holds none.
     pub fn is_empty(&self) -> bool {
-        self.indices.is_empty()
+        self.indices().is_empty()
     }
 
     /// Request `i` of its batch. `i` is an index this submission holds (or held): any other
@@ -657,7 +677,13 @@ impl Submission {
 
     /// The requests it holds, with their indices.
     pub fn requests(&self) -> impl Iterator<Item = (u32, &ValidatedRequest)> + '_ {
-        self.indices.iter().map(|&i| (i, &self.core.requests[i as usize]))
+        self.indices().iter().map(|&i| (i, &self.core.requests[i as usize]))
+    }
+
+    /// True while request `i` of its batch is not released (by this submission or another of
+    /// the same batch): its local memory is leased. False for an index outside the batch.
+    pub fn is_leased(&self, i: u32) -> bool {
+        (i as usize) < self.core.len() && !self.core.is_released(i as usize)
     }
 
     /// True once the caller cancelled the batch: check before starting a request.
@@ -673,33 +699,35 @@ impl Submission {
     /// Completes request `i` with `outcome` and releases it (its memory is touched no more).
     /// An index this submission does not hold is ignored (logged): it was completed already.
     pub fn complete(&mut self, i: u32, outcome: Result<()>) {
-        match self.indices.iter().position(|&j| j == i) {
-            Some(pos) => {
-                self.indices.remove(pos);
-                self.core.complete(i as usize, outcome);
-            }
-            None => tracing::error!(index = i, "a transport completed a request it does not hold"),
+        if self.indices.get(self.done) == Some(&i) {
+            self.done += 1;
+        } else if let Some(pos) = self.indices().iter().position(|&j| j == i) {
+            self.indices.remove(self.done + pos);
+        } else {
+            tracing::error!(index = i, "a transport completed a request it does not hold");
+            return;
         }
+        self.core.complete(i as usize, outcome);
     }
 
     /// Shows `outcome` to the caller for request `i` without releasing it (the transport may
     /// still touch its memory and completes it later).
     pub fn report(&self, i: u32, outcome: Result<()>) {
-        if self.indices.contains(&i) {
+        if self.indices().contains(&i) {
             self.core.report_outcome(i as usize, outcome);
         }
     }
 
     /// [`report`](Self::report)s `error` for every request it holds.
     pub fn report_all(&self, error: &Error) {
-        for &i in &self.indices {
+        for &i in self.indices() {
             self.core.report_outcome(i as usize, Err(error.duplicate()));
         }
     }
 
     /// Completes (and releases) every request it holds with a copy of `outcome`.
     pub fn complete_all(mut self, outcome: &Result<()>) {
-        for i in std::mem::take(&mut self.indices) {
+        for i in self.take_held() {
             let o = match outcome {
                 Ok(()) => Ok(()),
                 Err(e) => Err(e.duplicate()),
@@ -726,25 +754,25 @@ impl Submission {
 
     /// Splits off the first `n` requests it holds (all of them when it holds fewer).
     pub fn split_front(&mut self, n: usize) -> Submission {
-        let n = n.min(self.indices.len());
-        let rest = self.indices.split_off(n);
-        let front = std::mem::replace(&mut self.indices, rest);
-        Submission { core: self.core.clone(), indices: front }
+        let mut held = self.take_held();
+        let n = n.min(held.len());
+        self.indices = held.split_off(n);
+        Submission::new(self.core.clone(), held)
     }
 
     /// Moves the requests it holds for which `pick` is true into a new submission (order kept).
     pub fn take(&mut self, mut pick: impl FnMut(u32, &ValidatedRequest) -> bool) -> Submission {
         let core = self.core.clone();
         let (taken, kept): (Vec<u32>, Vec<u32>) =
-            std::mem::take(&mut self.indices).into_iter().partition(|&i| pick(i, &core.requests[i as usize]));
+            self.take_held().into_iter().partition(|&i| pick(i, &core.requests[i as usize]));
         self.indices = kept;
-        Submission { core, indices: taken }
+        Submission::new(core, taken)
     }
 
     /// One submission per request it holds, in order.
     pub fn into_each(mut self) -> impl Iterator<Item = Submission> {
         let core = self.core.clone();
-        std::mem::take(&mut self.indices).into_iter().map(move |i| Submission { core: core.clone(), indices: vec![i] })
+        self.take_held().into_iter().map(move |i| Submission::new(core.clone(), vec![i]))
     }
 
     /// Takes over what `other` holds (it must be of the same batch; otherwise `other` keeps
@@ -753,7 +781,9 @@ impl Submission {
         if !Arc::ptr_eq(&self.core, &other.core) {
             return Err(other);
         }
-        self.indices.append(&mut other.indices);
+        let mut held = self.take_held();
+        held.append(&mut other.take_held());
+        self.indices = held;
         Ok(())
     }
 
@@ -765,15 +795,15 @@ impl Submission {
 
 impl Drop for Submission {
     fn drop(&mut self) {
-        if self.indices.is_empty() {
+        if self.is_empty() {
             return;
         }
-        tracing::error!(count = self.indices.len(), "a transport dropped requests without an outcome");
+        tracing::error!(count = self.len(), "a transport dropped requests without an outcome");
         let e = Error::new(
             ErrorKind::Internal,
             "the transport lost track of this request (it was dropped without an outcome)",
         );
-        for i in std::mem::take(&mut self.indices) {
+        for i in self.take_held() {
             self.core.complete(i as usize, Err(e.duplicate()));
         }
     }
@@ -860,6 +890,23 @@ mod tests {
         assert!(b.all_released());
         assert_eq!(reg.leases(), 0);
         assert_eq!(b.request_status(2), Some(RequestStatus::Failed(ErrorKind::Timeout)), "the first outcome stays");
+    }
+
+    #[test]
+    fn completing_in_any_order_keeps_the_rest_held_in_order() {
+        let (reg, b, mut s) = batch(5);
+        assert!(s.is_leased(0) && !s.is_leased(9));
+        s.complete(0, Ok(()));
+        s.complete(3, Ok(()));
+        s.complete(1, Ok(()));
+        assert_eq!(s.indices(), &[2, 4]);
+        assert!(!s.is_leased(0) && s.is_leased(2));
+        let front = s.split_front(1);
+        assert_eq!((front.indices(), s.indices()), (&[2u32][..], &[4u32][..]));
+        drop(front);
+        s.complete(4, Ok(()));
+        assert!(s.is_empty() && b.all_released());
+        assert_eq!(reg.leases(), 0);
     }
 
     #[test]

@@ -1029,24 +1029,24 @@ impl TransferEngine {
     /// The handle of an open segment numbered `raw` ([`SegmentHandle::raw`]), for bindings that
     /// pass handles as integers: [`ErrorKind::NotFound`] unless this engine has it open.
     pub fn segment_handle(&self, raw: u64) -> Result<SegmentHandle> {
+        let handle = SegmentHandle::from_raw(raw);
         let table = self.inner.segments.read().unwrap_or_else(|p| p.into_inner());
-        table
-            .by_handle
-            .keys()
-            .find(|h| h.raw() == raw)
-            .copied()
-            .ok_or_else(|| Error::not_found(format!("segment handle {raw} is not open in this engine")))
+        if table.by_handle.contains_key(&handle) {
+            Ok(handle)
+        } else {
+            Err(Error::not_found(format!("segment handle {raw} is not open in this engine")))
+        }
     }
 
     /// The id of a KV layout numbered `raw` ([`KvLayoutId::raw`]), for bindings that pass ids as
     /// integers: [`ErrorKind::NotFound`] unless this engine has it registered.
     pub fn kv_layout_id(&self, raw: u64) -> Result<KvLayoutId> {
-        let layouts = self.inner.layouts.read().unwrap_or_else(|p| p.into_inner());
-        layouts
-            .keys()
-            .find(|id| id.raw() == raw)
-            .copied()
-            .ok_or_else(|| Error::not_found(format!("KV layout {raw} is not registered with this engine")))
+        let id = KvLayoutId(raw);
+        if self.inner.layouts.read().unwrap_or_else(|p| p.into_inner()).contains_key(&id) {
+            Ok(id)
+        } else {
+            Err(Error::not_found(format!("KV layout {raw} is not registered with this engine")))
+        }
     }
 
     /// Forgets an opened segment (its handle becomes invalid).

@@ -45,6 +45,8 @@ pub(crate) fn opcode(value: u32, what: &str) -> CResult<Opcode> {
 /// Converts the C requests (bounds are checked by the engine at submit; each integer target
 /// must be a segment `e` has open).
 fn requests(e: &ferry::TransferEngine, requests: &[FerryTransferRequest]) -> CResult<Vec<TransferRequest>> {
+    // The last target checked (a batch usually names one): one lookup per change of target.
+    let mut last: Option<(u64, ferry::SegmentHandle)> = None;
     requests
         .iter()
         .enumerate()
@@ -52,15 +54,18 @@ fn requests(e: &ferry::TransferEngine, requests: &[FerryTransferRequest]) -> CRe
             if r.flags != 0 {
                 return Err(invalid(format!("request {i}: flags is {}, but it is reserved and must be 0", r.flags)));
             }
-            Ok(TransferRequest {
-                opcode: opcode(r.opcode, &format!("request {i}: opcode"))?,
-                source: r.local_addr,
-                target: e
-                    .segment_handle(r.target)
-                    .map_err(|err| err.context(format!("request {i}: {}", err.message())))?,
-                target_offset: r.remote_addr,
-                length: r.length,
-            })
+            let opcode = opcode(r.opcode, &format!("request {i}: opcode"))?;
+            let target = match last {
+                Some((raw, h)) if raw == r.target => h,
+                _ => {
+                    let h = e
+                        .segment_handle(r.target)
+                        .map_err(|err| err.context(format!("request {i}: {}", err.message())))?;
+                    last = Some((r.target, h));
+                    h
+                }
+            };
+            Ok(TransferRequest { opcode, source: r.local_addr, target, target_offset: r.remote_addr, length: r.length })
         })
         .collect()
 }

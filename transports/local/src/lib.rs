@@ -94,9 +94,9 @@ pub fn copy_request(
     i: u32,
     transport: &str,
 ) -> Result<()> {
-    // Only a request the submission still holds has its local memory leased.
-    if !submission.indices().contains(&i) {
-        return Err(Error::new(ErrorKind::Internal, format!("request {i} is not held by this submission")));
+    // Only a request not released yet has its local memory leased.
+    if !submission.is_leased(i) {
+        return Err(Error::new(ErrorKind::Internal, format!("request {i} was released already")));
     }
     let v = submission.request(i);
     let r = &v.request;
