@@ -128,6 +128,25 @@ fn device_region(lib: &Arc<Library>, card: u32, seed: u8) -> (Device, DeviceBuff
     (dev, buf)
 }
 
+/// Engines speaking `protocols` on cards 4 (`a`) and 5 (`b`), each with one device region of
+/// [`REGION`] bytes registered: `ma` filled with pattern 1, `mb` with pattern 2.
+struct Pair {
+    a: TransferEngine,
+    b: TransferEngine,
+    ma: DeviceBuffer,
+    mb: DeviceBuffer,
+    _devices: (Device, Device),
+}
+
+fn pair(rt: &tokio::runtime::Runtime, lib: &Arc<Library>, protocols: [&str; 2]) -> Pair {
+    let (a, b) = (engine(rt, protocols[0], 4), engine(rt, protocols[1], 5));
+    let (da, ma) = device_region(lib, 4, 1);
+    let (db, mb) = device_region(lib, 5, 2);
+    register(rt, &a, &ma, 4);
+    register(rt, &b, &mb, 5);
+    Pair { a, b, ma, mb, _devices: (da, db) }
+}
+
 fn register(rt: &tokio::runtime::Runtime, engine: &TransferEngine, buf: &DeviceBuffer, card: u32) {
     // SAFETY: every region registered by these tests stays allocated until its engine shut down
     // (the buffers are dropped at the end of each test, after `shutdown`).
@@ -170,11 +189,7 @@ fn engines_with_hixl_publish_endpoints_and_move_memory_through_it() {
     }
     let rt = runtime();
     let lib = Library::load().unwrap();
-    let (a, b) = (engine(&rt, "ascend", 4), engine(&rt, "ascend", 5));
-    let (_da, ma) = device_region(&lib, 4, 1);
-    let (_db, mb) = device_region(&lib, 5, 2);
-    register(&rt, &a, &ma, 4);
-    register(&rt, &b, &mb, 5);
+    let Pair { a, b, ma, mb, _devices } = pair(&rt, &lib, ["ascend", "ascend"]);
 
     let d = b.local_descriptor();
     let r = d.rank_info.as_ref().expect("rank_info");
@@ -211,11 +226,7 @@ fn memory_registered_after_a_link_is_reached_after_one_refresh() {
     }
     let rt = runtime();
     let lib = Library::load().unwrap();
-    let (a, b) = (engine(&rt, "ascend", 4), engine(&rt, "ascend", 5));
-    let (_da, ma) = device_region(&lib, 4, 1);
-    let (_db, mb) = device_region(&lib, 5, 2);
-    register(&rt, &a, &ma, 4);
-    register(&rt, &b, &mb, 5);
+    let Pair { a, b, ma, mb, _devices } = pair(&rt, &lib, ["ascend", "ascend"]);
     transfer(&rt, &a, &b, Opcode::Read, ma.addr(), mb.addr(), 4096).unwrap();
     let connects = stats().hixl_connects;
 
@@ -249,11 +260,7 @@ fn unregistering_disconnects_first() {
     }
     let rt = runtime();
     let lib = Library::load().unwrap();
-    let (a, b) = (engine(&rt, "ascend", 4), engine(&rt, "ascend", 5));
-    let (_da, ma) = device_region(&lib, 4, 1);
-    let (_db, mb) = device_region(&lib, 5, 2);
-    register(&rt, &a, &ma, 4);
-    register(&rt, &b, &mb, 5);
+    let Pair { a, b, ma, mb, _devices } = pair(&rt, &lib, ["ascend", "ascend"]);
     transfer(&rt, &a, &b, Opcode::Read, ma.addr(), mb.addr(), 4096).unwrap();
     rt.block_on(a.unregister_memory(ma.addr())).unwrap_or_else(|e| panic!("unregistering on a: {e}"));
     register(&rt, &a, &ma, 4);
@@ -285,11 +292,7 @@ fn a_stalled_peer_fails_at_the_transfer_timeout() {
     }
     let rt = runtime();
     let lib = Library::load().unwrap();
-    let (a, b) = (engine(&rt, "ascend", 4), engine(&rt, "ascend", 5));
-    let (_da, ma) = device_region(&lib, 4, 1);
-    let (_db, mb) = device_region(&lib, 5, 2);
-    register(&rt, &a, &ma, 4);
-    register(&rt, &b, &mb, 5);
+    let Pair { a, b, ma, mb, _devices } = pair(&rt, &lib, ["ascend", "ascend"]);
     let start = Instant::now();
     let e = transfer(&rt, &a, &b, Opcode::Read, ma.addr(), mb.addr(), 4096).unwrap_err();
     let took = start.elapsed();
@@ -319,11 +322,7 @@ fn without_hixl_the_node_falls_back_to_direct_hccl() {
     }
     let rt = runtime();
     let lib = Library::load().unwrap();
-    let (a, b) = (engine(&rt, "ascend", 4), engine(&rt, "ascend", 5));
-    let (_da, ma) = device_region(&lib, 4, 1);
-    let (_db, mb) = device_region(&lib, 5, 2);
-    register(&rt, &a, &ma, 4);
-    register(&rt, &b, &mb, 5);
+    let Pair { a, b, ma, mb, _devices } = pair(&rt, &lib, ["ascend", "ascend"]);
     let d = b.local_descriptor();
     let r = d.rank_info.as_ref().unwrap();
     assert!(r.endpoints.is_empty(), "no HIXL endpoint: {r:?}");
@@ -367,11 +366,7 @@ fn hixl_alone_needs_no_device_ip() {
     }
     let rt = runtime();
     let lib = Library::load().unwrap();
-    let (a, b) = (engine(&rt, "hixl", 4), engine(&rt, "ascend", 5));
-    let (_da, ma) = device_region(&lib, 4, 1);
-    let (_db, mb) = device_region(&lib, 5, 2);
-    register(&rt, &a, &ma, 4);
-    register(&rt, &b, &mb, 5);
+    let Pair { a, b, ma, mb, _devices } = pair(&rt, &lib, ["hixl", "ascend"]);
     let r = a.local_descriptor().rank_info.unwrap();
     assert_eq!((r.device_ip.as_str(), r.host_port, r.rank_id, r.device_type), ("", 0, u64::from(u32::MAX), 5), "{r:?}");
     assert_eq!(r.endpoints.len(), 1);
