@@ -151,12 +151,16 @@ fn base_port() -> u16 {
 }
 
 /// `ASCEND_CONNECT_TIMEOUT` (ms), else [`DEFAULT_CONNECT_TIMEOUT`].
+/// An invalid value is warned about and the default used, as Mooncake does.
 fn connect_timeout() -> Duration {
-    std::env::var(CONNECT_TIMEOUT_ENV)
-        .ok()
-        .and_then(|v| v.trim().parse::<u64>().ok())
-        .filter(|ms| *ms > 0)
-        .map_or(DEFAULT_CONNECT_TIMEOUT, Duration::from_millis)
+    let Ok(v) = std::env::var(CONNECT_TIMEOUT_ENV) else { return DEFAULT_CONNECT_TIMEOUT };
+    match v.trim().parse::<u64>() {
+        Ok(ms) if ms > 0 => Duration::from_millis(ms),
+        _ => {
+            tracing::warn!(value = %v, "{CONNECT_TIMEOUT_ENV} is not a positive number of milliseconds; using {DEFAULT_CONNECT_TIMEOUT:?}");
+            DEFAULT_CONNECT_TIMEOUT
+        }
+    }
 }
 
 /// The options Mooncake's `ascend_direct` passes to `Initialize`, with the key spelling of the
