@@ -210,8 +210,7 @@ fn move_blocks(
         return Ok(());
     }
     let (local, remote): (Vec<u32>, Vec<u32>) = pairs.iter().copied().unzip();
-    let spec =
-        BlockTransfer { opcode, local_blocks: &local, remote_blocks: &remote, local_slice: None, remote_slice: None };
+    let spec = BlockTransfer::new(opcode, &local, &remote);
     let batch = rt.block_on(engine.submit_blocks(local_layout, peer, peer_layout, &spec))?;
     batch
         .wait_blocking(engine.transfer_timeout())
@@ -360,13 +359,7 @@ fn run() -> anyhow::Result<()> {
         let peer = rt.block_on(engine.open_segment(&peer_name))?;
         let peer_desc = engine.segment(peer)?.descriptor().clone();
         let (remote, local): (Vec<u32>, Vec<u32>) = args.read.iter().copied().unzip();
-        let spec = BlockTransfer {
-            opcode: Opcode::Read,
-            local_blocks: &local,
-            remote_blocks: &remote,
-            local_slice: None,
-            remote_slice: None,
-        };
+        let spec = BlockTransfer::read(&local, &remote);
         let started = Instant::now();
         let mut read_ok = true;
         if args.expect_timeout {
@@ -426,13 +419,7 @@ fn run() -> anyhow::Result<()> {
                 bail!("the read succeeded but a failure was expected");
             }
             let (wl, wr): (Vec<u32>, Vec<u32>) = args.write.iter().copied().unzip();
-            let spec = BlockTransfer {
-                opcode: Opcode::Write,
-                local_blocks: &wl,
-                remote_blocks: &wr,
-                local_slice: None,
-                remote_slice: None,
-            };
+            let spec = BlockTransfer::write(&wl, &wr);
             let batch = rt.block_on(engine.submit_blocks(local_layout, peer, &peer_layout, &spec))?;
             batch.wait_blocking(engine.transfer_timeout()).context("writing blocks to the prefill process")?;
             let done = serde_json::json!({

@@ -6,7 +6,7 @@
 //!
 //! Run: `cargo run --example kv_blocks`
 
-use ferry::{BlockTransfer, KvLayout, Location, Opcode};
+use ferry::{BlockTransfer, KvLayout, Location};
 
 const LAYERS: usize = 2;
 const BLOCKS: u32 = 64;
@@ -29,9 +29,12 @@ fn main() -> anyhow::Result<()> {
     // SAFETY: as above.
     decode.block_on(unsafe { decode.register_memory_batch(&d_regions) })??;
 
-    // The prefill side describes its layout; in a real deployment it sends this (it is
-    // serialisable) to the decode side together with the request's block ids.
-    let p_layout = KvLayout::uniform(&p_cache.iter().map(|t| t.as_ptr() as u64).collect::<Vec<_>>(), BLOCKS, BLOCK_LEN);
+    // The prefill side publishes its layout by name in its segment descriptor; the decode
+    // side fetches it from there (only the request's block ids travel with the request).
+    prefill.publish_kv_layout_blocking(
+        "kv",
+        KvLayout::uniform(&p_cache.iter().map(|t| t.as_ptr() as u64).collect::<Vec<_>>(), BLOCKS, BLOCK_LEN),
+    )?;
     let d_layout = decode.register_kv_layout(KvLayout::uniform(
         &d_cache.iter().map(|t| t.as_ptr() as u64).collect::<Vec<_>>(),
         BLOCKS,
@@ -42,13 +45,8 @@ fn main() -> anyhow::Result<()> {
     let remote_blocks = [10, 11, 12, 13, 40];
     let local_blocks = [0, 1, 2, 3, 4];
     let peer = decode.open_segment_blocking(prefill.segment_name())?;
-    let spec = BlockTransfer {
-        opcode: Opcode::Read,
-        local_blocks: &local_blocks,
-        remote_blocks: &remote_blocks,
-        local_slice: None,
-        remote_slice: None,
-    };
+    let p_layout = decode.remote_kv_layout_blocking(peer, "kv")?;
+    let spec = BlockTransfer::read(&local_blocks, &remote_blocks);
     let batch = decode.submit_blocks_blocking(d_layout, peer, &p_layout, &spec)?;
     if let Err(e) = batch.wait_blocking(decode.transfer_timeout()) {
         // Mark exactly these blocks as failed and recompute them; the rest arrived.

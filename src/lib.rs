@@ -22,7 +22,7 @@
 //! | `plugins` | transports loaded at run time from `libferry_transport_<protocol>.so` | yes |
 //!
 //! ```
-//! use ferry::{BlockTransfer, KvLayout, Location, Opcode};
+//! use ferry::{BlockTransfer, KvLayout, Location};
 //!
 //! # fn main() -> ferry::Result<()> {
 //! // Two engines on the embedded default (in-process metadata, `local` transport).
@@ -43,8 +43,7 @@
 //!
 //! // Decode pulls prefill's blocks 2 and 3 into its blocks 0 and 1 (one merged request).
 //! let peer = decode.open_segment_blocking(prefill.segment_name())?;
-//! let spec = BlockTransfer { opcode: Opcode::Read, local_blocks: &[0, 1], remote_blocks: &[2, 3],
-//!                            local_slice: None, remote_slice: None };
+//! let spec = BlockTransfer::read(&[0, 1], &[2, 3]);
 //! let batch = decode.submit_blocks_blocking(local, peer, &remote, &spec)?;
 //! batch.wait_blocking(decode.transfer_timeout())?;
 //! assert_eq!(batch.runs().len(), 1);

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{Buffer, builder, pair};
-use ferry::{BlockSlice, BlockTransfer, ErrorKind, InProcessMetadata, KvLayout, Location, Opcode};
+use ferry::{BlockSlice, BlockTransfer, ErrorKind, InProcessMetadata, KvLayout, Location};
 
 const BLOCKS: u32 = 32;
 const BLOCK_LEN: u64 = 256;
@@ -41,13 +41,7 @@ async fn selected_blocks_move_in_both_directions_and_nothing_else() {
 
     // Decode pulls prefill blocks 3,4,5,9 into its blocks 0,1,2,7.
     let (local, remote) = ([0u32, 1, 2, 7], [3u32, 4, 5, 9]);
-    let spec = BlockTransfer {
-        opcode: Opcode::Read,
-        local_blocks: &local,
-        remote_blocks: &remote,
-        local_slice: None,
-        remote_slice: None,
-    };
+    let spec = BlockTransfer::read(&local, &remote);
     let kb = decode.submit_blocks(d_layout, peer, &p_layout, &spec).await.unwrap();
     assert_eq!(kb.runs().len(), 8, "one merged run of three blocks and one single block, per region");
     kb.wait(T).await.unwrap();
@@ -63,13 +57,7 @@ async fn selected_blocks_move_in_both_directions_and_nothing_else() {
 
     // Decode pushes its block 7 (a copy of prefill's 9) into prefill's block 30.
     let before: Vec<Vec<u8>> = p_cache.iter().map(|b| b.bytes().to_vec()).collect();
-    let spec = BlockTransfer {
-        opcode: Opcode::Write,
-        local_blocks: &[7],
-        remote_blocks: &[30],
-        local_slice: None,
-        remote_slice: None,
-    };
+    let spec = BlockTransfer::write(&[7], &[30]);
     decode.submit_blocks(d_layout, peer, &p_layout, &spec).await.unwrap().wait(T).await.unwrap();
     for r in 0..4 {
         assert_eq!(block(&p_cache[r], 30), &before[r][9 * BLOCK_LEN as usize..10 * BLOCK_LEN as usize]);
@@ -89,13 +77,8 @@ async fn heterogeneous_parallelism_reads_half_blocks() {
     let dl = decode.register_kv_layout(KvLayout::uniform(&[d.addr()], BLOCKS, BLOCK_LEN / 2)).unwrap();
     let pl = KvLayout::uniform(&[p.addr()], BLOCKS, BLOCK_LEN);
     let peer = decode.open_segment("prefill").await.unwrap();
-    let spec = BlockTransfer {
-        opcode: Opcode::Read,
-        local_blocks: &[0, 1],
-        remote_blocks: &[4, 5],
-        local_slice: None,
-        remote_slice: Some(BlockSlice { offset: BLOCK_LEN / 2, len: BLOCK_LEN / 2 }),
-    };
+    let spec =
+        BlockTransfer::read(&[0, 1], &[4, 5]).remote_slice(BlockSlice { offset: BLOCK_LEN / 2, len: BLOCK_LEN / 2 });
     let kb = decode.submit_blocks(dl, peer, &pl, &spec).await.unwrap();
     assert_eq!(kb.runs().len(), 2, "half blocks are not contiguous, so they do not merge");
     kb.wait(T).await.unwrap();
@@ -117,13 +100,7 @@ async fn bad_block_requests_get_distinct_errors() {
     assert_eq!(e.kind(), ErrorKind::OutOfBounds, "{e}");
     let dl = decode.register_kv_layout(KvLayout::uniform(&[d.addr()], 8, 64)).unwrap();
     let peer = decode.open_segment("prefill").await.unwrap();
-    let spec = |l: &'static [u32], r: &'static [u32]| BlockTransfer {
-        opcode: Opcode::Read,
-        local_blocks: l,
-        remote_blocks: r,
-        local_slice: None,
-        remote_slice: None,
-    };
+    let spec = |l: &'static [u32], r: &'static [u32]| BlockTransfer::read(l, r);
 
     let good = KvLayout::uniform(&[p.addr()], 8, 64);
     let e = decode.submit_blocks(dl, peer, &good, &spec(&[8], &[0])).await.unwrap_err();
@@ -170,17 +147,73 @@ async fn failures_are_reported_per_block() {
     let rl = KvLayout::uniform(&[remote_base, remote_base + 0x10_0000], BLOCKS, BLOCK_LEN);
     let peer = e.open_segment("far").await.unwrap();
     // Pairs: 0<-1, 1<-2, 2<-8, 3<-9, 4<-10, 20<-20. Runs per region: [0,1]<-[1,2], [2,3,4]<-[8,9,10], [20]<-[20].
-    let spec = BlockTransfer {
-        opcode: Opcode::Read,
-        local_blocks: &[0, 1, 2, 3, 4, 20],
-        remote_blocks: &[1, 2, 8, 9, 10, 20],
-        local_slice: None,
-        remote_slice: None,
-    };
+    let spec = BlockTransfer::read(&[0, 1, 2, 3, 4, 20], &[1, 2, 8, 9, 10, 20]);
     let kb = e.submit_blocks(ll, peer, &rl, &spec).await.unwrap();
     assert_eq!(kb.runs().len(), 6);
     let err = kb.wait(T).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Transport);
     // The run carrying remote block 9 of region 1 failed; it also carried blocks 8 and 10.
     assert_eq!(kb.failed_blocks(), vec![2, 3, 4]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_published_layout_is_fetched_by_name_and_a_layer_moves_alone() {
+    let meta = InProcessMetadata::new();
+    let (prefill, decode) = pair(&meta).await;
+    let p_cache = kv_cache(40);
+    let d_cache: Vec<Buffer> = (0..4).map(|_| Buffer::zeroed((BLOCKS as u64 * BLOCK_LEN) as usize)).collect();
+    let regs = |c: &Vec<Buffer>| c.iter().map(|b| (b.addr(), b.len(), Location::Cpu(0))).collect::<Vec<_>>();
+    unsafe { prefill.register_memory_batch(&regs(&p_cache)).await }.unwrap();
+    unsafe { decode.register_memory_batch(&regs(&d_cache)).await }.unwrap();
+    let bases = |c: &Vec<Buffer>| c.iter().map(Buffer::addr).collect::<Vec<_>>();
+    let d_layout = decode.register_kv_layout(KvLayout::uniform(&bases(&d_cache), BLOCKS, BLOCK_LEN)).unwrap();
+
+    // Opened before the prefill side publishes: the first lookup refetches the descriptor.
+    let peer = decode.open_segment("prefill").await.unwrap();
+    let e = decode.remote_kv_layout(peer, "kv").await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::NotFound);
+    assert!(
+        e.message().contains("segment `prefill` publishes no KV layout named `kv` (it publishes no KV layouts)"),
+        "{e}"
+    );
+    let published = KvLayout::uniform(&bases(&p_cache), BLOCKS, BLOCK_LEN);
+    let id = prefill.publish_kv_layout("kv", published.clone()).await.unwrap();
+    assert_eq!(decode.remote_kv_layout(peer, "kv").await.unwrap(), published);
+    let e = decode.remote_kv_layout(peer, "draft").await.unwrap_err();
+    assert!(e.message().contains("(it publishes: kv)"), "{e}");
+
+    // Layer 1 (regions 2 and 3) of blocks 5, 6: nothing of layer 0 moves.
+    let layer1 = ferry::layer_regions(1..2, 2);
+    let spec = BlockTransfer::read(&[0, 1], &[5, 6]).regions(&layer1);
+    let kb = decode.submit_blocks(d_layout, peer, &published, &spec).await.unwrap();
+    assert_eq!(kb.runs().len(), 2, "one merged run per region of the layer");
+    kb.wait(T).await.unwrap();
+    for r in 0..4 {
+        let moved = r >= 2;
+        assert_eq!(block(&d_cache[r], 0) == block(&p_cache[r], 5), moved, "region {r}");
+        assert_eq!(block(&d_cache[r], 1) == block(&p_cache[r], 6), moved, "region {r}");
+    }
+
+    // Names are unique per engine, checked, and the layout's memory must be registered.
+    let again = prefill.publish_kv_layout("kv", published.clone()).await.unwrap_err();
+    assert_eq!(again.kind(), ErrorKind::AlreadyExists);
+    assert_eq!(prefill.publish_kv_layout("", published.clone()).await.unwrap_err().kind(), ErrorKind::InvalidArgument);
+    let stray = KvLayout::uniform(&[0x10], BLOCKS, BLOCK_LEN);
+    assert_eq!(prefill.publish_kv_layout("stray", stray).await.unwrap_err().kind(), ErrorKind::OutOfBounds);
+
+    // Unregistered, it leaves the descriptor (a fresh opener no longer finds it).
+    prefill.unregister_kv_layout(id).unwrap();
+    let deadline = tokio::time::Instant::now() + T;
+    loop {
+        decode.refresh_segment(peer).await.unwrap();
+        match decode.remote_kv_layout(peer, "kv").await {
+            Err(e) if e.kind() == ErrorKind::NotFound => break,
+            other => assert!(tokio::time::Instant::now() < deadline, "still published: {other:?}"),
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Its name can be published again.
+    prefill.publish_kv_layout("kv", published).await.unwrap();
+    prefill.shutdown().await.unwrap();
+    decode.shutdown().await.unwrap();
 }

@@ -321,13 +321,7 @@ pub(crate) async fn run(args: DemoArgs) -> Result<std::process::ExitCode> {
                 Opcode::Read => (&dst, &src),
                 Opcode::Write => (&src, &dst),
             };
-            let spec = BlockTransfer {
-                opcode,
-                local_blocks: local,
-                remote_blocks: remote,
-                local_slice: None,
-                remote_slice: None,
-            };
+            let spec = BlockTransfer::new(opcode, local, remote);
             let started = Instant::now();
             let kb = decode.submit_blocks(d_layout_id, peer, &p_layout, &spec).await?;
             kb.wait(timeout).await.with_context(|| format!("blocks {:?} failed", kb.failed_blocks()))?;
@@ -378,13 +372,7 @@ pub(crate) async fn run(args: DemoArgs) -> Result<std::process::ExitCode> {
     check.register(&decode).await?;
     let check_id = decode.register_kv_layout(KvLayout::uniform(&check.bases(), args.blocks, args.block_size))?;
     let all: Vec<u32> = (0..args.blocks).collect();
-    let spec = BlockTransfer {
-        opcode: Opcode::Read,
-        local_blocks: &all,
-        remote_blocks: &all,
-        local_slice: None,
-        remote_slice: None,
-    };
+    let spec = BlockTransfer::read(&all, &all);
     decode.submit_blocks(check_id, peer, &p_layout, &spec).await?.wait(timeout).await?;
     for region in 0..regions {
         for id in 0..args.blocks {

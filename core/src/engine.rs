@@ -12,7 +12,10 @@ use crate::config::{Config, MetadataServer};
 use crate::descriptor::{BufferDesc, MetadataKeys, RpcMeta, SegmentDescriptor};
 use crate::error::{Error, ErrorKind, Result};
 use crate::host_memory::HostAllocation;
-use crate::kv::{BlockRun, BlockTransfer, KvLayout, plan_block_transfer};
+use crate::kv::{
+    BlockRun, BlockTransfer, KvLayout, check_kv_layout_name, plan_block_transfer, publish_kv_layouts,
+    published_kv_layout, published_kv_layout_names,
+};
 use crate::memory::{Location, MemoryRegistry, Region, RegisteredMemory};
 use crate::metadata::{MetadataBackend, MetadataRegistry, WatchEvent};
 use crate::resolver::{Environment, Resolution, ResolveQuery, ResolverChain, ResolverRegistry};
@@ -281,10 +284,21 @@ struct SegmentTable {
 pub struct KvLayoutId(u64);
 
 impl KvLayoutId {
+    fn fresh() -> Self {
+        static NEXT_LAYOUT: AtomicU64 = AtomicU64::new(1);
+        Self(NEXT_LAYOUT.fetch_add(1, Ordering::Relaxed))
+    }
+
     /// Its number, for bindings that pass ids as integers.
     pub fn raw(self) -> u64 {
         self.0
     }
+}
+
+/// A KV layout this engine registered, with the name it is published under (if any).
+struct RegisteredLayout {
+    layout: Arc<KvLayout>,
+    published_as: Option<String>,
 }
 
 struct EngineInner {
@@ -308,7 +322,7 @@ struct EngineInner {
     resolvers: ResolverChain,
     local_rank: Option<u32>,
     segments: RwLock<SegmentTable>,
-    layouts: RwLock<HashMap<KvLayoutId, Arc<KvLayout>>>,
+    layouts: RwLock<HashMap<KvLayoutId, RegisteredLayout>>,
     publish_lock: tokio::sync::Mutex<()>,
     runtime: tokio::runtime::Handle,
     owned_runtime: Mutex<Option<tokio::runtime::Runtime>>,
@@ -420,6 +434,13 @@ impl EngineInner {
             .collect();
         d.ferry_instance = Some(self.instance.clone());
         d.timestamp = Some(timestamp_now());
+        {
+            let layouts = self.layouts.read().unwrap_or_else(|p| p.into_inner());
+            let mut named: Vec<(&str, &KvLayout)> =
+                layouts.values().filter_map(|l| l.published_as.as_deref().map(|n| (n, l.layout.as_ref()))).collect();
+            named.sort_by_key(|(n, _)| *n);
+            publish_kv_layouts(&mut d, named);
+        }
         for t in self.transports().iter() {
             t.publish(&mut d);
         }
@@ -1164,9 +1185,57 @@ impl TransferEngine {
     }
 
     /// Registers a KV layout of local memory. Every region's bytes must lie inside one
-    /// registered memory region ([`ErrorKind::OutOfBounds`] otherwise).
+    /// registered memory region ([`ErrorKind::OutOfBounds`] otherwise). The layout stays
+    /// local; [`publish_kv_layout`](Self::publish_kv_layout) also lets peers fetch it by name.
     pub fn register_kv_layout(&self, layout: KvLayout) -> Result<KvLayoutId> {
         self.inner.check_open()?;
+        self.check_layout_memory(&layout)?;
+        let id = KvLayoutId::fresh();
+        let entry = RegisteredLayout { layout: Arc::new(layout), published_as: None };
+        self.inner.layouts.write().unwrap_or_else(|p| p.into_inner()).insert(id, entry);
+        Ok(id)
+    }
+
+    /// Registers a KV layout of local memory (as [`register_kv_layout`](Self::register_kv_layout))
+    /// and publishes it in this engine's descriptor under `name`, where a peer fetches it with
+    /// [`remote_kv_layout`](Self::remote_kv_layout). Returns once the descriptor naming it is
+    /// published.
+    ///
+    /// Errors: [`ErrorKind::InvalidArgument`] for an empty, over-long
+    /// ([`KV_LAYOUT_NAME_MAX`](crate::kv::KV_LAYOUT_NAME_MAX) bytes) or control-character name,
+    /// [`ErrorKind::AlreadyExists`] when a layout of that name is published already (unregister
+    /// it first), the layout's errors as for `register_kv_layout`, the metadata service's error
+    /// when publishing fails (nothing is registered then).
+    pub async fn publish_kv_layout(&self, name: &str, layout: KvLayout) -> Result<KvLayoutId> {
+        self.inner.check_open()?;
+        check_kv_layout_name(name)?;
+        self.check_layout_memory(&layout)?;
+        let id = {
+            let mut layouts = self.inner.layouts.write().unwrap_or_else(|p| p.into_inner());
+            if layouts.values().any(|l| l.published_as.as_deref() == Some(name)) {
+                return Err(Error::new(
+                    ErrorKind::AlreadyExists,
+                    format!("a KV layout named `{name}` is published by engine `{}` already", self.inner.name),
+                ));
+            }
+            let id = KvLayoutId::fresh();
+            layouts.insert(id, RegisteredLayout { layout: Arc::new(layout), published_as: Some(name.to_owned()) });
+            id
+        };
+        if let Err(e) = self.inner.publish().await {
+            self.inner.layouts.write().unwrap_or_else(|p| p.into_inner()).remove(&id);
+            return Err(e.context(format!("publishing KV layout `{name}`: {}", e.message())));
+        }
+        Ok(id)
+    }
+
+    /// Blocking form of [`publish_kv_layout`](Self::publish_kv_layout).
+    pub fn publish_kv_layout_blocking(&self, name: &str, layout: KvLayout) -> Result<KvLayoutId> {
+        self.block_on(self.publish_kv_layout(name, layout))?
+    }
+
+    /// Checks that every region of `layout` lies inside registered memory.
+    fn check_layout_memory(&self, layout: &KvLayout) -> Result<()> {
         let ranges = layout.validate()?;
         for (i, (base, len)) in ranges.into_iter().enumerate() {
             self.inner.memory.lease(base, len).map_err(|e| {
@@ -1176,21 +1245,32 @@ impl TransferEngine {
                 )
             })?;
         }
-        static NEXT_LAYOUT: AtomicU64 = AtomicU64::new(1);
-        let id = KvLayoutId(NEXT_LAYOUT.fetch_add(1, Ordering::Relaxed));
-        self.inner.layouts.write().unwrap_or_else(|p| p.into_inner()).insert(id, Arc::new(layout));
-        Ok(id)
+        Ok(())
     }
 
-    /// Forgets a KV layout.
+    /// Forgets a KV layout. A published one leaves this engine's descriptor with a
+    /// re-publication started at once (in the background: peers that fetched it keep their
+    /// copy, and the memory it names stays registered until unregistered).
     pub fn unregister_kv_layout(&self, id: KvLayoutId) -> Result<()> {
-        self.inner
+        let removed = self
+            .inner
             .layouts
             .write()
             .unwrap_or_else(|p| p.into_inner())
             .remove(&id)
-            .map(|_| ())
-            .ok_or_else(|| Error::not_found(format!("KV layout {} is not registered", id.0)))
+            .ok_or_else(|| Error::not_found(format!("KV layout {} is not registered", id.0)))?;
+        if let Some(name) = removed.published_as {
+            let inner = Arc::downgrade(&self.inner);
+            self.inner.runtime.spawn(async move {
+                let Some(inner) = inner.upgrade() else { return };
+                if let Err(e) = inner.publish().await
+                    && e.kind() != ErrorKind::Shutdown
+                {
+                    tracing::warn!(segment = %inner.name, layout = %name, error = %e, "republishing without an unregistered KV layout failed; the next publication drops it");
+                }
+            });
+        }
+        Ok(())
     }
 
     /// The registered layout `id`.
@@ -1200,8 +1280,39 @@ impl TransferEngine {
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .get(&id)
-            .cloned()
+            .map(|l| l.layout.clone())
             .ok_or_else(|| Error::not_found(format!("KV layout {} is not registered", id.0)))
+    }
+
+    /// The KV layout that the peer behind `target` publishes as `name`
+    /// ([`publish_kv_layout`](Self::publish_kv_layout)), validated. When the cached descriptor
+    /// does not name it, the descriptor is fetched again once (the peer may have published it
+    /// after this engine opened the segment).
+    ///
+    /// Errors: [`ErrorKind::NotFound`] naming the layouts the peer does publish,
+    /// [`ErrorKind::InvalidArgument`] or [`ErrorKind::OutOfBounds`] for a malformed entry, the
+    /// metadata service's error when the refetch fails.
+    pub async fn remote_kv_layout(&self, target: SegmentHandle, name: &str) -> Result<KvLayout> {
+        let seg = self.inner.segment_for_use(target).await?;
+        if let Some(layout) = published_kv_layout(seg.descriptor(), name)? {
+            return Ok(layout);
+        }
+        let seg = self.inner.load_segment(seg.name()).await?;
+        if let Some(layout) = published_kv_layout(seg.descriptor(), name)? {
+            return Ok(layout);
+        }
+        let names = published_kv_layout_names(seg.descriptor());
+        let have = if names.is_empty() {
+            "it publishes no KV layouts".to_owned()
+        } else {
+            format!("it publishes: {}", names.join(", "))
+        };
+        Err(Error::not_found(format!("segment `{}` publishes no KV layout named `{name}` ({have})", seg.name())))
+    }
+
+    /// Blocking form of [`remote_kv_layout`](Self::remote_kv_layout).
+    pub fn remote_kv_layout_blocking(&self, target: SegmentHandle, name: &str) -> Result<KvLayout> {
+        self.block_on(self.remote_kv_layout(target, name))?
     }
 
     /// Moves blocks between local layout `local` and `remote_layout` of segment `target`

@@ -47,7 +47,10 @@ pub use descriptor::{BufferDesc, MetadataKeys, RankInfo, RpcMeta, SegmentDescrip
 pub use engine::{BlockBatch, EngineBuilder, KvLayoutId, TransferEngine};
 pub use error::{Error, ErrorKind, Result};
 pub use host_memory::{HOST_ALIGNMENT, HostAllocation};
-pub use kv::{BlockRun, BlockSlice, BlockTransfer, KvLayout, KvRegion, plan_block_transfer};
+pub use kv::{
+    BlockRun, BlockSlice, BlockTransfer, KV_LAYOUTS_FIELD, KvLayout, KvRegion, layer_regions, plan_block_transfer,
+    published_kv_layout, published_kv_layout_names,
+};
 pub use memory::{Location, MemoryRegistry, Region, RegionLease, RegisteredMemory};
 pub use metadata::{InProcessMetadata, MetadataBackend, MetadataFactory, MetadataRegistry, Notification, WatchEvent};
 pub use options::{OptionSpec, Setting};

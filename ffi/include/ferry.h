@@ -404,8 +404,44 @@ int32_t ferry_transfer_sync(FerryEngine engine, const FerryTransferRequest *requ
 int32_t ferry_kv_layout_register(FerryEngine engine, const uint64_t *bases, size_t base_count, uint32_t block_count, uint64_t block_len, uint64_t *out_layout);
 
 /**
- * Forgets a KV layout registered with `ferry_kv_layout_register`
- * (`FERRY_E_NOT_FOUND` when it is not registered).
+ * Registers a KV cache layout of local memory, as `ferry_kv_layout_register` does, and
+ * publishes it under `name` in this engine's segment descriptor, where a peer reads it with
+ * `ferry_kv_remote_layout`; stores its id in `*out_layout`. Returns once the descriptor naming
+ * it is published.
+ *
+ * Returns `FERRY_E_ALREADY_EXISTS` when a layout of that name is published already,
+ * `FERRY_E_INVALID_ARGUMENT` for an empty, over-long (128 bytes) or control-character name,
+ * and the codes of `ferry_kv_layout_register`. `ferry_kv_layout_unregister` withdraws it.
+ *
+ * # Safety
+ * `name` is a NUL-terminated UTF-8 string; `bases` points to `base_count` `uint64_t`s;
+ * `out_layout` is valid for writing one `uint64_t`.
+ */
+int32_t ferry_kv_layout_publish(FerryEngine engine, const char *name, const uint64_t *bases, size_t base_count, uint32_t block_count, uint64_t block_len, uint64_t *out_layout);
+
+/**
+ * Reads the KV layout that the peer behind `segment` (a handle from `ferry_open_segment`)
+ * publishes as `name`: copies its region bases into `bases` (room for `cap`), and stores the
+ * number of regions in `*base_count`, the blocks per region in `*block_count` and the bytes
+ * per block in `*block_len` — the arguments `ferry_kv_submit_blocks` takes for the remote
+ * layout. When the cached descriptor does not name it, the descriptor is fetched again once.
+ *
+ * Returns `FERRY_E_NOT_FOUND` (the message names the layouts the peer publishes),
+ * `FERRY_E_INVALID_ARGUMENT` when `cap < *base_count` (the first `cap` bases are copied,
+ * `*base_count` is set: pass `bases = NULL, cap = 0` to learn the size) or for a malformed
+ * entry, `FERRY_E_UNSUPPORTED` for a layout whose regions differ in block length (publishable
+ * from Rust, not expressible here).
+ *
+ * # Safety
+ * `name` is a NUL-terminated UTF-8 string; `bases` is valid for writing `cap` `uint64_t`s (or
+ * NULL with `cap` 0); `base_count`, `block_count` and `block_len` are each valid for one write.
+ */
+int32_t ferry_kv_remote_layout(FerryEngine engine, uint64_t segment, const char *name, uint64_t *bases, size_t cap, size_t *base_count, uint32_t *block_count, uint64_t *block_len);
+
+/**
+ * Forgets a KV layout registered with `ferry_kv_layout_register` or
+ * `ferry_kv_layout_publish` (`FERRY_E_NOT_FOUND` when it is not registered); a published one
+ * leaves the descriptor with a re-publication started at once.
  */
 int32_t ferry_kv_layout_unregister(FerryEngine engine, uint64_t layout);
 
@@ -432,6 +468,21 @@ int32_t ferry_kv_layout_unregister(FerryEngine engine, uint64_t layout);
  * `FerryBatch`.
  */
 int32_t ferry_kv_submit_blocks(FerryEngine engine, uint64_t local_layout, uint64_t segment, const uint64_t *remote_bases, size_t remote_base_count, uint32_t remote_block_count, uint64_t remote_block_len, uint32_t opcode, const uint32_t *local_blocks, const uint32_t *remote_blocks, size_t block_count, FerryBatch *out);
+
+/**
+ * As `ferry_kv_submit_blocks`, moving only the regions `regions[0..region_count]` (indices
+ * into both layouts' regions, each at most once, in that order): a layer subset, for
+ * layer-wise transfers (layer `l`'s K and V are regions `2l` and `2l + 1` in a layout that
+ * lists K and V per layer).
+ *
+ * Returns `FERRY_E_OUT_OF_BOUNDS` for a region index past the layouts' regions,
+ * `FERRY_E_INVALID_ARGUMENT` for a region named twice or `region_count` 0, and the codes of
+ * `ferry_kv_submit_blocks`.
+ *
+ * # Safety
+ * As for `ferry_kv_submit_blocks`, and `regions` points to `region_count` `uint32_t`s.
+ */
+int32_t ferry_kv_submit_block_regions(FerryEngine engine, uint64_t local_layout, uint64_t segment, const uint64_t *remote_bases, size_t remote_base_count, uint32_t remote_block_count, uint64_t remote_block_len, uint32_t opcode, const uint32_t *local_blocks, const uint32_t *remote_blocks, size_t block_count, const uint32_t *regions, size_t region_count, FerryBatch *out);
 
 /**
  * Sends `message` to the engine that owns segment `segment_name`; returns once the peer

@@ -50,7 +50,10 @@ pub use engine::{
     ferry_free_buffer, ferry_open_segment, ferry_register_memory, ferry_segment_buffers, ferry_unregister_memory,
 };
 pub use ferry_abi::{FerryTransferRequest, FerryTransferStatus};
-pub use kv::{ferry_kv_layout_register, ferry_kv_layout_unregister, ferry_kv_submit_blocks};
+pub use kv::{
+    ferry_kv_layout_publish, ferry_kv_layout_register, ferry_kv_layout_unregister, ferry_kv_remote_layout,
+    ferry_kv_submit_block_regions, ferry_kv_submit_blocks,
+};
 pub use notify::{FerryNotificationFn, ferry_drain_notifications, ferry_notify, ferry_notify_as, ferry_probe};
 
 /// Handle of an engine (0 is never valid).

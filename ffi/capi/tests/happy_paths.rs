@@ -218,6 +218,122 @@ fn kv_layouts_move_exactly_the_selected_blocks() {
     destroy(prefill);
 }
 
+#[test]
+fn a_published_layout_is_read_by_name_and_one_region_moves_alone() {
+    const BLOCKS: u32 = 8;
+    const LEN: u64 = 256;
+    let prefill = engine(None);
+    let decode = engine(None);
+    let p_regions: Vec<Buffer> = (0..2u64).map(|r| Buffer::pattern(BLOCKS as usize * 256, 40 + r as u8)).collect();
+    let d_regions = [Buffer::zeroed(BLOCKS as usize * 256), Buffer::zeroed(BLOCKS as usize * 256)];
+    p_regions.iter().for_each(|b| register(prefill, b));
+    d_regions.iter().for_each(|b| register(decode, b));
+    let p_bases = [p_regions[0].addr(), p_regions[1].addr()];
+    let d_bases = [d_regions[0].addr(), d_regions[1].addr()];
+    let kv = CString::new("kv").unwrap();
+    let (mut published, mut local) = (0u64, 0u64);
+    // SAFETY: `p_bases` holds 2 bases; a NUL-terminated name; a valid out-pointer.
+    ok(unsafe { ferry_kv_layout_publish(prefill, kv.as_ptr(), p_bases.as_ptr(), 2, BLOCKS, LEN, &mut published) });
+    // SAFETY: as above.
+    fails(
+        unsafe { ferry_kv_layout_publish(prefill, kv.as_ptr(), p_bases.as_ptr(), 2, BLOCKS, LEN, &mut published) },
+        FERRY_E_ALREADY_EXISTS,
+        &["a KV layout named `kv` is published"],
+    );
+    // SAFETY: `d_bases` holds 2 bases; a valid out-pointer.
+    ok(unsafe { ferry_kv_layout_register(decode, d_bases.as_ptr(), 2, BLOCKS, LEN, &mut local) });
+    let peer = open(decode, &name(prefill));
+
+    // The size first, then the bases.
+    let (mut count, mut blocks, mut len) = (0usize, 0u32, 0u64);
+    // SAFETY: NULL with cap 0; valid out-pointers.
+    fails(
+        unsafe { ferry_kv_remote_layout(decode, peer, kv.as_ptr(), null_mut(), 0, &mut count, &mut blocks, &mut len) },
+        FERRY_E_INVALID_ARGUMENT,
+        &["`cap` is 0 but layout `kv` has 2 regions"],
+    );
+    assert_eq!((count, blocks, len), (2, BLOCKS, LEN));
+    let mut bases = [0u64; 2];
+    // SAFETY: `bases` has room for 2; valid out-pointers.
+    ok(unsafe {
+        ferry_kv_remote_layout(decode, peer, kv.as_ptr(), bases.as_mut_ptr(), 2, &mut count, &mut blocks, &mut len)
+    });
+    assert_eq!(bases, p_bases);
+    let other = CString::new("draft").unwrap();
+    // SAFETY: as above.
+    fails(
+        unsafe {
+            ferry_kv_remote_layout(
+                decode,
+                peer,
+                other.as_ptr(),
+                bases.as_mut_ptr(),
+                2,
+                &mut count,
+                &mut blocks,
+                &mut len,
+            )
+        },
+        FERRY_E_NOT_FOUND,
+        &["publishes no KV layout named `draft` (it publishes: kv)"],
+    );
+
+    // Region 1 only, blocks 2, 3 into 0, 1.
+    let (l, r, regions) = ([0u32, 1], [2u32, 3], [1u32]);
+    let mut b: FerryBatch = 0;
+    // SAFETY: every array holds the count passed; a valid out-pointer.
+    ok(unsafe {
+        ferry_kv_submit_block_regions(
+            decode,
+            local,
+            peer,
+            bases.as_ptr(),
+            count,
+            blocks,
+            len,
+            FERRY_OPCODE_READ,
+            l.as_ptr(),
+            r.as_ptr(),
+            2,
+            regions.as_ptr(),
+            1,
+            &mut b,
+        )
+    });
+    ok(ferry_batch_wait(b, WAIT_MS));
+    ok(ferry_batch_free(b));
+    assert_eq!(&d_regions[1].bytes()[..512], &p_regions[1].bytes()[512..1024], "region 1's blocks 2, 3 moved");
+    assert!(d_regions[0].bytes().iter().all(|&x| x == 0), "region 0 was not asked for");
+    let bad = [2u32];
+    // SAFETY: as above.
+    fails(
+        unsafe {
+            ferry_kv_submit_block_regions(
+                decode,
+                local,
+                peer,
+                bases.as_ptr(),
+                count,
+                blocks,
+                len,
+                FERRY_OPCODE_READ,
+                l.as_ptr(),
+                r.as_ptr(),
+                2,
+                bad.as_ptr(),
+                1,
+                &mut b,
+            )
+        },
+        FERRY_E_OUT_OF_BOUNDS,
+        &["region 2 (position 0 of the region subset) is out of range"],
+    );
+
+    ok(ferry_kv_layout_unregister(prefill, published));
+    destroy(decode);
+    destroy(prefill);
+}
+
 struct Received {
     notes: Vec<(String, String)>,
 }

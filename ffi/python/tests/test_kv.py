@@ -129,3 +129,41 @@ def test_layout_registration(make_engine, host_buffer):
         e.unregister_kv_layout(first)
     assert KvLayout([buf.addr], 4, 64) == KvLayout((buf.addr,), 4, 64)
     assert KvLayout([1, 2], 3, 4).region_len == 12
+
+
+def test_a_published_layout_is_read_by_name_and_one_layer_moves_alone(pair, host_buffer):
+    decode, prefill = pair
+    remote = []
+    for r in range(REGIONS):
+        buf = host_buffer(BLOCKS * BLOCK_LEN)
+        for b in range(BLOCKS):
+            buf.write(b * BLOCK_LEN, pattern(0, BLOCK_LEN, 10 * r + b))
+        assert prefill.register_memory(buf.addr, buf.size) == 0
+        remote.append(buf)
+    local = [host_buffer(BLOCKS * BLOCK_LEN) for _ in range(REGIONS)]
+    for buf in local:
+        assert decode.register_memory(buf.addr, buf.size) == 0
+    decode.register_kv_layout(KvLayout([b.addr for b in local], BLOCKS, BLOCK_LEN))
+    peer = prefill.get_local_segment_name()
+
+    published = prefill.publish_kv_layout("kv", KvLayout([b.addr for b in remote], BLOCKS, BLOCK_LEN))
+    with pytest.raises(ferry.AlreadyExistsError):
+        prefill.publish_kv_layout("kv", published.layout)
+    fetched = decode.remote_kv_layout(peer, "kv")
+    assert fetched == published.layout
+    with pytest.raises(ferry.NotFoundError) as info:
+        decode.remote_kv_layout(peer, "draft")
+    assert "(it publishes: kv)" in str(info.value)
+
+    # Region 2 only (say, layer 1's K): blocks 3, 4 into 0, 1.
+    batch = decode.transfer_blocks(peer, fetched, [0, 1], [3, 4], regions=[2])
+    assert len(batch) == 1
+    assert block(local[2], 0) == pattern(0, BLOCK_LEN, 23) and block(local[2], 1) == pattern(0, BLOCK_LEN, 24)
+    for r in (0, 1):
+        assert local[r].bytes(0, 2 * BLOCK_LEN) == bytes(2 * BLOCK_LEN), f"region {r} was not asked for"
+    with pytest.raises(ferry.OutOfBoundsError) as info:
+        decode.transfer_blocks(peer, fetched, [0], [3], regions=[REGIONS])
+    assert "region subset" in str(info.value)
+    with pytest.raises(ValueError):
+        decode.transfer_blocks(peer, fetched, [0], [3], regions=[])
+    prefill.unregister_kv_layout(published)

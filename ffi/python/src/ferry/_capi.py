@@ -92,6 +92,42 @@ _PROTOTYPES = {
         [c_uint64, POINTER(c_uint64), c_size_t, c_uint32, c_uint64, POINTER(c_uint64)],
     ),
     "ferry_kv_layout_unregister": (c_int32, [c_uint64, c_uint64]),
+    "ferry_kv_layout_publish": (
+        c_int32,
+        [c_uint64, c_char_p, POINTER(c_uint64), c_size_t, c_uint32, c_uint64, POINTER(c_uint64)],
+    ),
+    "ferry_kv_remote_layout": (
+        c_int32,
+        [
+            c_uint64,  # engine
+            c_uint64,  # segment
+            c_char_p,  # name
+            POINTER(c_uint64),  # bases
+            c_size_t,  # cap
+            POINTER(c_size_t),  # base count
+            POINTER(c_uint32),  # block count
+            POINTER(c_uint64),  # block length
+        ],
+    ),
+    "ferry_kv_submit_block_regions": (
+        c_int32,
+        [
+            c_uint64,  # engine
+            c_uint64,  # local layout
+            c_uint64,  # segment
+            POINTER(c_uint64),  # remote bases
+            c_size_t,  # remote base count
+            c_uint32,  # remote block count
+            c_uint64,  # remote block length
+            c_uint32,  # opcode
+            POINTER(c_uint32),  # local blocks
+            POINTER(c_uint32),  # remote blocks
+            c_size_t,  # block count
+            POINTER(c_uint32),  # regions
+            c_size_t,  # region count
+            POINTER(c_uint64),  # out batch
+        ],
+    ),
     "ferry_kv_submit_blocks": (
         c_int32,
         [

@@ -1055,8 +1055,52 @@ class TransferEngine:
             self._layouts[out.value] = registered
         return registered
 
+    def publish_kv_layout(self, name: str, layout: KvLayout) -> RegisteredKvLayout:
+        """Registers a local KV layout (as :meth:`register_kv_layout`) and publishes it under
+        ``name`` in this engine's segment descriptor, where a peer reads it with
+        :meth:`remote_kv_layout`. Returns once the descriptor naming it is published. Raises
+        :class:`ferry.AlreadyExistsError` when a layout of that name is published already."""
+        text = _text(name, "name")
+        if not isinstance(layout, KvLayout):
+            raise TypeError(f"layout must be a ferry.KvLayout, not {type(layout).__name__}")
+        handle = self._need("publish_kv_layout")
+        bases = (c_uint64 * len(layout.bases))(*layout.bases)
+        out = c_uint64()
+        rc = _capi.lib.ferry_kv_layout_publish(
+            handle, text.encode("utf-8"), bases, len(layout.bases), layout.block_count, layout.block_len, byref(out)
+        )
+        self._raise_on(rc, "publish_kv_layout")
+        registered = RegisteredKvLayout(out.value, layout)
+        with self._lock:
+            self._layouts[out.value] = registered
+        return registered
+
+    def remote_kv_layout(self, peer: str, name: str) -> KvLayout:
+        """The KV layout segment ``peer`` publishes as ``name`` (:meth:`publish_kv_layout`), to
+        pass to :meth:`transfer_blocks`. Raises :class:`ferry.NotFoundError` naming the layouts
+        the peer does publish."""
+        target = _text(peer, "peer")
+        text = _text(name, "name").encode("utf-8")
+        handle = self._need("remote_kv_layout")
+        seg = self._segment(target, "remote_kv_layout")
+        if not seg:
+            raise self._error(self.last_error_code())
+        count, blocks, length = c_size_t(), c_uint32(), c_uint64()
+        bases = (c_uint64 * 8)()
+        rc = _capi.lib.ferry_kv_remote_layout(
+            handle, seg, text, bases, 8, byref(count), byref(blocks), byref(length)
+        )
+        if rc != 0 and count.value > 8:
+            bases = (c_uint64 * count.value)()
+            rc = _capi.lib.ferry_kv_remote_layout(
+                handle, seg, text, bases, count.value, byref(count), byref(blocks), byref(length)
+            )
+        self._raise_on(rc, "remote_kv_layout")
+        return KvLayout(list(bases[: count.value]), blocks.value, length.value)
+
     def unregister_kv_layout(self, layout: RegisteredKvLayout) -> None:
-        """Unregisters a layout of :meth:`register_kv_layout`."""
+        """Unregisters a layout of :meth:`register_kv_layout` or :meth:`publish_kv_layout`
+        (a published one leaves the descriptor)."""
         if not isinstance(layout, RegisteredKvLayout):
             raise TypeError(f"layout must be a RegisteredKvLayout, not {type(layout).__name__}")
         handle = self._need("unregister_kv_layout")
@@ -1074,6 +1118,7 @@ class TransferEngine:
         wait: bool = True,
         local_layout: Optional[RegisteredKvLayout] = None,
         timeout: Optional[float] = None,
+        regions: Optional[Iterable[int]] = None,
     ) -> Batch:
         """Moves blocks between the local layout and segment ``peer`` laid out as
         ``remote_layout``: ``local_blocks[i]`` pairs with ``remote_blocks[i]``; ``op`` is
@@ -1085,6 +1130,10 @@ class TransferEngine:
         requests still pending at the deadline (``timeout`` seconds, default the engine's
         transfer timeout) are cancelled first, so it lists every block that did not arrive.
         With ``wait=False`` it returns the running batch.
+
+        ``regions`` (region indices into both layouts, each at most once) moves only those
+        regions: a layer subset, for layer-wise transfers (layer ``l``'s K and V are regions
+        ``2*l`` and ``2*l + 1`` in a layout listing K and V per layer).
         """
         target = _text(peer, "peer")
         if not isinstance(remote_layout, KvLayout):
@@ -1096,6 +1145,9 @@ class TransferEngine:
         if not lb:
             raise ValueError("no blocks to transfer")
         opcode = _opcode(op)
+        subset = None if regions is None else check_ints(regions, "regions", U32_MAX)
+        if subset is not None and not subset:
+            raise ValueError("regions is empty: name at least one region, or leave it None for all")
         local = self._pick_layout(local_layout)
         handle = self._need("transfer_blocks")
         seg = self._segment(target, "transfer_blocks")
@@ -1103,7 +1155,7 @@ class TransferEngine:
             raise self._error(self.last_error_code())
         n = len(lb)
         out = c_uint64()
-        rc = _capi.lib.ferry_kv_submit_blocks(
+        common = (
             handle,
             local.id,
             seg,
@@ -1115,8 +1167,12 @@ class TransferEngine:
             (c_uint32 * n)(*lb),
             (c_uint32 * n)(*rb),
             n,
-            byref(out),
         )
+        if subset is None:
+            rc = _capi.lib.ferry_kv_submit_blocks(*common, byref(out))
+        else:
+            regs = (c_uint32 * len(subset))(*subset)
+            rc = _capi.lib.ferry_kv_submit_block_regions(*common, regs, len(subset), byref(out))
         self._raise_on(rc, "transfer_blocks")
         batch = Batch(out.value, blocks=True)
         if wait:
