@@ -9,7 +9,7 @@ mod common;
 
 use std::sync::Arc;
 
-use ferry::{ErrorKind, InProcessMetadata, MetadataBackend};
+use ferry::{ErrorKind, InProcessMetadata, MetadataStore};
 use ferry_metadata_http::HttpMetadata;
 use ferry_metadata_http::server::{Limits, serve};
 use ferry_metadata_http::store::Store;
@@ -35,7 +35,7 @@ async fn stoppable(
 }
 
 /// The contract every backend keeps.
-async fn contract(m: &dyn MetadataBackend) {
+async fn contract(m: &dyn MetadataStore) {
     let name = m.name().to_owned();
     let key = "mooncake/ram/127.0.0.1:17000";
     assert_eq!(m.get(key).await.unwrap(), None, "{name}: an absent key is None");
@@ -313,7 +313,7 @@ async fn p2p_backend_keeps_its_form_of_the_contract() {
     let cfg = ferry::Config::from_json_str(r#"{"local_hostname": "127.0.0.1"}"#, None).unwrap();
     let a = P2pMetadata::start(&cfg).await.unwrap();
     let b = P2pMetadata::start(&cfg).await.unwrap();
-    let a_name = a.segment_name_hint().unwrap();
+    let a_name = a.segment_name();
     let a_key = format!("mooncake/ram/{a_name}");
     assert_eq!(a.get(&a_key).await.unwrap(), None, "own descriptor not published yet");
     assert!(b.get(&a_key).await.is_err(), "a peer with nothing published does not answer");

@@ -336,7 +336,8 @@ async fn print_peer_route(cfg: &Config, b: &hccl::Backends, peer: &str) {
     probe.local_hostname = Some("127.0.0.1".into());
     probe.base_port = None;
     let desc = async {
-        let metadata = ferry::default_metadata().connect(&probe).await?;
+        // The store alone: no control channel is started beside it.
+        let metadata = ferry::default_metadata().connect_store(&probe).await?;
         let key = ferry::MetadataKeys::new(cfg.cluster_id()).segment(peer);
         let bytes =
             metadata.get(&key).await?.ok_or_else(|| ferry::Error::not_found(format!("no descriptor at {key}")))?;
