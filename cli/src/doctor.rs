@@ -146,6 +146,7 @@ pub(crate) async fn run(args: DoctorArgs) -> Result<std::process::ExitCode> {
                     metadata.kinds().join(", ")
                 ));
             }
+            println!("control channel:  {}", control_channel(&cfg, &server, &metadata));
         }
         Err(e) => problems.push(e.message().to_owned()),
     }
@@ -325,6 +326,25 @@ fn print_backends(b: &hccl::Backends, protocol: &str) {
         }
         (Ok(()), Err(_)) => println!("  direct HCCL:    on, for every peer (fallback: HIXL is off)"),
         (Err(why), _) => println!("  direct HCCL:    off: {why}"),
+    }
+}
+
+/// What carries an engine's notifications and probes with `server` (the store's own channel,
+/// the registry's beside it, or none), and on which port.
+fn control_channel(cfg: &Config, server: &MetadataServer, metadata: &ferry::MetadataRegistry) -> String {
+    let port = match cfg.rpc_port {
+        Some(p) => format!("RPC port {p} [{}]", source(cfg, "rpc_port")),
+        None => "a free RPC port in 15000..17000 (published in the rpc entry)".to_owned(),
+    };
+    match (server, metadata.channel_name()) {
+        (MetadataServer::Embedded, _) => {
+            "none: the in-process store runs no listener (notifications and probes answer unsupported)".to_owned()
+        }
+        (MetadataServer::P2pHandshake, _) => {
+            "the P2P handshake itself (peers reached at their names' ports)".to_owned()
+        }
+        (_, Some(name)) => format!("{name} beside the store, on {port}"),
+        (_, None) => "none built into this binary (notifications and probes answer unsupported)".to_owned(),
     }
 }
 
