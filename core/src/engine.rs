@@ -1598,6 +1598,112 @@ mod tests {
         assert_eq!(e.allocate_host_memory(1).await.unwrap_err().kind(), ErrorKind::Shutdown);
     }
 
+    /// A control channel that records what the engine asks of it.
+    #[derive(Default)]
+    struct Recorder {
+        events: Mutex<Vec<String>>,
+        refuse_claims: bool,
+    }
+    impl Recorder {
+        fn log(&self, event: String) {
+            self.events.lock().unwrap().push(event);
+        }
+        fn events(&self) -> Vec<String> {
+            self.events.lock().unwrap().clone()
+        }
+    }
+    #[async_trait::async_trait]
+    impl ControlChannel for Recorder {
+        fn name(&self) -> &str {
+            "recorder"
+        }
+        fn rpc_port(&self) -> Option<u16> {
+            Some(15999)
+        }
+        async fn claim_rpc_entry(&self, key: &str, entry: &[u8]) -> Result<()> {
+            self.log(format!("claim {key} {}", String::from_utf8_lossy(entry)));
+            if self.refuse_claims {
+                return Err(Error::new(ErrorKind::AlreadyExists, "segment name in use"));
+            }
+            Ok(())
+        }
+        fn descriptor_published(&self, descriptor: Option<&[u8]>) {
+            let name = descriptor.map(|d| SegmentDescriptor::from_json("k", d).unwrap().name);
+            self.log(format!("published {name:?}"));
+        }
+        async fn notify(&self, segment: &str, n: &crate::Notification) -> Result<()> {
+            self.log(format!("notify {segment} {} {}", n.name, n.notify_msg));
+            Ok(())
+        }
+        fn drain_notifications(&self) -> Vec<crate::Notification> {
+            vec![crate::Notification { name: "peer".into(), notify_msg: "hi".into() }]
+        }
+        async fn probe(&self, segment: &str) -> Result<()> {
+            self.log(format!("probe {segment}"));
+            Ok(())
+        }
+        async fn close(&self) {
+            self.log("close".into());
+        }
+    }
+
+    #[tokio::test]
+    async fn the_engine_tells_its_control_channel_what_it_publishes_and_closes_it_last() {
+        let text = r#"{"local_hostname": "10.0.0.5:17000", "protocol": "still"}"#;
+        let channel = Arc::new(Recorder::default());
+        let meta = InProcessMetadata::new();
+        let mut b = EngineBuilder::new()
+            .config(Config::from_json_str(text, None).unwrap())
+            .metadata(meta.clone() as Arc<dyn MetadataStore>)
+            .control_channel(channel.clone());
+        b.transports_mut().install(Arc::new(StillFactory::default()));
+        let e = b.build().await.unwrap();
+        assert_eq!((e.control_channel(), e.rpc_port()), ("recorder", Some(15999)));
+        let rpc = r#"{"ip_or_host_name":"10.0.0.5","rpc_port":15999}"#;
+        assert_eq!(
+            meta.get("mooncake/rpc_meta/10.0.0.5:17000").await.unwrap().as_deref(),
+            Some(rpc.as_bytes()),
+            "the rpc entry names the channel's port"
+        );
+        e.send_notification("10.0.0.6:1", "done").await.unwrap();
+        e.probe("10.0.0.6:1").await.unwrap();
+        assert_eq!(e.get_notifications()[0].notify_msg, "hi");
+        e.shutdown().await.unwrap();
+        assert_eq!(
+            channel.events(),
+            [
+                r#"published Some("10.0.0.5:17000")"#.to_owned(),
+                format!("claim mooncake/rpc_meta/10.0.0.5:17000 {rpc}"),
+                "notify 10.0.0.6:1 10.0.0.5:17000 done".to_owned(),
+                "probe 10.0.0.6:1".to_owned(),
+                "published None".to_owned(),
+                "close".to_owned(),
+            ]
+        );
+        assert!(meta.keys().is_empty(), "unpublished before the channel closed");
+
+        // A channel that refuses the name: the engine does not start.
+        let refusing = Arc::new(Recorder { refuse_claims: true, ..Recorder::default() });
+        let mut b = EngineBuilder::new()
+            .config(Config::from_json_str(text, None).unwrap())
+            .metadata(InProcessMetadata::new() as Arc<dyn MetadataStore>)
+            .control_channel(refusing);
+        b.transports_mut().install(Arc::new(StillFactory::default()));
+        assert_eq!(b.build().await.unwrap_err().kind(), ErrorKind::AlreadyExists);
+    }
+
+    #[tokio::test]
+    async fn a_store_given_without_a_channel_answers_unsupported_saying_why() {
+        let factory = Arc::new(StillFactory::default());
+        let e = builder(r#"{"local_hostname": "10.0.0.5:1", "protocol": "still"}"#, &factory).build().await.unwrap();
+        assert_eq!(e.control_channel(), "none");
+        assert_eq!(e.rpc_port(), Some(1), "the name's port");
+        let err = e.send_notification("10.0.0.6:1", "m").await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Unsupported);
+        assert!(err.message().contains("EngineBuilder::control_channel"), "{err}");
+        e.shutdown().await.unwrap();
+    }
+
     #[test]
     fn timestamps_look_like_mooncakes() {
         let t = timestamp_now();

@@ -334,6 +334,106 @@ mod tests {
         assert!(w.try_recv().is_err(), "the other/ key and the absent delete are not reported");
     }
 
+    /// A channel that only has a name.
+    struct Named(&'static str);
+    #[async_trait]
+    impl ControlChannel for Named {
+        fn name(&self) -> &str {
+            self.0
+        }
+        async fn notify(&self, _: &str, _: &crate::Notification) -> Result<()> {
+            Ok(())
+        }
+        fn drain_notifications(&self) -> Vec<crate::Notification> {
+            Vec::new()
+        }
+        async fn probe(&self, _: &str) -> Result<()> {
+            Ok(())
+        }
+    }
+
+    /// Starts a `beside` channel and counts the starts.
+    #[derive(Default)]
+    struct Beside(std::sync::atomic::AtomicUsize);
+    #[async_trait]
+    impl ControlChannelFactory for Beside {
+        fn name(&self) -> &'static str {
+            "beside"
+        }
+        async fn start(&self, _: Arc<dyn MetadataStore>, _: &Config) -> Result<Arc<dyn ControlChannel>> {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Ok(Arc::new(Named("beside")))
+        }
+    }
+
+    /// A store that is its own channel.
+    struct Both;
+    #[async_trait]
+    impl MetadataStore for Both {
+        fn name(&self) -> &str {
+            "both"
+        }
+        async fn get(&self, _: &str) -> Result<Option<Vec<u8>>> {
+            Ok(None)
+        }
+        async fn put(&self, _: &str, _: &[u8]) -> Result<()> {
+            Ok(())
+        }
+        async fn delete(&self, _: &str) -> Result<()> {
+            Ok(())
+        }
+        fn control_channel(&self) -> Option<Arc<dyn ControlChannel>> {
+            Some(Arc::new(Named("own")))
+        }
+    }
+
+    /// Builds a store of one kind: `Both` for `p2p`, a private in-process store otherwise.
+    struct Stores(&'static str);
+    #[async_trait]
+    impl MetadataFactory for Stores {
+        fn kind(&self) -> &'static str {
+            self.0
+        }
+        async fn connect(&self, _: &MetadataServer, _: &Config) -> Result<Arc<dyn MetadataStore>> {
+            Ok(match self.0 {
+                "p2p" => Arc::new(Both),
+                _ => InProcessMetadata::new(),
+            })
+        }
+    }
+
+    #[tokio::test]
+    async fn the_registry_starts_its_channel_beside_stores_that_are_not_channels_themselves() {
+        let cfg = |server: &str| Config::from_json_str(&format!(r#"{{"metadata_server":"{server}"}}"#), None).unwrap();
+        let mut r = MetadataRegistry::new();
+        r.install(Arc::new(Stores("http")));
+        r.install(Arc::new(Stores("p2p")));
+        // No channel installed: the store alone, and a channel that says why.
+        let m = r.connect(&cfg("http://h:1/metadata")).await.unwrap();
+        assert_eq!((m.store.name(), m.channel.name()), ("embedded", "none"));
+        let e = m.channel.notify("x:1", &crate::Notification { name: "a".into(), notify_msg: "m".into() }).await;
+        let e = e.unwrap_err();
+        assert_eq!(e.kind(), crate::ErrorKind::Unsupported);
+        assert!(e.message().contains("no control channel installed") && e.message().contains("`p2p`"), "{e}");
+
+        let beside = Arc::new(Beside::default());
+        r.install_channel(beside.clone());
+        assert_eq!(r.channel_name(), Some("beside"));
+        let m = r.connect(&cfg("http://h:1/metadata")).await.unwrap();
+        assert_eq!(m.channel.name(), "beside", "a store built from metadata_server gets the installed channel");
+        // A store that is a channel keeps its own; nothing is started beside it.
+        let m = r.connect(&cfg("P2PHANDSHAKE")).await.unwrap();
+        assert_eq!((m.store.name(), m.channel.name()), ("both", "own"));
+        // The embedded store serves the engines of one process: no listener.
+        let m = r.connect(&cfg("")).await.unwrap();
+        assert_eq!((m.store.name(), m.channel.name()), ("embedded", "none"));
+        let e = m.channel.probe("x:1").await.unwrap_err();
+        assert!(e.message().starts_with("the embedded metadata backend has no control channel to probe"), "{e}");
+        // The store alone starts nothing.
+        assert_eq!(r.connect_store(&cfg("http://h:1/metadata")).await.unwrap().name(), "embedded");
+        assert_eq!(beside.0.load(std::sync::atomic::Ordering::SeqCst), 1);
+    }
+
     #[tokio::test]
     async fn missing_backend_is_named() {
         let cfg = Config::from_json_str(r#"{"metadata_server":"etcd://h:2379"}"#, None).unwrap();
