@@ -437,7 +437,7 @@ mod tests {
     #[tokio::test]
     async fn missing_backend_is_named() {
         let cfg = Config::from_json_str(r#"{"metadata_server":"etcd://h:2379"}"#, None).unwrap();
-        let e = MetadataRegistry::new().connect(&cfg).await.err().expect("no etcd store installed");
+        let e = MetadataRegistry::new().connect(&cfg).await.expect_err("no etcd store installed");
         assert_eq!(e.kind(), crate::ErrorKind::Config);
         assert!(e.message().contains("etcd metadata backend is not built"), "{e}");
         assert!(e.message().contains("available: embedded"), "{e}");
