@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use ferry::{InProcessMetadata, Location, MetadataBackend, Opcode, TransferEngine, TransferRequest, TransportRegistry};
+use ferry::{InProcessMetadata, Location, MetadataStore, Opcode, TransferEngine, TransferRequest, TransportRegistry};
 
 const BATCH: usize = 128;
 const REQ: u64 = 4096;
@@ -33,7 +33,7 @@ fn engine(
             .transports(reg)
             .protocol(protocol)
             .segment_name(name)
-            .metadata(meta.clone() as Arc<dyn MetadataBackend>)
+            .metadata(meta.clone() as Arc<dyn MetadataStore>)
             .build(),
     )
     .unwrap()

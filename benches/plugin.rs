@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use ferry::{
-    Config, EngineBuilder, InProcessMetadata, Location, MetadataBackend, Opcode, TransferEngine, TransferRequest,
+    Config, EngineBuilder, InProcessMetadata, Location, MetadataStore, Opcode, TransferEngine, TransferRequest,
     TransportRegistry,
 };
 
@@ -38,7 +38,7 @@ fn engine(
             .config(config)
             .transports(reg)
             .segment_name(name)
-            .metadata(meta.clone() as Arc<dyn MetadataBackend>)
+            .metadata(meta.clone() as Arc<dyn MetadataStore>)
             .build(),
     )
     .unwrap()

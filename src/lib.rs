@@ -15,7 +15,7 @@
 //! | `hccl`  | Ascend NPUs (`ascend`; `hccl` direct HCCL alone; CANN loaded at run time) and the Ascend identity resolvers (`rank_table`, `env`, `acl`, `hccn_conf`) | yes |
 //! | `hixl`  | the Ascend transport's HIXL backend (`hixl`, `ascend_direct`; Mooncake `ascend_direct` interop; built with the system `c++`) | yes |
 //! | `mock`  | a scriptable transport for unit tests of code built on Ferry (`mock`; see `docs/testing.md`) | no |
-//! | `p2p`   | P2P handshake metadata (`P2PHANDSHAKE`) | yes |
+//! | `p2p`   | P2P handshake metadata (`P2PHANDSHAKE`), and the handshake listener beside every other metadata store (notifications, probes) | yes |
 //! | `http`  | HTTP metadata client (`http://host:port/metadata`) | yes |
 //! | `redis` | Redis metadata (`redis://host:port`) | yes |
 //! | `etcd`  | etcd metadata (`etcd://h1:2379,h2:2379`; building it needs `protoc`) | no |
@@ -95,32 +95,24 @@ pub fn default_transports() -> TransportRegistry {
     registry
 }
 
-#[cfg(feature = "p2p")]
-#[allow(dead_code)] // unused when no store backend is compiled in
-fn notifying<F: MetadataFactory + 'static>(store: F) -> std::sync::Arc<dyn MetadataFactory> {
-    std::sync::Arc::new(ferry_metadata_p2p::NotifyingStoreFactory::new(store))
-}
-
-/// A metadata registry holding every metadata backend compiled in (the embedded in-process
-/// backend is always available).
+/// A metadata registry holding every metadata store compiled in (the embedded in-process store
+/// is always available) and, with the `p2p` feature, Mooncake's handshake listener as the
+/// control channel started beside every store that is not a channel itself (as Mooncake
+/// engines on a store run one), so notifications and probes work on every store. Without it,
+/// they answer `Unsupported`.
 pub fn default_metadata() -> MetadataRegistry {
     #[allow(unused_mut)]
     let mut registry = MetadataRegistry::new();
     #[cfg(feature = "p2p")]
-    registry.install(std::sync::Arc::new(ferry_metadata_p2p::P2pMetadataFactory));
-    // Store backends get Mooncake's handshake listener beside them (notifications), as Mooncake
-    // engines on a store run one. It needs the p2p crate, which speaks the handshake.
-    #[cfg(all(feature = "http", feature = "p2p"))]
-    registry.install(notifying(ferry_metadata_http::HttpMetadataFactory));
-    #[cfg(all(feature = "http", not(feature = "p2p")))]
+    {
+        registry.install(std::sync::Arc::new(ferry_metadata_p2p::P2pMetadataFactory));
+        registry.install_channel(std::sync::Arc::new(ferry_metadata_p2p::HandshakeChannelFactory));
+    }
+    #[cfg(feature = "http")]
     registry.install(std::sync::Arc::new(ferry_metadata_http::HttpMetadataFactory));
-    #[cfg(all(feature = "redis", feature = "p2p"))]
-    registry.install(notifying(ferry_metadata_redis::RedisMetadataFactory));
-    #[cfg(all(feature = "redis", not(feature = "p2p")))]
+    #[cfg(feature = "redis")]
     registry.install(std::sync::Arc::new(ferry_metadata_redis::RedisMetadataFactory));
-    #[cfg(all(feature = "etcd", feature = "p2p"))]
-    registry.install(notifying(ferry_metadata_etcd::EtcdMetadataFactory));
-    #[cfg(all(feature = "etcd", not(feature = "p2p")))]
+    #[cfg(feature = "etcd")]
     registry.install(std::sync::Arc::new(ferry_metadata_etcd::EtcdMetadataFactory));
     registry
 }
@@ -149,8 +141,8 @@ pub fn declared_options() -> Vec<&'static OptionSpec> {
     options
 }
 
-/// An engine builder on the embedded default config with every compiled-in transport and
-/// metadata backend available. Replace the config with `.config(Config::discover()?)` to
+/// An engine builder on the embedded default config with every compiled-in transport, metadata
+/// store and control channel available. Replace the config with `.config(Config::discover()?)` to
 /// honour `MOONCAKE_CONFIG_PATH` and the environment overrides.
 pub fn builder() -> EngineBuilder {
     EngineBuilder::new()

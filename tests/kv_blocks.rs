@@ -137,7 +137,7 @@ async fn failures_are_reported_per_block() {
         .when(ferry_transport_mock::When::Remote { segment: "far".into(), range: poison..poison + 1 })
         .fail(ErrorKind::Transport);
     let remote = script.peer("far", remote_base, vec![0; (0x10_0000 + BLOCKS as u64 * BLOCK_LEN) as usize]);
-    ferry::MetadataBackend::put(&*meta, "mooncake/ram/far", &remote.to_json()).await.unwrap();
+    ferry::MetadataStore::put(&*meta, "mooncake/ram/far", &remote.to_json()).await.unwrap();
     let reg = ferry::TransportRegistry::new().with(Arc::new(script.factory()));
     let e = builder(&meta).transports(reg).protocol("mock").build().await.unwrap();
     let bufs: Vec<Buffer> = (0..2).map(|_| Buffer::zeroed((BLOCKS as u64 * BLOCK_LEN) as usize)).collect();

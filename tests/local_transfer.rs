@@ -130,7 +130,7 @@ async fn the_owners_live_registry_is_checked_again() {
     /// using the descriptor it cached (as with a backend that cannot watch).
     struct NoWatch(std::sync::Arc<InProcessMetadata>);
     #[async_trait::async_trait]
-    impl ferry::MetadataBackend for NoWatch {
+    impl ferry::MetadataStore for NoWatch {
         fn name(&self) -> &str {
             "no-watch"
         }
@@ -144,7 +144,7 @@ async fn the_owners_live_registry_is_checked_again() {
             self.0.delete(key).await
         }
     }
-    let meta: std::sync::Arc<dyn ferry::MetadataBackend> = std::sync::Arc::new(NoWatch(InProcessMetadata::new()));
+    let meta: std::sync::Arc<dyn ferry::MetadataStore> = std::sync::Arc::new(NoWatch(InProcessMetadata::new()));
     let prefill = common::builder(&InProcessMetadata::new())
         .metadata(meta.clone())
         .segment_name("prefill")
@@ -228,12 +228,12 @@ async fn segment_names_are_unique_in_a_process_and_shutdown_unpublishes() {
     let e = builder(&meta).segment_name("same").build().await.unwrap_err();
     assert_eq!(e.kind(), ErrorKind::AlreadyExists, "{e}");
     let key = "mooncake/ram/same";
-    let stored = ferry::MetadataBackend::get(&*meta, key).await.unwrap().unwrap();
+    let stored = ferry::MetadataStore::get(&*meta, key).await.unwrap().unwrap();
     let desc = SegmentDescriptor::from_json(key, &stored).unwrap();
     assert_eq!(desc.protocol, "local");
     assert_eq!(desc.ferry_instance.as_deref(), Some(a.instance_id()));
     a.shutdown().await.unwrap();
-    assert!(ferry::MetadataBackend::get(&*meta, key).await.unwrap().is_none());
+    assert!(ferry::MetadataStore::get(&*meta, key).await.unwrap().is_none());
     assert_eq!(a.open_segment("same").await.unwrap_err().kind(), ErrorKind::Shutdown);
     // The name is free again.
     drop(a);
@@ -246,7 +246,7 @@ async fn host_port_names_publish_an_rpc_entry_and_cluster_ids_prefix_keys() {
     let mut b = builder(&meta).segment_name("127.0.0.1:17123");
     b.config_mut().cluster_id = Some("blue".into());
     let _e = b.build().await.unwrap();
-    let rpc = ferry::MetadataBackend::get(&*meta, "mooncake/blue/rpc_meta/127.0.0.1:17123").await.unwrap().unwrap();
+    let rpc = ferry::MetadataStore::get(&*meta, "mooncake/blue/rpc_meta/127.0.0.1:17123").await.unwrap().unwrap();
     let rpc: ferry::RpcMeta = serde_json::from_slice(&rpc).unwrap();
     assert_eq!(rpc, ferry::RpcMeta { ip_or_host_name: "127.0.0.1".into(), rpc_port: 17123 });
     assert!(meta.keys().contains(&"mooncake/blue/ram/127.0.0.1:17123".to_owned()));

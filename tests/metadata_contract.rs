@@ -1,6 +1,8 @@
 //! One contract, every metadata backend: the same tests run against the in-process store and
 //! against `ferry metadata-server` over real HTTP on loopback; engines find each other and move
-//! data through each; the HTTP server's answers to bad requests.
+//! data through each, notifying each other over the control channel beside the store (a third
+//! party's store, which has no channel code, included); the HTTP server's answers to bad
+//! requests.
 
 // Test buffers are `common::Buffer`s that outlive the engines they are registered with.
 #![allow(clippy::undocumented_unsafe_blocks)]
@@ -9,7 +11,7 @@ mod common;
 
 use std::sync::Arc;
 
-use ferry::{ErrorKind, InProcessMetadata, MetadataBackend};
+use ferry::{ErrorKind, InProcessMetadata, MetadataStore};
 use ferry_metadata_http::HttpMetadata;
 use ferry_metadata_http::server::{Limits, serve};
 use ferry_metadata_http::store::Store;
@@ -35,7 +37,7 @@ async fn stoppable(
 }
 
 /// The contract every backend keeps.
-async fn contract(m: &dyn MetadataBackend) {
+async fn contract(m: &dyn MetadataStore) {
     let name = m.name().to_owned();
     let key = "mooncake/ram/127.0.0.1:17000";
     assert_eq!(m.get(key).await.unwrap(), None, "{name}: an absent key is None");
@@ -305,6 +307,101 @@ async fn connections_that_go_quiet_are_closed_after_the_idle_timeout() {
     assert_eq!(c.get(format!("http://{addr}/health")).send().await.unwrap().status().as_u16(), 200);
 }
 
+/// A third party's store: get/put/delete over a map the test's engines share, and no control
+/// channel code at all.
+struct ThirdParty(Arc<InProcessMetadata>);
+
+#[async_trait::async_trait]
+impl MetadataStore for ThirdParty {
+    fn name(&self) -> &str {
+        "third-party"
+    }
+    async fn get(&self, key: &str) -> ferry::Result<Option<Vec<u8>>> {
+        self.0.get(key).await
+    }
+    async fn put(&self, key: &str, value: &[u8]) -> ferry::Result<()> {
+        self.0.put(key, value).await
+    }
+    async fn delete(&self, key: &str) -> ferry::Result<()> {
+        self.0.delete(key).await
+    }
+}
+
+/// Serves `redis://` URLs with a [`ThirdParty`] store on `.0`.
+struct ThirdPartyFactory(Arc<InProcessMetadata>);
+
+#[async_trait::async_trait]
+impl ferry::MetadataFactory for ThirdPartyFactory {
+    fn kind(&self) -> &'static str {
+        "redis"
+    }
+    async fn connect(&self, _: &ferry::MetadataServer, _: &ferry::Config) -> ferry::Result<Arc<dyn MetadataStore>> {
+        Ok(Arc::new(ThirdParty(self.0.clone())))
+    }
+}
+
+fn third_party_config(name: &str) -> ferry::Config {
+    let text = format!(
+        r#"{{"local_hostname": "{name}", "metadata_server": "redis://third-party.invalid:6379", "protocol": "tcp",
+             "transfer_timeout_ms": 5000}}"#
+    );
+    ferry::Config::from_json_str(&text, None).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_third_party_store_gets_notifications_through_the_generic_listener() {
+    let shared = InProcessMetadata::new();
+    let engine = async |name: &str| {
+        let mut metadata = ferry::default_metadata();
+        metadata.install(Arc::new(ThirdPartyFactory(shared.clone())));
+        let b = ferry::builder().config(third_party_config(name)).transports(common::tcp_only());
+        b.metadata_registry(metadata).build().await.unwrap()
+    };
+    let a = engine("127.0.0.1:40041").await;
+    let b = engine("127.0.0.1:40042").await;
+    assert_eq!((a.metadata_backend(), a.control_channel()), ("third-party", "handshake listener"));
+    // The rpc entry in the store names the listener started beside it.
+    let rpc = shared.get("mooncake/rpc_meta/127.0.0.1:40041").await.unwrap().unwrap();
+    let rpc: ferry::RpcMeta = serde_json::from_slice(&rpc).unwrap();
+    assert!(a.rpc_port() == Some(rpc.rpc_port) && (15000..17000).contains(&rpc.rpc_port), "{rpc:?}");
+    common::read_across(&a, &b).await;
+    common::notify_across(&a, &b, "a to b through a third party's store").await;
+    common::notify_across(&b, &a, "b to a through a third party's store").await;
+    a.probe(b.segment_name()).await.unwrap();
+
+    // Given to the builder directly, the store has no channel unless one is given with it.
+    let store: Arc<dyn MetadataStore> = Arc::new(ThirdParty(shared.clone()));
+    let alone = ferry::builder()
+        .config(third_party_config("127.0.0.1:40043"))
+        .transports(common::tcp_only())
+        .metadata(store.clone())
+        .build()
+        .await
+        .unwrap();
+    assert_eq!(alone.control_channel(), "none");
+    let e = alone.send_notification(a.segment_name(), "unsent").await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Unsupported, "{e}");
+    assert!(e.message().contains("the third-party metadata backend has no control channel"), "{e}");
+    alone.shutdown().await.unwrap();
+    let cfg = third_party_config("127.0.0.1:40044");
+    let channel = ferry::default_metadata().channel_beside(&store, &cfg).await.unwrap();
+    let given = ferry::builder()
+        .config(cfg)
+        .transports(common::tcp_only())
+        .metadata(store)
+        .control_channel(channel)
+        .build()
+        .await
+        .unwrap();
+    common::notify_across(&given, &a, "from an engine given the store and its channel").await;
+    common::notify_across(&a, &given, "to an engine given the store and its channel").await;
+
+    for e in [given, b, a] {
+        e.shutdown().await.unwrap();
+    }
+    assert!(shared.keys().is_empty(), "every engine unpublished itself: {:?}", shared.keys());
+}
+
 #[tokio::test]
 async fn p2p_backend_keeps_its_form_of_the_contract() {
     use ferry_metadata_p2p::P2pMetadata;
@@ -313,7 +410,7 @@ async fn p2p_backend_keeps_its_form_of_the_contract() {
     let cfg = ferry::Config::from_json_str(r#"{"local_hostname": "127.0.0.1"}"#, None).unwrap();
     let a = P2pMetadata::start(&cfg).await.unwrap();
     let b = P2pMetadata::start(&cfg).await.unwrap();
-    let a_name = a.segment_name_hint().unwrap();
+    let a_name = a.segment_name();
     let a_key = format!("mooncake/ram/{a_name}");
     assert_eq!(a.get(&a_key).await.unwrap(), None, "own descriptor not published yet");
     assert!(b.get(&a_key).await.is_err(), "a peer with nothing published does not answer");

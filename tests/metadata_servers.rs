@@ -15,13 +15,13 @@ use std::time::{Duration, Instant};
 
 use common::servers::Server;
 use common::{Buffer, pattern_buffer};
-use ferry::{Location, MetadataBackend, Opcode, TransferEngine, TransferRequest};
+use ferry::{Location, MetadataStore, Opcode, TransferEngine, TransferRequest};
 use ferry_metadata_etcd::EtcdMetadata;
 use ferry_metadata_redis::RedisMetadata;
 
 /// The contract (same as tests/metadata_contract.rs, which cannot be shared across test crates
 /// without a library of its own).
-async fn contract(m: &dyn MetadataBackend) {
+async fn contract(m: &dyn MetadataStore) {
     let name = m.name().to_owned();
     let key = format!("mooncake/ram/127.0.0.1:{}", std::process::id());
     assert_eq!(m.get(&key).await.unwrap(), None, "{name}: an absent key is None");

@@ -13,7 +13,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use common::Buffer;
 use ferry::{
-    Capabilities, Error, ErrorKind, Identity, InProcessMetadata, Location, MetadataBackend, Opcode, OpenSegment,
+    Capabilities, Error, ErrorKind, Identity, InProcessMetadata, Location, MetadataStore, Opcode, OpenSegment,
     ResolveQuery, ResolverChain, SegmentDescriptor, SegmentResolver, Submission, TransferRequest, Transport,
     TransportContext, TransportFactory, TransportRegistry, WatchEvent,
 };
@@ -22,7 +22,7 @@ use mockall::mock;
 mock! {
     pub Meta {}
     #[async_trait]
-    impl MetadataBackend for Meta {
+    impl MetadataStore for Meta {
         fn name(&self) -> &str;
         async fn get(&self, key: &str) -> ferry::Result<Option<Vec<u8>>>;
         async fn put(&self, key: &str, value: &[u8]) -> ferry::Result<()>;
@@ -85,7 +85,7 @@ fn peer_descriptor(addr: u64, len: u64) -> Vec<u8> {
     d.to_json()
 }
 
-async fn engine_with(wire: MockWire, meta: Arc<dyn MetadataBackend>) -> ferry::Result<ferry::TransferEngine> {
+async fn engine_with(wire: MockWire, meta: Arc<dyn MetadataStore>) -> ferry::Result<ferry::TransferEngine> {
     ferry::builder()
         .transports(TransportRegistry::new().with(Arc::new(Fixed(Arc::new(wire)))))
         .protocol("wire")
@@ -157,7 +157,7 @@ async fn submit_errors_fail_every_request_and_peer_loss_refreshes_the_descriptor
     let meta = InProcessMetadata::new();
     let buf = Buffer::zeroed(4096);
     let remote = 0x7000_0000u64;
-    MetadataBackend::put(&*meta, "mooncake/ram/peer", &peer_descriptor(remote, 1 << 20)).await.unwrap();
+    MetadataStore::put(&*meta, "mooncake/ram/peer", &peer_descriptor(remote, 1 << 20)).await.unwrap();
 
     let calls = Arc::new(AtomicUsize::new(0));
     let mut wire = MockWire::new();
@@ -194,7 +194,7 @@ async fn submit_errors_fail_every_request_and_peer_loss_refreshes_the_descriptor
     assert!(e.segment(peer).unwrap().is_stale());
 
     // 3. The peer re-published with a different buffer: the next submit refetches and sees it.
-    MetadataBackend::put(&*meta, "mooncake/ram/peer", &peer_descriptor(remote + (1 << 20), 1 << 20)).await.unwrap();
+    MetadataStore::put(&*meta, "mooncake/ram/peer", &peer_descriptor(remote + (1 << 20), 1 << 20)).await.unwrap();
     let moved: Vec<TransferRequest> =
         reqs.iter().map(|r| TransferRequest { target_offset: r.target_offset + (1 << 20), ..*r }).collect();
     e.transfer(&moved).await.unwrap();
@@ -206,7 +206,7 @@ async fn submit_errors_fail_every_request_and_peer_loss_refreshes_the_descriptor
 async fn a_transport_that_never_completes_times_out_and_can_be_cancelled() {
     let meta = InProcessMetadata::new();
     let remote = 0x1000u64;
-    MetadataBackend::put(&*meta, "mooncake/ram/peer", &peer_descriptor(remote, 4096)).await.unwrap();
+    MetadataStore::put(&*meta, "mooncake/ram/peer", &peer_descriptor(remote, 4096)).await.unwrap();
     let mut wire = MockWire::new();
     wire_basics(&mut wire);
     wire.expect_register_memory().returning(|_| Ok(()));
@@ -249,7 +249,7 @@ async fn a_transport_that_never_completes_times_out_and_can_be_cancelled() {
 async fn a_transport_that_drops_its_requests_fails_them_instead_of_hanging() {
     let meta = InProcessMetadata::new();
     let remote = 0x1000u64;
-    MetadataBackend::put(&*meta, "mooncake/ram/peer", &peer_descriptor(remote, 4096)).await.unwrap();
+    MetadataStore::put(&*meta, "mooncake/ram/peer", &peer_descriptor(remote, 4096)).await.unwrap();
     let mut wire = MockWire::new();
     wire_basics(&mut wire);
     wire.expect_register_memory().returning(|_| Ok(()));
@@ -272,8 +272,8 @@ async fn a_descriptor_of_an_unknown_protocol_names_what_is_installed() {
     let meta = InProcessMetadata::new();
     let mut d = SegmentDescriptor::new("rdma-peer", "rdma");
     d.buffers.clear();
-    MetadataBackend::put(&*meta, "mooncake/ram/rdma-peer", &d.to_json()).await.unwrap();
-    MetadataBackend::put(&*meta, "mooncake/ram/garbage", b"{\"name\": 3}").await.unwrap();
+    MetadataStore::put(&*meta, "mooncake/ram/rdma-peer", &d.to_json()).await.unwrap();
+    MetadataStore::put(&*meta, "mooncake/ram/garbage", b"{\"name\": 3}").await.unwrap();
     let mut wire = MockWire::new();
     wire_basics(&mut wire);
     let e = engine_with(wire, meta).await.unwrap();
@@ -353,7 +353,7 @@ async fn a_transport_that_cannot_let_go_of_memory_keeps_it_registered() {
 async fn a_peer_is_opened_once_per_descriptor_and_its_error_reaches_each_submit() {
     let meta = InProcessMetadata::new();
     let remote = 0x1000u64;
-    MetadataBackend::put(&*meta, "mooncake/ram/peer", &peer_descriptor(remote, 4096)).await.unwrap();
+    MetadataStore::put(&*meta, "mooncake/ram/peer", &peer_descriptor(remote, 4096)).await.unwrap();
     let opens = Arc::new(AtomicUsize::new(0));
     let mut wire = MockWire::new();
     w_basics_without_open(&mut wire);

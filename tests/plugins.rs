@@ -85,7 +85,7 @@ async fn plugin_engine(
     EngineBuilder::new()
         .config(config)
         .transports(registry.with_source(Arc::new(PluginSource)))
-        .metadata(meta.clone() as Arc<dyn ferry::MetadataBackend>)
+        .metadata(meta.clone() as Arc<dyn ferry::MetadataStore>)
         .segment_name(name)
         .build()
         .await
@@ -331,8 +331,7 @@ async fn descriptor_protocols_that_are_not_plugin_names_are_refused() -> Result<
     .await?;
     for protocol in ["../../tmp/evil", "rdma"] {
         let desc = SegmentDescriptor::new(format!("peer-{}", protocol.len()), protocol);
-        ferry::MetadataBackend::put(&*meta, &ferry::MetadataKeys::new(None).segment(&desc.name), &desc.to_json())
-            .await?;
+        ferry::MetadataStore::put(&*meta, &ferry::MetadataKeys::new(None).segment(&desc.name), &desc.to_json()).await?;
         let e = b.open_segment(&desc.name).await.expect_err("no transport");
         assert_eq!(e.kind(), ErrorKind::Unsupported, "{e}");
         assert!(e.message().contains(protocol) && e.message().contains("cannot load"), "{e}");

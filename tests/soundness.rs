@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{Buffer, tcp_only};
-use ferry::{InProcessMetadata, Location, MetadataBackend, Opcode, SegmentDescriptor, TransferRequest};
+use ferry::{InProcessMetadata, Location, MetadataStore, Opcode, SegmentDescriptor, TransferRequest};
 
 /// A tcp "peer" that accepts connections and never answers: a read to it stays in flight in the
 /// tcp transport (its reader would write the response into the local buffer).
@@ -35,11 +35,11 @@ fn silent_peer(name: &str) -> (std::net::TcpListener, SegmentDescriptor) {
 async fn a_caller_cannot_release_memory_a_transport_still_writes() {
     let (silent, d) = silent_peer("silent");
     let meta = InProcessMetadata::new();
-    MetadataBackend::put(&*meta, "mooncake/ram/silent", &d.to_json()).await.unwrap();
+    MetadataStore::put(&*meta, "mooncake/ram/silent", &d.to_json()).await.unwrap();
     let e = ferry::builder()
         .transports(tcp_only())
         .protocol("tcp")
-        .metadata(meta as Arc<dyn MetadataBackend>)
+        .metadata(meta as Arc<dyn MetadataStore>)
         .transfer_timeout(Duration::from_secs(30))
         .build()
         .await

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{Buffer, p2p_tcp_engine, pattern, pattern_buffer, tcp_only};
-use ferry::{ErrorKind, InProcessMetadata, Location, MetadataBackend, Opcode, SegmentDescriptor, TransferRequest};
+use ferry::{ErrorKind, InProcessMetadata, Location, MetadataStore, Opcode, SegmentDescriptor, TransferRequest};
 use ferry_metadata_p2p::frame::{FrameType, encode, read_frame};
 use ferry_transport_tcp::wire::{Header, STATUS_LEN, Status};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -117,7 +117,7 @@ async fn raw_target(timeout: Duration) -> (ferry::TransferEngine, Buffer, u16) {
         .transports(tcp_only())
         .protocol("tcp")
         .segment_name("127.0.0.1:1")
-        .metadata(meta as Arc<dyn MetadataBackend>)
+        .metadata(meta as Arc<dyn MetadataStore>)
         .transfer_timeout(timeout)
         .build()
         .await
@@ -255,18 +255,18 @@ async fn a_silent_peer_times_out_and_a_dead_peer_is_unreachable() {
     let silent_port = silent.local_addr().unwrap().port();
     let meta = InProcessMetadata::new();
     let d = fake_peer("silent", silent_port, 0x1000, 1 << 20);
-    MetadataBackend::put(&*meta, "mooncake/ram/silent", &d.to_json()).await.unwrap();
+    MetadataStore::put(&*meta, "mooncake/ram/silent", &d.to_json()).await.unwrap();
     let mut dead = d.clone();
     dead.name = "dead".into();
     dead.tcp_data_port = Some({
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         l.local_addr().unwrap().port() // closed when `l` drops: nothing listens there
     });
-    MetadataBackend::put(&*meta, "mooncake/ram/dead", &dead.to_json()).await.unwrap();
+    MetadataStore::put(&*meta, "mooncake/ram/dead", &dead.to_json()).await.unwrap();
     let e = ferry::builder()
         .transports(tcp_only())
         .protocol("tcp")
-        .metadata(meta as Arc<dyn MetadataBackend>)
+        .metadata(meta as Arc<dyn MetadataStore>)
         .transfer_timeout(Duration::from_millis(300))
         .build()
         .await
@@ -347,11 +347,11 @@ async fn an_early_answer_never_releases_a_write_whose_payload_is_still_being_sen
     });
     let meta = InProcessMetadata::new();
     let d = fake_peer("early", port, 0x1000_0000, 64 << 20);
-    MetadataBackend::put(&*meta, "mooncake/ram/early", &d.to_json()).await.unwrap();
+    MetadataStore::put(&*meta, "mooncake/ram/early", &d.to_json()).await.unwrap();
     let e = ferry::builder()
         .transports(tcp_only())
         .protocol("tcp")
-        .metadata(meta as Arc<dyn MetadataBackend>)
+        .metadata(meta as Arc<dyn MetadataStore>)
         .transfer_timeout(Duration::from_millis(800))
         .build()
         .await
@@ -375,11 +375,11 @@ async fn shutdown_fails_requests_waiting_on_a_silent_peer_at_once() {
     let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let meta = InProcessMetadata::new();
     let d = fake_peer("silent", silent.local_addr().unwrap().port(), 0x1000, 1 << 20);
-    MetadataBackend::put(&*meta, "mooncake/ram/silent", &d.to_json()).await.unwrap();
+    MetadataStore::put(&*meta, "mooncake/ram/silent", &d.to_json()).await.unwrap();
     let e = ferry::builder()
         .transports(tcp_only())
         .protocol("tcp")
-        .metadata(meta as Arc<dyn MetadataBackend>)
+        .metadata(meta as Arc<dyn MetadataStore>)
         .transfer_timeout(Duration::from_secs(20))
         .build()
         .await

@@ -146,6 +146,7 @@ pub(crate) async fn run(args: DoctorArgs) -> Result<std::process::ExitCode> {
                     metadata.kinds().join(", ")
                 ));
             }
+            println!("control channel:  {}", control_channel(&cfg, &server, &metadata));
         }
         Err(e) => problems.push(e.message().to_owned()),
     }
@@ -328,6 +329,25 @@ fn print_backends(b: &hccl::Backends, protocol: &str) {
     }
 }
 
+/// What carries an engine's notifications and probes with `server` (the store's own channel,
+/// the registry's beside it, or none), and on which port.
+fn control_channel(cfg: &Config, server: &MetadataServer, metadata: &ferry::MetadataRegistry) -> String {
+    let port = match cfg.rpc_port {
+        Some(p) => format!("RPC port {p} [{}]", source(cfg, "rpc_port")),
+        None => "a free RPC port in 15000..17000 (published in the rpc entry)".to_owned(),
+    };
+    match (server, metadata.channel_name()) {
+        (MetadataServer::Embedded, _) => {
+            "none: the in-process store runs no listener (notifications and probes answer unsupported)".to_owned()
+        }
+        (MetadataServer::P2pHandshake, _) => {
+            "the P2P handshake itself (peers reached at their names' ports)".to_owned()
+        }
+        (_, Some(name)) => format!("{name} beside the store, on {port}"),
+        (_, None) => "none built into this binary (notifications and probes answer unsupported)".to_owned(),
+    }
+}
+
 /// Which backend reaches `peer` (its descriptor read from the metadata service), and why.
 async fn print_peer_route(cfg: &Config, b: &hccl::Backends, peer: &str) {
     // Only to read: the metadata client's own listeners (the P2P handshake's RPC port) bind
@@ -336,7 +356,8 @@ async fn print_peer_route(cfg: &Config, b: &hccl::Backends, peer: &str) {
     probe.local_hostname = Some("127.0.0.1".into());
     probe.base_port = None;
     let desc = async {
-        let metadata = ferry::default_metadata().connect(&probe).await?;
+        // The store alone: no control channel is started beside it.
+        let metadata = ferry::default_metadata().connect_store(&probe).await?;
         let key = ferry::MetadataKeys::new(cfg.cluster_id()).segment(peer);
         let bytes =
             metadata.get(&key).await?.ok_or_else(|| ferry::Error::not_found(format!("no descriptor at {key}")))?;

@@ -164,7 +164,24 @@ fn doctor_explains_a_good_config() {
     assert!(s.contains("10.1.2.3:17000:npu_6"), "{s}");
     assert!(s.contains("physical_device  = 6") && s.contains("(from hostname)"), "{s}");
     assert!(s.contains("unknown fields:   rdma_devices"), "{s}");
+    assert!(s.contains("control channel:  none: the in-process store runs no listener"), "{s}");
     assert!(s.contains("status:           OK"), "{s}");
+}
+
+#[test]
+fn doctor_names_the_control_channel_beside_a_store() {
+    let p = tmp(
+        "store.json",
+        r#"{"local_hostname": "10.1.2.3:17000", "protocol": "tcp", "metadata_server": "http://127.0.0.1:1/metadata",
+            "rpc_port": 15123}"#,
+    );
+    let out = ferry().args(["doctor", "--config"]).arg(&p).output().unwrap();
+    let s = String::from_utf8_lossy(&out.stdout);
+    assert!(s.contains("control channel:  handshake listener beside the store, on RPC port 15123 ["), "{s}");
+    let p = tmp("p2p.json", r#"{"local_hostname": "10.1.2.3", "protocol": "tcp", "metadata_server": "P2PHANDSHAKE"}"#);
+    let out = ferry().args(["doctor", "--config"]).arg(&p).output().unwrap();
+    let s = String::from_utf8_lossy(&out.stdout);
+    assert!(s.contains("control channel:  the P2P handshake itself"), "{s}");
 }
 
 #[test]

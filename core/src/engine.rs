@@ -1,5 +1,5 @@
-//! The [`TransferEngine`]: memory registry, segment cache, transport table, metadata backend
-//! and resolver chain, and the submit path that ties them together.
+//! The [`TransferEngine`]: memory registry, segment cache, transport table, metadata store,
+//! control channel and resolver chain, and the submit path that ties them together.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use crate::batch::{Batch, Opcode, SegmentHandle, Submission, TransferRequest};
 use crate::config::{Config, MetadataServer};
+use crate::control::{ControlChannel, NoControlChannel};
 use crate::descriptor::{BufferDesc, MetadataKeys, RpcMeta, SegmentDescriptor};
 use crate::error::{Error, ErrorKind, Result};
 use crate::host_memory::HostAllocation;
@@ -17,7 +18,7 @@ use crate::kv::{
     published_kv_layout, published_kv_layout_names,
 };
 use crate::memory::{Location, MemoryRegistry, Region, RegisteredMemory};
-use crate::metadata::{MetadataBackend, MetadataRegistry, WatchEvent};
+use crate::metadata::{MetadataConnection, MetadataRegistry, MetadataStore, WatchEvent};
 use crate::resolver::{Environment, Resolution, ResolveQuery, ResolverChain, ResolverRegistry};
 use crate::segment::OpenSegment;
 use crate::segment_name::SegmentName;
@@ -29,7 +30,8 @@ pub struct EngineBuilder {
     config: Config,
     transports: TransportRegistry,
     metadata_registry: MetadataRegistry,
-    metadata: Option<Arc<dyn MetadataBackend>>,
+    metadata: Option<Arc<dyn MetadataStore>>,
+    control_channel: Option<Arc<dyn ControlChannel>>,
     resolvers: Option<ResolverChain>,
     resolver_registry: ResolverRegistry,
     local_rank: Option<u32>,
@@ -59,6 +61,7 @@ impl EngineBuilder {
             transports: TransportRegistry::new(),
             metadata_registry: MetadataRegistry::new(),
             metadata: None,
+            control_channel: None,
             resolvers: None,
             resolver_registry: ResolverRegistry::with_builtin(),
             local_rank: None,
@@ -105,15 +108,27 @@ impl EngineBuilder {
         &mut self.transports
     }
 
-    /// The metadata backends the engine may connect to by config.
+    /// The metadata stores the engine may connect to by config, and the control channel started
+    /// beside them.
     pub fn metadata_registry(mut self, registry: MetadataRegistry) -> Self {
         self.metadata_registry = registry;
         self
     }
 
-    /// Uses this metadata backend instead of the one the config names.
-    pub fn metadata(mut self, backend: Arc<dyn MetadataBackend>) -> Self {
-        self.metadata = Some(backend);
+    /// Uses this metadata store instead of the one the config names. Its control channel is the
+    /// one given with [`control_channel`](Self::control_channel), else the store's own
+    /// ([`MetadataStore::control_channel`]), else none: the registry's channel is started only
+    /// beside the stores it builds ([`MetadataRegistry::channel_beside`] starts it for a store
+    /// built elsewhere).
+    pub fn metadata(mut self, store: Arc<dyn MetadataStore>) -> Self {
+        self.metadata = Some(store);
+        self
+    }
+
+    /// Uses this control channel (notifications, probes, the RPC port published in the rpc
+    /// entry) instead of the one the metadata store brings or the registry starts.
+    pub fn control_channel(mut self, channel: Arc<dyn ControlChannel>) -> Self {
+        self.control_channel = Some(channel);
         self
     }
 
@@ -189,13 +204,26 @@ impl EngineBuilder {
             Some(chain) => chain,
             None => self.resolver_registry.build_chain(&config, &Environment::process())?,
         };
-        let metadata = match self.metadata {
-            Some(m) => m,
-            None => self.metadata_registry.connect(&config).await?,
+        let MetadataConnection { store, channel } = match (self.metadata, self.control_channel) {
+            (Some(store), Some(channel)) => MetadataConnection { store, channel },
+            (Some(store), None) => {
+                let channel = store.control_channel().unwrap_or_else(|| {
+                    Arc::new(NoControlChannel::new(
+                        store.name(),
+                        "a store given to EngineBuilder::metadata has none unless one is given with \
+                         EngineBuilder::control_channel",
+                    ))
+                });
+                MetadataConnection { store, channel }
+            }
+            (None, Some(channel)) => {
+                MetadataConnection { store: self.metadata_registry.connect_store(&config).await?, channel }
+            }
+            (None, None) => self.metadata_registry.connect(&config).await?,
         };
-        let name = match metadata.segment_name_hint().or(configured_name) {
+        let name = match channel.segment_name_hint().or(configured_name) {
             Some(n) => n,
-            None if server == MetadataServer::Embedded || metadata.name() == "embedded" => {
+            None if server == MetadataServer::Embedded || store.name() == "embedded" => {
                 static NEXT: AtomicU64 = AtomicU64::new(0);
                 format!("ferry-{}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed))
             }
@@ -218,7 +246,7 @@ impl EngineBuilder {
             memory: memory.clone(),
             runtime: runtime.clone(),
             resolvers: resolvers.clone(),
-            descriptors: Some(Arc::new(MetadataDescriptors { metadata: metadata.clone(), keys: keys.clone() })),
+            descriptors: Some(Arc::new(MetadataDescriptors { store: store.clone(), keys: keys.clone() })),
         };
         let mut transports: Vec<Arc<dyn Transport>> = Vec::new();
         for factory in self.transports.companions() {
@@ -235,7 +263,8 @@ impl EngineBuilder {
             instance,
             config,
             memory,
-            metadata,
+            store,
+            channel,
             keys,
             transports: RwLock::new(Arc::new(transports)),
             primary,
@@ -256,11 +285,17 @@ impl EngineBuilder {
         inner.publish().await?;
         inner.publish_rpc().await?;
         let mut tasks = vec![inner.runtime.spawn(keep_published(Arc::downgrade(&inner)))];
-        if let Some(rx) = inner.metadata.watch(inner.keys.prefix()).await? {
+        if let Some(rx) = inner.store.watch(inner.keys.prefix()).await? {
             tasks.push(inner.runtime.spawn(watch_segments(Arc::downgrade(&inner), rx)));
         }
         *inner.watch_task.lock().unwrap_or_else(|p| p.into_inner()) = tasks;
-        tracing::info!(segment = %inner.name, protocol = inner.primary.protocol(), metadata = inner.metadata.name(), "engine started");
+        tracing::info!(
+            segment = %inner.name,
+            protocol = inner.primary.protocol(),
+            metadata = inner.store.name(),
+            control_channel = inner.channel.name(),
+            "engine started"
+        );
         Ok(TransferEngine { inner })
     }
 }
@@ -306,7 +341,10 @@ struct EngineInner {
     instance: String,
     config: Arc<Config>,
     memory: Arc<MemoryRegistry>,
-    metadata: Arc<dyn MetadataBackend>,
+    /// Where descriptors and the rpc entry are published and peers' descriptors found.
+    store: Arc<dyn MetadataStore>,
+    /// Notifications, probes and the RPC port.
+    channel: Arc<dyn ControlChannel>,
     keys: MetadataKeys,
     /// Installed transports, in the order they are tried (companions first). Replaced as a
     /// whole when a peer's descriptor makes the engine load another protocol.
@@ -357,10 +395,10 @@ async fn keep_published(engine: Weak<EngineInner>) {
         if engine.shut_down.load(Ordering::Acquire) {
             return;
         }
-        match engine.metadata.get(&engine.keys.segment(&engine.name)).await {
+        match engine.store.get(&engine.keys.segment(&engine.name)).await {
             Ok(Some(_)) => {}
             Ok(None) => {
-                tracing::warn!(segment = %engine.name, metadata = engine.metadata.name(), "descriptor missing from metadata; publishing again");
+                tracing::warn!(segment = %engine.name, metadata = engine.store.name(), "descriptor missing from metadata; publishing again");
                 if let Err(e) = async {
                     engine.publish().await?;
                     engine.publish_rpc().await
@@ -403,7 +441,7 @@ impl EngineInner {
     /// engine's predecessor after a restart, is replaced as Mooncake does.
     async fn refuse_live_namesake(&self) -> Result<()> {
         let key = self.keys.segment(&self.name);
-        let Ok(Some(bytes)) = self.metadata.get(&key).await else { return Ok(()) };
+        let Ok(Some(bytes)) = self.store.get(&key).await else { return Ok(()) };
         let Ok(existing) = SegmentDescriptor::from_json(&key, &bytes) else { return Ok(()) };
         let live_here = self.transports().iter().any(|t| !t.capabilities().cross_process && t.serves(&existing));
         if live_here && existing.ferry_instance.as_deref() != Some(&self.instance) {
@@ -453,36 +491,40 @@ impl EngineInner {
         self.check_open()?;
         let desc = self.descriptor();
         let key = self.keys.segment(&self.name);
-        self.metadata.put(&key, &desc.to_json()).await.map_err(|e| {
+        let json = desc.to_json();
+        self.store.put(&key, &json).await.map_err(|e| {
             e.context(format!(
                 "publishing segment `{}` to {} metadata (key {key}): {}",
                 self.name,
-                self.metadata.name(),
+                self.store.name(),
                 e.message()
             ))
         })?;
+        self.channel.descriptor_published(Some(&json));
         Ok(())
     }
 
     /// Publishes the `rpc_meta` entry (once, at start: it never changes, and Mooncake's Python
     /// metadata servers refuse a second PUT of it).
     async fn publish_rpc(&self) -> Result<()> {
-        // The handshake listener's port when the backend runs one, else the name's port; a name
+        // The control channel's listener port when it runs one, else the name's port; a name
         // without a port (`host`) is its own host part.
         let (host, port) = match SegmentName::parse(&self.name) {
-            Some(n) => (n.host().to_owned(), self.metadata.rpc_port().or(Some(n.port()))),
-            None => (self.name.clone(), self.metadata.rpc_port()),
+            Some(n) => (n.host().to_owned(), self.channel.rpc_port().or(Some(n.port()))),
+            None => (self.name.clone(), self.channel.rpc_port()),
         };
         if let Some(port) = port {
             let rpc = RpcMeta { ip_or_host_name: host, rpc_port: port };
             let body = serde_json::to_vec(&rpc).expect("serialisable");
-            self.metadata.put(&self.keys.rpc(&self.name), &body).await?;
+            let key = self.keys.rpc(&self.name);
+            self.channel.claim_rpc_entry(&key, &body).await?;
+            self.store.put(&key, &body).await?;
         }
         Ok(())
     }
 
     async fn fetch(&self, name: &str) -> Result<SegmentDescriptor> {
-        fetch_descriptor(self.metadata.as_ref(), &self.keys, name).await
+        fetch_descriptor(self.store.as_ref(), &self.keys, name).await
     }
 
     /// A snapshot of the installed transports.
@@ -636,7 +678,8 @@ impl std::fmt::Debug for TransferEngine {
         f.debug_struct("TransferEngine")
             .field("segment", &self.inner.name)
             .field("protocol", &self.inner.primary.protocol())
-            .field("metadata", &self.inner.metadata.name())
+            .field("metadata", &self.inner.store.name())
+            .field("control_channel", &self.inner.channel.name())
             .finish()
     }
 }
@@ -700,10 +743,10 @@ impl TransferEngine {
     }
 
     /// The RPC port this engine publishes in its `rpc_meta` entry (where its handshake
-    /// listener takes notifications): the metadata backend's listener port, else the port of a
+    /// listener takes notifications): the control channel's listener port, else the port of a
     /// `host:port` segment name. `None` when it publishes no rpc entry.
     pub fn rpc_port(&self) -> Option<u16> {
-        self.inner.metadata.rpc_port().or_else(|| SegmentName::parse(&self.inner.name).map(|n| n.port()))
+        self.inner.channel.rpc_port().or_else(|| SegmentName::parse(&self.inner.name).map(|n| n.port()))
     }
 
     /// This engine instance's unique id (published as `ferry_instance`).
@@ -732,9 +775,15 @@ impl TransferEngine {
         self.inner.primary.protocol()
     }
 
-    /// Name of the metadata backend in use.
+    /// Name of the metadata store in use.
     pub fn metadata_backend(&self) -> &str {
-        self.inner.metadata.name()
+        self.inner.store.name()
+    }
+
+    /// Name of the control channel in use (`none` when notifications and probes are
+    /// unsupported).
+    pub fn control_channel(&self) -> &str {
+        self.inner.channel.name()
     }
 
     /// The descriptor this engine publishes, as it would be published now.
@@ -1343,11 +1392,11 @@ impl TransferEngine {
         self.block_on(self.submit_blocks(local, target, remote_layout, spec))?
     }
 
-    /// Sends a notification to the owner of segment `name` over the metadata backend's control
-    /// channel (the P2P handshake's Notify frame, which Mooncake peers understand too).
+    /// Sends a notification to the owner of segment `name` over the engine's control channel
+    /// (the P2P handshake's Notify frame, which Mooncake peers understand too).
     ///
-    /// Errors: [`ErrorKind::Unsupported`] when the backend has no control channel, the
-    /// backend's error (for example [`ErrorKind::PeerUnreachable`]) otherwise.
+    /// Errors: [`ErrorKind::Unsupported`] when the engine has no control channel, the channel's
+    /// error (for example [`ErrorKind::PeerUnreachable`]) otherwise.
     pub async fn send_notification(&self, name: &str, message: impl Into<String>) -> Result<()> {
         self.send_notification_as(name, self.inner.name.clone(), message).await
     }
@@ -1363,7 +1412,7 @@ impl TransferEngine {
     ) -> Result<()> {
         self.inner.check_open()?;
         let n = crate::Notification { name: sender.into(), notify_msg: message.into() };
-        self.inner.metadata.notify(segment, &n).await
+        self.inner.channel.notify(segment, &n).await
     }
 
     /// Submits `requests`, waits until every byte landed, then notifies the target segment of
@@ -1382,14 +1431,14 @@ impl TransferEngine {
 
     /// Checks that the owner of segment `name` is alive and answers on its control channel
     /// (Mooncake's `send_probe`; SGLang uses it to decide whether a failed peer may be tried
-    /// again). Bounded by the backend's handshake timeout.
+    /// again). Bounded by the channel's handshake timeout.
     pub async fn probe(&self, name: &str) -> Result<()> {
-        self.inner.metadata.probe(name).await
+        self.inner.channel.probe(name).await
     }
 
     /// Takes the notifications received so far, oldest first.
     pub fn get_notifications(&self) -> Vec<crate::Notification> {
-        self.inner.metadata.drain_notifications()
+        self.inner.channel.drain_notifications()
     }
 
     /// This process's local rank, if known (see [`EngineBuilder::local_rank`]).
@@ -1422,7 +1471,8 @@ impl TransferEngine {
     ///    batch holds it until its transports released every request — also cancelled ones
     ///    they had started), then forgets every region; if memory is still held, it fails with
     ///    [`ErrorKind::Busy`] and the memory must not be freed yet;
-    /// 4. its entries are removed from metadata.
+    /// 4. its entries are removed from metadata, and its control channel closes (its listening
+    ///    port is free when this returns).
     ///
     /// Later calls fail with [`ErrorKind::Shutdown`]. Idempotent.
     pub async fn shutdown(&self) -> Result<()> {
@@ -1448,12 +1498,13 @@ impl TransferEngine {
         };
         // Wait for a publication in progress; later ones see `shut_down` and do nothing.
         let _publishing = self.inner.publish_lock.lock().await;
+        self.inner.channel.descriptor_published(None);
         for key in [self.inner.keys.segment(&self.inner.name), self.inner.keys.rpc(&self.inner.name)] {
-            if let Err(e) = self.inner.metadata.delete(&key).await {
+            if let Err(e) = self.inner.store.delete(&key).await {
                 first_err.get_or_insert(e);
             }
         }
-        self.inner.metadata.close().await;
+        self.inner.channel.close().await;
         first_err.map_or(Ok(()), Err)
     }
 
@@ -1467,36 +1518,32 @@ fn request_error(i: usize, e: Error) -> Error {
     e.context(format!("request {i}: {}; nothing was submitted", e.message()))
 }
 
-/// Reads `name`'s descriptor from `metadata`.
-async fn fetch_descriptor(
-    metadata: &dyn MetadataBackend,
-    keys: &MetadataKeys,
-    name: &str,
-) -> Result<SegmentDescriptor> {
+/// Reads `name`'s descriptor from `store`.
+async fn fetch_descriptor(store: &dyn MetadataStore, keys: &MetadataKeys, name: &str) -> Result<SegmentDescriptor> {
     let key = keys.segment(name);
-    let bytes = metadata.get(&key).await.map_err(|e| {
-        Error::new(e.kind(), format!("looking up segment `{name}` in {} metadata: {}", metadata.name(), e.message()))
+    let bytes = store.get(&key).await.map_err(|e| {
+        Error::new(e.kind(), format!("looking up segment `{name}` in {} metadata: {}", store.name(), e.message()))
             .with_source(e)
     })?;
     let bytes = bytes.ok_or_else(|| {
         Error::not_found(format!(
             "segment `{name}` is not published in the {} metadata store (key {key})",
-            metadata.name()
+            store.name()
         ))
     })?;
     SegmentDescriptor::from_json(&key, &bytes)
 }
 
-/// The engine's metadata service as a [`DescriptorSource`] for its transports.
+/// The engine's metadata store as a [`DescriptorSource`] for its transports.
 struct MetadataDescriptors {
-    metadata: Arc<dyn MetadataBackend>,
+    store: Arc<dyn MetadataStore>,
     keys: MetadataKeys,
 }
 
 #[async_trait::async_trait]
 impl crate::transport::DescriptorSource for MetadataDescriptors {
     async fn fetch_descriptor(&self, name: &str) -> Result<SegmentDescriptor> {
-        fetch_descriptor(self.metadata.as_ref(), &self.keys, name).await
+        fetch_descriptor(self.store.as_ref(), &self.keys, name).await
     }
 }
 
@@ -1536,7 +1583,7 @@ mod tests {
     fn builder(text: &str, factory: &Arc<StillFactory>) -> EngineBuilder {
         let mut b = EngineBuilder::new()
             .config(Config::from_json_str(text, None).unwrap())
-            .metadata(InProcessMetadata::new() as Arc<dyn MetadataBackend>);
+            .metadata(InProcessMetadata::new() as Arc<dyn MetadataStore>);
         b.transports_mut().install(factory.clone());
         b
     }
@@ -1637,7 +1684,7 @@ mod tests {
         let frees = Arc::new(AtomicU64::new(0));
         let mut b = EngineBuilder::new()
             .config(Config::from_json_str(text, None).unwrap())
-            .metadata(InProcessMetadata::new() as Arc<dyn MetadataBackend>);
+            .metadata(InProcessMetadata::new() as Arc<dyn MetadataStore>);
         b.transports_mut().install(Arc::new(PinnedFactory(frees.clone())));
         let e = b.build().await.unwrap();
         let a = e.allocate_host_memory(4096).await.unwrap();
@@ -1660,6 +1707,112 @@ mod tests {
         assert_eq!(frees.load(Ordering::SeqCst), 1);
         e.shutdown().await.unwrap();
         assert_eq!(e.allocate_host_memory(1).await.unwrap_err().kind(), ErrorKind::Shutdown);
+    }
+
+    /// A control channel that records what the engine asks of it.
+    #[derive(Default)]
+    struct Recorder {
+        events: Mutex<Vec<String>>,
+        refuse_claims: bool,
+    }
+    impl Recorder {
+        fn log(&self, event: String) {
+            self.events.lock().unwrap().push(event);
+        }
+        fn events(&self) -> Vec<String> {
+            self.events.lock().unwrap().clone()
+        }
+    }
+    #[async_trait::async_trait]
+    impl ControlChannel for Recorder {
+        fn name(&self) -> &str {
+            "recorder"
+        }
+        fn rpc_port(&self) -> Option<u16> {
+            Some(15999)
+        }
+        async fn claim_rpc_entry(&self, key: &str, entry: &[u8]) -> Result<()> {
+            self.log(format!("claim {key} {}", String::from_utf8_lossy(entry)));
+            if self.refuse_claims {
+                return Err(Error::new(ErrorKind::AlreadyExists, "segment name in use"));
+            }
+            Ok(())
+        }
+        fn descriptor_published(&self, descriptor: Option<&[u8]>) {
+            let name = descriptor.map(|d| SegmentDescriptor::from_json("k", d).unwrap().name);
+            self.log(format!("published {name:?}"));
+        }
+        async fn notify(&self, segment: &str, n: &crate::Notification) -> Result<()> {
+            self.log(format!("notify {segment} {} {}", n.name, n.notify_msg));
+            Ok(())
+        }
+        fn drain_notifications(&self) -> Vec<crate::Notification> {
+            vec![crate::Notification { name: "peer".into(), notify_msg: "hi".into() }]
+        }
+        async fn probe(&self, segment: &str) -> Result<()> {
+            self.log(format!("probe {segment}"));
+            Ok(())
+        }
+        async fn close(&self) {
+            self.log("close".into());
+        }
+    }
+
+    #[tokio::test]
+    async fn the_engine_tells_its_control_channel_what_it_publishes_and_closes_it_last() {
+        let text = r#"{"local_hostname": "10.0.0.5:17000", "protocol": "still"}"#;
+        let channel = Arc::new(Recorder::default());
+        let meta = InProcessMetadata::new();
+        let mut b = EngineBuilder::new()
+            .config(Config::from_json_str(text, None).unwrap())
+            .metadata(meta.clone() as Arc<dyn MetadataStore>)
+            .control_channel(channel.clone());
+        b.transports_mut().install(Arc::new(StillFactory::default()));
+        let e = b.build().await.unwrap();
+        assert_eq!((e.control_channel(), e.rpc_port()), ("recorder", Some(15999)));
+        let rpc = r#"{"ip_or_host_name":"10.0.0.5","rpc_port":15999}"#;
+        assert_eq!(
+            meta.get("mooncake/rpc_meta/10.0.0.5:17000").await.unwrap().as_deref(),
+            Some(rpc.as_bytes()),
+            "the rpc entry names the channel's port"
+        );
+        e.send_notification("10.0.0.6:1", "done").await.unwrap();
+        e.probe("10.0.0.6:1").await.unwrap();
+        assert_eq!(e.get_notifications()[0].notify_msg, "hi");
+        e.shutdown().await.unwrap();
+        assert_eq!(
+            channel.events(),
+            [
+                r#"published Some("10.0.0.5:17000")"#.to_owned(),
+                format!("claim mooncake/rpc_meta/10.0.0.5:17000 {rpc}"),
+                "notify 10.0.0.6:1 10.0.0.5:17000 done".to_owned(),
+                "probe 10.0.0.6:1".to_owned(),
+                "published None".to_owned(),
+                "close".to_owned(),
+            ]
+        );
+        assert!(meta.keys().is_empty(), "unpublished before the channel closed");
+
+        // A channel that refuses the name: the engine does not start.
+        let refusing = Arc::new(Recorder { refuse_claims: true, ..Recorder::default() });
+        let mut b = EngineBuilder::new()
+            .config(Config::from_json_str(text, None).unwrap())
+            .metadata(InProcessMetadata::new() as Arc<dyn MetadataStore>)
+            .control_channel(refusing);
+        b.transports_mut().install(Arc::new(StillFactory::default()));
+        assert_eq!(b.build().await.unwrap_err().kind(), ErrorKind::AlreadyExists);
+    }
+
+    #[tokio::test]
+    async fn a_store_given_without_a_channel_answers_unsupported_saying_why() {
+        let factory = Arc::new(StillFactory::default());
+        let e = builder(r#"{"local_hostname": "10.0.0.5:1", "protocol": "still"}"#, &factory).build().await.unwrap();
+        assert_eq!(e.control_channel(), "none");
+        assert_eq!(e.rpc_port(), Some(1), "the name's port");
+        let err = e.send_notification("10.0.0.6:1", "m").await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Unsupported);
+        assert!(err.message().contains("EngineBuilder::control_channel"), "{err}");
+        e.shutdown().await.unwrap();
     }
 
     #[test]

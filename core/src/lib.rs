@@ -6,17 +6,19 @@
 //! unregistered) is what the transports rely on, and [`HostAllocation::new`], whose contract
 //! (the memory is the allocation's to free) is what callers of
 //! [`TransferEngine::allocate_host_memory`] rely on; its only `unsafe` code is that function's
-//! fallback allocator ([`HostAllocation::zeroed`], the process allocator). It defines the three traits everything else
+//! fallback allocator ([`HostAllocation::zeroed`], the process allocator). It defines the traits everything else
 //! plugs into and the engine that ties them together.
 //!
 //! - [`Transport`]: moves bytes between local registered memory and a remote segment.
-//! - [`MetadataBackend`]: the key/value store where segment descriptors are published.
+//! - [`MetadataStore`]: the key/value store where segment descriptors are published.
+//! - [`ControlChannel`]: how engines reach each other beside the store (notifications, probes,
+//!   the RPC port); the P2P handshake is a store and a channel at once.
 //! - [`SegmentResolver`]: turns names and the environment into identities, as a
 //!   [`ResolverChain`] that explains which link answered; the core holds the generic links
 //!   (explicit config, `ip:port[:npu_N]` names, port offset), transports bring their devices'.
 //!
 //! Around them: [`TransferEngine`] (memory registry, segment cache, transport table, metadata
-//! backend, resolver chain), the KV-block API ([`KvLayout`], [`BlockTransfer`]), Mooncake's
+//! store and control channel, resolver chain), the KV-block API ([`KvLayout`], [`BlockTransfer`]), Mooncake's
 //! descriptor and config formats, segment names ([`SegmentName`]), options declared by
 //! transports ([`OptionSpec`]), and one [`Error`] type with stable [`ErrorKind`]s.
 //!
@@ -26,6 +28,7 @@
 
 pub mod batch;
 pub mod config;
+pub mod control;
 pub mod descriptor;
 pub mod engine;
 pub mod error;
@@ -43,6 +46,7 @@ pub use batch::{
     Batch, BatchStatus, Opcode, RequestStatus, SegmentHandle, Submission, TransferRequest, ValidatedRequest,
 };
 pub use config::{BasePort, ByteSize, Config, ConfigStyle, FieldSource, MetadataServer, Role};
+pub use control::{ControlChannel, ControlChannelFactory, NoControlChannel, Notification};
 pub use descriptor::{BufferDesc, MetadataKeys, RankInfo, RpcMeta, SegmentDescriptor};
 pub use engine::{BlockBatch, EngineBuilder, KvLayoutId, TransferEngine};
 pub use error::{Error, ErrorKind, Result};
@@ -52,7 +56,9 @@ pub use kv::{
     published_kv_layout, published_kv_layout_names,
 };
 pub use memory::{Location, MemoryRegistry, Region, RegionLease, RegisteredMemory};
-pub use metadata::{InProcessMetadata, MetadataBackend, MetadataFactory, MetadataRegistry, Notification, WatchEvent};
+pub use metadata::{
+    InProcessMetadata, MetadataConnection, MetadataFactory, MetadataRegistry, MetadataStore, WatchEvent,
+};
 pub use options::{OptionSpec, Setting};
 pub use resolver::{
     Answer, BUILTIN_RESOLVER_ORDER, Environment, ExplicitResolver, HostnameResolver, Identity, IdentityField,

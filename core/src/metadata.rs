@@ -1,6 +1,6 @@
-//! The [`MetadataBackend`] trait (where segment descriptors are published and found), the
-//! in-process backend that is Ferry's embedded default, and the factory table that builds
-//! backends from a config's `metadata_server`.
+//! The [`MetadataStore`] trait (where segment descriptors are published and found), the
+//! in-process store that is Ferry's embedded default, and the registry that builds a config's
+//! store (`metadata_server`) and the [`ControlChannel`] beside it.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -9,6 +9,7 @@ use async_trait::async_trait;
 use tokio::sync::mpsc;
 
 use crate::config::{Config, MetadataServer};
+use crate::control::{ControlChannel, ControlChannelFactory, NoControlChannel};
 use crate::error::{Error, Result};
 
 /// What changed under a watched prefix.
@@ -37,6 +38,11 @@ impl WatchEvent {
 
 /// A small key/value store over which segment descriptors and RPC entries are published.
 ///
+/// A store is only that: how engines talk to each other (notifications, probes) is their
+/// [`ControlChannel`], which the [`MetadataRegistry`] starts beside the store. A store that is a
+/// channel too (the P2P handshake, where descriptors are fetched from the peers themselves)
+/// says so with [`control_channel`](Self::control_channel); others need no channel code.
+///
 /// # Contract
 /// - Keys are UTF-8 strings built by [`MetadataKeys`](crate::MetadataKeys); values are opaque
 ///   bytes (JSON in practice).
@@ -47,13 +53,14 @@ impl WatchEvent {
 ///
 /// # Errors
 /// [`ErrorKind::PeerUnreachable`](crate::ErrorKind::PeerUnreachable) when the service cannot be
-/// reached, [`ErrorKind::Timeout`](crate::ErrorKind::Timeout) when it does not answer in time.
+/// reached, [`ErrorKind::Timeout`](crate::ErrorKind::Timeout) when it does not answer in time,
+/// [`ErrorKind::InvalidArgument`](crate::ErrorKind::InvalidArgument) for an empty key on `put`.
 ///
 /// # Threading
 /// Implementations are `Send + Sync` and are called concurrently from any task; every method
-/// must finish within the backend's own timeout (no call may hang forever).
+/// must finish within the store's own timeout (no call may hang forever).
 #[async_trait]
-pub trait MetadataBackend: Send + Sync + 'static {
+pub trait MetadataStore: Send + Sync + 'static {
     /// Short name for logs and `ferry doctor` (`embedded`, `http`, `etcd`, ...).
     fn name(&self) -> &str;
 
@@ -66,72 +73,20 @@ pub trait MetadataBackend: Send + Sync + 'static {
     /// Removes `key`.
     async fn delete(&self, key: &str) -> Result<()>;
 
-    /// Subscribes to changes of keys starting with `prefix`. `Ok(None)` means the backend cannot
+    /// Subscribes to changes of keys starting with `prefix`. `Ok(None)` means the store cannot
     /// watch (the engine then relies on refresh-on-failure alone). The stream ends when the
-    /// backend shuts down.
+    /// store shuts down.
     async fn watch(&self, prefix: &str) -> Result<Option<mpsc::Receiver<WatchEvent>>> {
         let _ = prefix;
         Ok(None)
     }
 
-    /// The segment name this backend assigns the local engine, if it decides it (the P2P
-    /// handshake names an engine `host:rpc_port`). `None`: the config's name is used.
-    fn segment_name_hint(&self) -> Option<String> {
+    /// The control channel this store is itself, when it is one (the P2P handshake: the listener
+    /// that serves its descriptor also takes notifications). `None`, the default: the engine
+    /// gets the channel the registry starts beside the store, if any.
+    fn control_channel(&self) -> Option<Arc<dyn ControlChannel>> {
         None
     }
-
-    /// The port of this engine's handshake listener (Mooncake's RPC port, published in the
-    /// `rpc_meta` entry), when the backend runs one. `None`: the port of the segment name is
-    /// published.
-    fn rpc_port(&self) -> Option<u16> {
-        None
-    }
-
-    /// Sends a notification to the owner of `segment` over the backend's control channel.
-    /// Backends without one answer [`ErrorKind::Unsupported`](crate::ErrorKind::Unsupported).
-    async fn notify(&self, segment: &str, notification: &Notification) -> Result<()> {
-        let _ = (segment, notification);
-        Err(Error::new(
-            crate::ErrorKind::Unsupported,
-            format!("the {} metadata backend has no control channel for notifications", self.name()),
-        ))
-    }
-
-    /// Takes the notifications received so far (oldest first).
-    fn drain_notifications(&self) -> Vec<Notification> {
-        Vec::new()
-    }
-
-    /// Checks that the owner of `segment` is alive: sends a Probe over the control channel
-    /// (Mooncake's `send_probe`) and waits for its answer. Backends without a control channel
-    /// answer [`ErrorKind::Unsupported`](crate::ErrorKind::Unsupported).
-    ///
-    /// # Errors
-    /// [`ErrorKind::NotFound`](crate::ErrorKind::NotFound) when the segment publishes no
-    /// listener, [`ErrorKind::PeerUnreachable`](crate::ErrorKind::PeerUnreachable) or
-    /// [`ErrorKind::Timeout`](crate::ErrorKind::Timeout) when its listener does not answer.
-    async fn probe(&self, segment: &str) -> Result<()> {
-        let _ = segment;
-        Err(Error::new(
-            crate::ErrorKind::Unsupported,
-            format!("the {} metadata backend has no control channel to probe a peer over", self.name()),
-        ))
-    }
-
-    /// Releases what the backend holds for its engine (a listening socket, for example), once
-    /// the engine has unpublished itself at shutdown. When it returns, the resources are free
-    /// (an engine of the same name can start at once).
-    async fn close(&self) {}
-}
-
-/// A notification: a short message from one engine to another, delivered over the control
-/// channel (Mooncake's Notify frame: `{"name": ..., "notify_msg": ...}`).
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct Notification {
-    /// Sender's segment name.
-    pub name: String,
-    /// The message.
-    pub notify_msg: String,
 }
 
 type Watchers = Vec<(String, mpsc::Sender<WatchEvent>)>;
@@ -184,7 +139,7 @@ impl InProcessMetadata {
 }
 
 #[async_trait]
-impl MetadataBackend for InProcessMetadata {
+impl MetadataStore for InProcessMetadata {
     fn name(&self) -> &str {
         "embedded"
     }
@@ -218,9 +173,10 @@ impl MetadataBackend for InProcessMetadata {
     }
 }
 
-/// Builds a metadata backend for one kind of `metadata_server` (`http`, `etcd`, `redis`, `p2p`).
+/// Builds the metadata store for one kind of `metadata_server` (`http`, `etcd`, `redis`, `p2p`).
 ///
-/// Backend crates provide one; the facade crate installs those compiled in.
+/// Store crates provide one; the facade crate installs those compiled in. A factory builds the
+/// store only: the registry starts the control channel beside it.
 #[async_trait]
 pub trait MetadataFactory: Send + Sync + 'static {
     /// The [`MetadataServer::kind`] this factory serves.
@@ -228,30 +184,61 @@ pub trait MetadataFactory: Send + Sync + 'static {
 
     /// Connects to the server named in `server` (validated at start: an unreachable server is an
     /// error naming the endpoint and what was tried).
-    async fn connect(&self, server: &MetadataServer, config: &Config) -> Result<Arc<dyn MetadataBackend>>;
+    async fn connect(&self, server: &MetadataServer, config: &Config) -> Result<Arc<dyn MetadataStore>>;
 }
 
-/// Metadata factories by kind. The embedded backend is always available.
+/// A metadata store and the control channel beside it, as [`MetadataRegistry::connect`] built
+/// them for a config.
+#[derive(Clone)]
+pub struct MetadataConnection {
+    /// Where descriptors and rpc entries are published.
+    pub store: Arc<dyn MetadataStore>,
+    /// How the engine talks to its peers' engines ([`NoControlChannel`] when it has none).
+    pub channel: Arc<dyn ControlChannel>,
+}
+
+impl std::fmt::Debug for MetadataConnection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MetadataConnection")
+            .field("store", &self.store.name())
+            .field("channel", &self.channel.name())
+            .finish()
+    }
+}
+
+/// Metadata store factories by kind, and the control channel started beside the stores that
+/// are not channels themselves. The embedded store is always available.
 #[derive(Default, Clone)]
 pub struct MetadataRegistry {
     factories: HashMap<&'static str, Arc<dyn MetadataFactory>>,
+    channel: Option<Arc<dyn ControlChannelFactory>>,
 }
 
 impl std::fmt::Debug for MetadataRegistry {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_list().entries(self.kinds()).finish()
+        f.debug_struct("MetadataRegistry").field("kinds", &self.kinds()).field("channel", &self.channel_name()).finish()
     }
 }
 
+/// Why an engine on the embedded store has no control channel.
+const EMBEDDED_HAS_NO_CHANNEL: &str =
+    "the in-process store runs no listener; use P2PHANDSHAKE or a metadata server for notifications";
+
 impl MetadataRegistry {
-    /// A registry with only the embedded backend.
+    /// A registry with only the embedded store and no control channel.
     pub fn new() -> Self {
         Self::default()
     }
 
-    /// Adds (or replaces) the factory for its kind.
+    /// Adds (or replaces) the store factory for its kind.
     pub fn install(&mut self, factory: Arc<dyn MetadataFactory>) {
         self.factories.insert(factory.kind(), factory);
+    }
+
+    /// Sets the control channel started beside every store this registry builds from a
+    /// `metadata_server` that is not a channel itself (replacing any set before).
+    pub fn install_channel(&mut self, factory: Arc<dyn ControlChannelFactory>) {
+        self.channel = Some(factory);
     }
 
     /// Kinds available, sorted, `embedded` included.
@@ -262,8 +249,15 @@ impl MetadataRegistry {
         k
     }
 
-    /// Builds the backend `config` names.
-    pub async fn connect(&self, config: &Config) -> Result<Arc<dyn MetadataBackend>> {
+    /// The name of the control channel started beside stores, if one is installed.
+    pub fn channel_name(&self) -> Option<&'static str> {
+        self.channel.as_ref().map(|c| c.name())
+    }
+
+    /// Builds the store `config` names, without a control channel beside it (for a caller that
+    /// only reads, such as `ferry doctor`). A store that is a channel itself (the P2P handshake)
+    /// still runs its listener while it lives.
+    pub async fn connect_store(&self, config: &Config) -> Result<Arc<dyn MetadataStore>> {
         let server = config.metadata()?;
         if server == MetadataServer::Embedded {
             return Ok(InProcessMetadata::shared());
@@ -279,6 +273,41 @@ impl MetadataRegistry {
             ));
         };
         factory.connect(&server, config).await
+    }
+
+    /// Builds the store `config` names and its control channel: the store's own when it is one
+    /// ([`MetadataStore::control_channel`]), else the installed channel started beside it, else
+    /// (and for the embedded store, which serves the engines of one process) a
+    /// [`NoControlChannel`].
+    pub async fn connect(&self, config: &Config) -> Result<MetadataConnection> {
+        let embedded = config.metadata()? == MetadataServer::Embedded;
+        let store = self.connect_store(config).await?;
+        let channel = if embedded {
+            Arc::new(NoControlChannel::new(store.name(), EMBEDDED_HAS_NO_CHANNEL))
+        } else {
+            self.channel_beside(&store, config).await?
+        };
+        Ok(MetadataConnection { store, channel })
+    }
+
+    /// The control channel for `store`: its own when it is one, else the installed channel
+    /// started beside it, else a [`NoControlChannel`] saying that none is installed.
+    pub async fn channel_beside(
+        &self,
+        store: &Arc<dyn MetadataStore>,
+        config: &Config,
+    ) -> Result<Arc<dyn ControlChannel>> {
+        if let Some(own) = store.control_channel() {
+            return Ok(own);
+        }
+        match &self.channel {
+            Some(factory) => factory.start(store.clone(), config).await,
+            None => Ok(Arc::new(NoControlChannel::new(
+                store.name(),
+                "this program has no control channel installed; the `ferry` facade's `p2p` feature provides \
+                 Mooncake's handshake listener",
+            ))),
+        }
     }
 }
 
@@ -305,10 +334,110 @@ mod tests {
         assert!(w.try_recv().is_err(), "the other/ key and the absent delete are not reported");
     }
 
+    /// A channel that only has a name.
+    struct Named(&'static str);
+    #[async_trait]
+    impl ControlChannel for Named {
+        fn name(&self) -> &str {
+            self.0
+        }
+        async fn notify(&self, _: &str, _: &crate::Notification) -> Result<()> {
+            Ok(())
+        }
+        fn drain_notifications(&self) -> Vec<crate::Notification> {
+            Vec::new()
+        }
+        async fn probe(&self, _: &str) -> Result<()> {
+            Ok(())
+        }
+    }
+
+    /// Starts a `beside` channel and counts the starts.
+    #[derive(Default)]
+    struct Beside(std::sync::atomic::AtomicUsize);
+    #[async_trait]
+    impl ControlChannelFactory for Beside {
+        fn name(&self) -> &'static str {
+            "beside"
+        }
+        async fn start(&self, _: Arc<dyn MetadataStore>, _: &Config) -> Result<Arc<dyn ControlChannel>> {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Ok(Arc::new(Named("beside")))
+        }
+    }
+
+    /// A store that is its own channel.
+    struct Both;
+    #[async_trait]
+    impl MetadataStore for Both {
+        fn name(&self) -> &str {
+            "both"
+        }
+        async fn get(&self, _: &str) -> Result<Option<Vec<u8>>> {
+            Ok(None)
+        }
+        async fn put(&self, _: &str, _: &[u8]) -> Result<()> {
+            Ok(())
+        }
+        async fn delete(&self, _: &str) -> Result<()> {
+            Ok(())
+        }
+        fn control_channel(&self) -> Option<Arc<dyn ControlChannel>> {
+            Some(Arc::new(Named("own")))
+        }
+    }
+
+    /// Builds a store of one kind: `Both` for `p2p`, a private in-process store otherwise.
+    struct Stores(&'static str);
+    #[async_trait]
+    impl MetadataFactory for Stores {
+        fn kind(&self) -> &'static str {
+            self.0
+        }
+        async fn connect(&self, _: &MetadataServer, _: &Config) -> Result<Arc<dyn MetadataStore>> {
+            Ok(match self.0 {
+                "p2p" => Arc::new(Both),
+                _ => InProcessMetadata::new(),
+            })
+        }
+    }
+
+    #[tokio::test]
+    async fn the_registry_starts_its_channel_beside_stores_that_are_not_channels_themselves() {
+        let cfg = |server: &str| Config::from_json_str(&format!(r#"{{"metadata_server":"{server}"}}"#), None).unwrap();
+        let mut r = MetadataRegistry::new();
+        r.install(Arc::new(Stores("http")));
+        r.install(Arc::new(Stores("p2p")));
+        // No channel installed: the store alone, and a channel that says why.
+        let m = r.connect(&cfg("http://h:1/metadata")).await.unwrap();
+        assert_eq!((m.store.name(), m.channel.name()), ("embedded", "none"));
+        let e = m.channel.notify("x:1", &crate::Notification { name: "a".into(), notify_msg: "m".into() }).await;
+        let e = e.unwrap_err();
+        assert_eq!(e.kind(), crate::ErrorKind::Unsupported);
+        assert!(e.message().contains("no control channel installed") && e.message().contains("`p2p`"), "{e}");
+
+        let beside = Arc::new(Beside::default());
+        r.install_channel(beside.clone());
+        assert_eq!(r.channel_name(), Some("beside"));
+        let m = r.connect(&cfg("http://h:1/metadata")).await.unwrap();
+        assert_eq!(m.channel.name(), "beside", "a store built from metadata_server gets the installed channel");
+        // A store that is a channel keeps its own; nothing is started beside it.
+        let m = r.connect(&cfg("P2PHANDSHAKE")).await.unwrap();
+        assert_eq!((m.store.name(), m.channel.name()), ("both", "own"));
+        // The embedded store serves the engines of one process: no listener.
+        let m = r.connect(&cfg("")).await.unwrap();
+        assert_eq!((m.store.name(), m.channel.name()), ("embedded", "none"));
+        let e = m.channel.probe("x:1").await.unwrap_err();
+        assert!(e.message().starts_with("the embedded metadata backend has no control channel to probe"), "{e}");
+        // The store alone starts nothing.
+        assert_eq!(r.connect_store(&cfg("http://h:1/metadata")).await.unwrap().name(), "embedded");
+        assert_eq!(beside.0.load(std::sync::atomic::Ordering::SeqCst), 1);
+    }
+
     #[tokio::test]
     async fn missing_backend_is_named() {
         let cfg = Config::from_json_str(r#"{"metadata_server":"etcd://h:2379"}"#, None).unwrap();
-        let e = MetadataRegistry::new().connect(&cfg).await.err().expect("no etcd backend installed");
+        let e = MetadataRegistry::new().connect(&cfg).await.expect_err("no etcd store installed");
         assert_eq!(e.kind(), crate::ErrorKind::Config);
         assert!(e.message().contains("etcd metadata backend is not built"), "{e}");
         assert!(e.message().contains("available: embedded"), "{e}");

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 pub mod servers;
 
-use ferry::{EngineBuilder, InProcessMetadata, MetadataBackend, TransferEngine};
+use ferry::{EngineBuilder, InProcessMetadata, MetadataStore, TransferEngine};
 
 /// A loopback port nothing listens on (free when this returns; good enough for tests).
 pub fn free_port() -> u16 {
@@ -50,7 +50,7 @@ impl Buffer {
 
 /// Builder with every transport and a private metadata store (tests do not share state).
 pub fn builder(meta: &Arc<InProcessMetadata>) -> EngineBuilder {
-    ferry::builder().transports(all_transports()).metadata(meta.clone() as Arc<dyn MetadataBackend>)
+    ferry::builder().transports(all_transports()).metadata(meta.clone() as Arc<dyn MetadataStore>)
 }
 
 pub fn all_transports() -> ferry::TransportRegistry {
@@ -116,8 +116,8 @@ pub fn pattern_buffer(len: usize, seed: u64) -> Buffer {
     b
 }
 
-/// An engine named `name` on the metadata service `url`, TCP only, with every metadata backend
-/// of this build (etcd included).
+/// An engine named `name` on the metadata service `url`, TCP only, with every metadata store of
+/// this build (etcd included) and the facade's control channel beside it.
 pub async fn tcp_engine_on(url: &str, name: &str) -> TransferEngine {
     let cfg = ferry::Config::from_json_str(
         &format!(r#"{{"local_hostname": "{name}", "metadata_server": "{url}", "protocol": "tcp", "transfer_timeout_ms": 5000}}"#),
@@ -125,9 +125,7 @@ pub async fn tcp_engine_on(url: &str, name: &str) -> TransferEngine {
     )
     .unwrap();
     let mut metadata = ferry::default_metadata();
-    metadata.install(Arc::new(ferry::metadata_backends::p2p::NotifyingStoreFactory::new(
-        ferry_metadata_etcd::EtcdMetadataFactory,
-    )));
+    metadata.install(Arc::new(ferry_metadata_etcd::EtcdMetadataFactory));
     ferry::builder().config(cfg).transports(tcp_only()).metadata_registry(metadata).build().await.unwrap()
 }
 

@@ -1,4 +1,4 @@
-//! Notifications: short messages between engines over the metadata backend's control channel
+//! Notifications: short messages between engines over the engine's control channel
 //! (the P2P handshake's Notify frame, which Mooncake peers understand too).
 
 use std::ffi::{c_char, c_void};

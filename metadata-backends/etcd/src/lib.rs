@@ -1,10 +1,10 @@
 //! # ferry-metadata-etcd
 //!
-//! A [`MetadataBackend`] on etcd for `metadata_server: "etcd://h1:2379,h2:2379"` or a bare
+//! A [`MetadataStore`] on etcd for `metadata_server: "etcd://h1:2379,h2:2379"` or a bare
 //! `host:2379`. Every key this engine writes is attached to a lease that the backend keeps alive
 //! (TTL [`LEASE_TTL_SECS`]), so a dead engine's descriptor disappears on its own; when etcd loses
 //! the lease (a restart), a new one is granted and the engine re-publishes (it checks its keys
-//! periodically). [`MetadataBackend::watch`] streams changes under a prefix, re-subscribing after
+//! periodically). [`MetadataStore::watch`] streams changes under a prefix, re-subscribing after
 //! etcd comes back.
 #![forbid(unsafe_code)]
 
@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use etcd_client::{Client, ConnectOptions, EventType, PutOptions, WatchOptions};
-use ferry_core::{Config, Error, MetadataBackend, MetadataFactory, MetadataServer, Result, WatchEvent};
+use ferry_core::{Config, Error, MetadataFactory, MetadataServer, MetadataStore, Result, WatchEvent};
 use tokio::sync::mpsc;
 
 /// Lease time-to-live of this engine's keys.
@@ -32,7 +32,7 @@ impl MetadataFactory for EtcdMetadataFactory {
         "etcd"
     }
 
-    async fn connect(&self, server: &MetadataServer, _config: &Config) -> Result<Arc<dyn MetadataBackend>> {
+    async fn connect(&self, server: &MetadataServer, _config: &Config) -> Result<Arc<dyn MetadataStore>> {
         let MetadataServer::Etcd(endpoints) = server else {
             return Err(Error::config(format!("the etcd backend cannot serve {server:?}")));
         };
@@ -155,7 +155,7 @@ async fn keep_alive(client: Client, lease: Arc<AtomicI64>, endpoints: Vec<String
 }
 
 #[async_trait]
-impl MetadataBackend for EtcdMetadata {
+impl MetadataStore for EtcdMetadata {
     fn name(&self) -> &str {
         "etcd"
     }

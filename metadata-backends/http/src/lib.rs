@@ -2,7 +2,7 @@
 //!
 //! Mooncake's HTTP metadata protocol (reference `mooncake-wire.md` §3):
 //!
-//! - [`HttpMetadata`], a [`MetadataBackend`] client for `metadata_server: "http://host:port/metadata"`
+//! - [`HttpMetadata`], a [`MetadataStore`] client for `metadata_server: "http://host:port/metadata"`
 //!   (requests to `<url>?key=<escaped key>`; only HTTP 200 counts as success; 404 on GET is an
 //!   absent key), with a timeout on every request and bounded retries of transient failures;
 //! - [`server`], the `ferry metadata-server` that Mooncake engines can use unchanged, and that
@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use ferry_core::{Config, Error, MetadataBackend, MetadataFactory, MetadataServer, Result};
+use ferry_core::{Config, Error, MetadataFactory, MetadataServer, MetadataStore, Result};
 
 /// Time allowed for one HTTP request.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
@@ -33,7 +33,7 @@ impl MetadataFactory for HttpMetadataFactory {
         "http"
     }
 
-    async fn connect(&self, server: &MetadataServer, _config: &Config) -> Result<Arc<dyn MetadataBackend>> {
+    async fn connect(&self, server: &MetadataServer, _config: &Config) -> Result<Arc<dyn MetadataStore>> {
         let MetadataServer::Http(url) = server else {
             return Err(Error::config(format!("the HTTP backend cannot serve {server:?}")));
         };
@@ -120,7 +120,7 @@ impl HttpMetadata {
 }
 
 #[async_trait]
-impl MetadataBackend for HttpMetadata {
+impl MetadataStore for HttpMetadata {
     fn name(&self) -> &str {
         "http"
     }

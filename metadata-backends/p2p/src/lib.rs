@@ -1,15 +1,19 @@
 //! # ferry-metadata-p2p
 //!
-//! Mooncake's P2P handshake (`metadata_server: "P2PHANDSHAKE"`, reference `mooncake-wire.md`
-//! §4) as a [`MetadataBackend`]: no store. The engine listens on an RPC port, its segment name
-//! becomes `<host>:<rpc_port>`, and looking up a peer's descriptor means connecting to the peer
-//! and exchanging Metadata frames. The same socket carries notifications (Notify frames) and
-//! probes, so Mooncake peers can notify Ferry engines and the other way round.
+//! Mooncake's P2P handshake (reference `mooncake-wire.md` §4): the listener on an engine's RPC
+//! port that answers Metadata frames (its descriptor), Notify frames (notifications) and Probes,
+//! so Mooncake peers can notify Ferry engines and the other way round. Two uses:
 //!
-//! With a store backend (HTTP, etcd, Redis) Mooncake engines run the same listener on their RPC
-//! port (published as `rpc_meta`) and send notifications to the port a peer's `rpc_meta` names.
-//! [`NotifyingStore`] adds exactly that to any store backend (the facade installs it), so
-//! notifications work on every backend and with Mooncake peers on any of them.
+//! - [`P2pMetadata`], the [`MetadataStore`] for `metadata_server: "P2PHANDSHAKE"`: no store.
+//!   The engine's segment name becomes `<host>:<rpc_port>`, and looking up a peer's descriptor
+//!   means connecting to the peer and exchanging Metadata frames. It is its own control channel
+//!   ([`P2pChannel`]: peers are reached at the port of their names).
+//! - [`HandshakeChannel`], the [`ControlChannel`] beside any other store (HTTP, etcd, Redis, or
+//!   a third party's), as Mooncake engines on a store run the same listener on their RPC port
+//!   (published as `rpc_meta`) and send notifications to the port a peer's `rpc_meta` names.
+//!   [`HandshakeChannelFactory`] starts it for every store a
+//!   [`MetadataRegistry`](ferry_core::MetadataRegistry) builds (the facade installs it), so
+//!   notifications work on every store and with Mooncake peers on any of them.
 //!
 //! Limits: frames above 1 MiB or of length zero are refused, every frame must arrive within the
 //! handshake timeout (10 s), and each connection serves one request, so a slow or hostile client
@@ -25,12 +29,12 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use ferry_core::{
-    Config, Error, ErrorKind, MetadataBackend, MetadataFactory, MetadataKeys, MetadataServer, Notification, Result,
-    RpcMeta, SegmentName, WatchEvent,
+    Config, ControlChannel, ControlChannelFactory, Error, ErrorKind, MetadataFactory, MetadataKeys, MetadataServer,
+    MetadataStore, Notification, Result, RpcMeta, SegmentName,
 };
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 
 use crate::frame::{DEFAULT_MAX_FRAME, FrameType, read_frame, write_frame};
 
@@ -81,7 +85,7 @@ impl PendingNotifications {
     }
 }
 
-/// Factory for the P2P handshake backend.
+/// Factory for the P2P handshake store (which is its own control channel).
 #[derive(Debug, Default, Clone, Copy)]
 pub struct P2pMetadataFactory;
 
@@ -91,7 +95,7 @@ impl MetadataFactory for P2pMetadataFactory {
         "p2p"
     }
 
-    async fn connect(&self, server: &MetadataServer, config: &Config) -> Result<Arc<dyn MetadataBackend>> {
+    async fn connect(&self, server: &MetadataServer, config: &Config) -> Result<Arc<dyn MetadataStore>> {
         debug_assert_eq!(server, &MetadataServer::P2pHandshake);
         Ok(Arc::new(P2pMetadata::start(config).await?))
     }
@@ -129,9 +133,19 @@ impl Drop for HandshakeListener {
     }
 }
 
-/// The P2P handshake backend of one engine.
+/// The P2P handshake store of one engine: what it published is kept locally and served to
+/// peers by its listener; a peer's descriptor is asked of that peer. Its control channel is
+/// [`P2pChannel`], on the same listener.
 #[derive(Debug)]
 pub struct P2pMetadata {
+    channel: Arc<P2pChannel>,
+}
+
+/// The control channel of a P2P handshake engine: its listener, and peers reached at the
+/// `host:port` of their segment names. Stops listening when the last handle drops, or at
+/// [`close`](ControlChannel::close).
+#[derive(Debug)]
+pub struct P2pChannel {
     listener: HandshakeListener,
 }
 
@@ -303,16 +317,18 @@ impl P2pMetadata {
     /// port in 15000..17000, as Mooncake picks one: a port in `local_hostname` is ignored) and
     /// starts answering handshakes.
     pub async fn start(config: &Config) -> Result<Self> {
-        Ok(Self { listener: HandshakeListener::start(config, RpcPortChoice::NameOrFree).await? })
+        let listener = HandshakeListener::start(config, RpcPortChoice::NameOrFree).await?;
+        Ok(Self { channel: Arc::new(P2pChannel { listener }) })
     }
 
     /// The RPC port.
     pub fn rpc_port(&self) -> u16 {
-        self.listener.port
+        self.channel.listener.port
     }
 
-    fn own_name(&self) -> String {
-        format!("{}:{}", self.listener.host, self.listener.port)
+    /// The segment name of the engine on this store: `<host>:<rpc_port>`.
+    pub fn segment_name(&self) -> String {
+        self.channel.own_name()
     }
 
     fn peer_of<'a>(&self, key: &'a str) -> Option<&'a str> {
@@ -325,6 +341,12 @@ impl P2pMetadata {
     }
 }
 
+impl P2pChannel {
+    fn own_name(&self) -> String {
+        format!("{}:{}", self.listener.host, self.listener.port)
+    }
+}
+
 /// `host:port` of a P2P segment name.
 fn host_port(segment: &str) -> Result<(String, u16)> {
     SegmentName::parse(segment)
@@ -333,13 +355,14 @@ fn host_port(segment: &str) -> Result<(String, u16)> {
 }
 
 #[async_trait]
-impl MetadataBackend for P2pMetadata {
+impl MetadataStore for P2pMetadata {
     fn name(&self) -> &str {
         "p2p"
     }
 
     async fn get(&self, key: &str) -> Result<Option<Vec<u8>>> {
-        if let Some(v) = self.listener.shared.local.lock().unwrap_or_else(|p| p.into_inner()).get(key) {
+        let listener = &self.channel.listener;
+        if let Some(v) = listener.shared.local.lock().unwrap_or_else(|p| p.into_inner()).get(key) {
             return Ok(Some(v.clone()));
         }
         if let Some((_, name)) = key.rsplit_once("rpc_meta/") {
@@ -352,17 +375,11 @@ impl MetadataBackend for P2pMetadata {
         let Some(segment) = self.peer_of(key) else {
             return Ok(None);
         };
-        if segment == self.own_name() {
+        if segment == self.segment_name() {
             return Ok(None); // our own descriptor, not published (yet, or any more)
         }
-        let ours = self
-            .listener
-            .shared
-            .served
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
-            .unwrap_or_else(|| b"{}".to_vec());
+        let ours =
+            listener.shared.served.lock().unwrap_or_else(|p| p.into_inner()).clone().unwrap_or_else(|| b"{}".to_vec());
         self.exchange(segment, FrameType::Metadata, &ours).await.map(Some)
     }
 
@@ -370,19 +387,33 @@ impl MetadataBackend for P2pMetadata {
         if key.is_empty() {
             return Err(Error::invalid("metadata key is empty"));
         }
-        if self.peer_of(key) == Some(self.own_name().as_str()) {
-            self.listener.serve_descriptor(Some(value.to_vec()));
+        let listener = &self.channel.listener;
+        // Publishing its own descriptor is what makes the listener serve it to peers.
+        if self.peer_of(key) == Some(self.segment_name().as_str()) {
+            listener.serve_descriptor(Some(value.to_vec()));
         }
-        self.listener.shared.local.lock().unwrap_or_else(|p| p.into_inner()).insert(key.to_owned(), value.to_vec());
+        listener.shared.local.lock().unwrap_or_else(|p| p.into_inner()).insert(key.to_owned(), value.to_vec());
         Ok(())
     }
 
     async fn delete(&self, key: &str) -> Result<()> {
-        if self.peer_of(key) == Some(self.own_name().as_str()) {
-            self.listener.serve_descriptor(None);
+        let listener = &self.channel.listener;
+        if self.peer_of(key) == Some(self.segment_name().as_str()) {
+            listener.serve_descriptor(None);
         }
-        self.listener.shared.local.lock().unwrap_or_else(|p| p.into_inner()).remove(key);
+        listener.shared.local.lock().unwrap_or_else(|p| p.into_inner()).remove(key);
         Ok(())
+    }
+
+    fn control_channel(&self) -> Option<Arc<dyn ControlChannel>> {
+        Some(self.channel.clone())
+    }
+}
+
+#[async_trait]
+impl ControlChannel for P2pChannel {
+    fn name(&self) -> &str {
+        "p2p handshake"
     }
 
     fn segment_name_hint(&self) -> Option<String> {
@@ -391,6 +422,10 @@ impl MetadataBackend for P2pMetadata {
 
     fn rpc_port(&self) -> Option<u16> {
         Some(self.listener.port)
+    }
+
+    fn descriptor_published(&self, descriptor: Option<&[u8]>) {
+        self.listener.serve_descriptor(descriptor.map(<[u8]>::to_vec));
     }
 
     async fn notify(&self, segment: &str, notification: &Notification) -> Result<()> {
@@ -412,42 +447,34 @@ impl MetadataBackend for P2pMetadata {
     }
 }
 
-/// A store backend (HTTP, etcd, Redis, …) with Mooncake's handshake listener beside it, as a
-/// Mooncake engine on a store runs one: the listener on the engine's RPC port takes in
-/// notifications, and [`notify`](MetadataBackend::notify) sends to the port a peer's `rpc_meta`
-/// entry names. Everything else is the store's.
-pub struct NotifyingStore {
-    store: Arc<dyn MetadataBackend>,
+/// Mooncake's handshake listener beside a store that is not a channel itself (HTTP, etcd,
+/// Redis, a third party's), as a Mooncake engine on a store runs one: the listener on the
+/// engine's RPC port takes in notifications and answers probes, and
+/// [`notify`](ControlChannel::notify) and [`probe`](ControlChannel::probe) reach the listener a
+/// peer's `rpc_meta` entry (read from the store) names. The store knows nothing of it.
+pub struct HandshakeChannel {
+    store: Arc<dyn MetadataStore>,
     keys: MetadataKeys,
-    /// The engine's own descriptor key (its Metadata-frame answer mirrors what is published).
-    own_key: Option<String>,
-    /// The engine's own rpc entry key: before taking it over from another value, the engine
-    /// checks that no live engine holds it.
-    own_rpc_key: Option<String>,
     listener: HandshakeListener,
 }
 
-impl std::fmt::Debug for NotifyingStore {
+impl std::fmt::Debug for HandshakeChannel {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("NotifyingStore").field("store", &self.store.name()).field("listener", &self.listener).finish()
+        f.debug_struct("HandshakeChannel").field("store", &self.store.name()).field("listener", &self.listener).finish()
     }
 }
 
-impl NotifyingStore {
+impl HandshakeChannel {
     /// Starts the handshake listener for an engine configured by `config` beside `store`. Its
     /// RPC port is the config's `rpc_port`, else a free port in 15000..17000 (as a Mooncake
     /// engine on a store picks one; the engine publishes it in its rpc entry). A configured port
     /// that cannot be bound is an error naming it.
-    pub async fn start(store: Arc<dyn MetadataBackend>, config: &Config) -> Result<Self> {
+    pub async fn start(store: Arc<dyn MetadataStore>, config: &Config) -> Result<Self> {
         let listener = HandshakeListener::start(config, RpcPortChoice::ConfiguredOrFree).await.map_err(|e| {
             let msg = format!("{} (the RPC port where peers send this engine's notifications)", e.message());
             e.context(msg)
         })?;
-        let keys = MetadataKeys::new(config.cluster_id());
-        let own_name = config.local_segment_name().ok().flatten();
-        let own_key = own_name.as_ref().map(|name| keys.segment(name));
-        let own_rpc_key = own_name.as_ref().map(|name| keys.rpc(name));
-        Ok(Self { store, keys, own_key, own_rpc_key, listener })
+        Ok(Self { store, keys: MetadataKeys::new(config.cluster_id()), listener })
     }
 }
 
@@ -455,15 +482,46 @@ impl NotifyingStore {
 /// listener that does not answer in this time is taken for a dead engine's.
 pub const OWNER_PROBE_TIMEOUT: Duration = Duration::from_secs(3);
 
-impl NotifyingStore {
-    /// Before this engine publishes its rpc entry under `key`: if another value is stored there
-    /// and the listener it names answers a probe, a live engine (Ferry or Mooncake) already
-    /// uses this segment name, and taking it over would cut that engine off: refused with
-    /// [`ErrorKind::AlreadyExists`]. An entry whose listener does not answer is a dead engine's
-    /// (a crash leaves it behind) and may be replaced.
-    async fn refuse_a_live_owner(&self, key: &str, value: &[u8]) -> Result<()> {
+impl HandshakeChannel {
+    /// The handshake listener `segment`'s rpc entry names (`what`: for the error text).
+    async fn listener_of(&self, segment: &str, what: &str) -> Result<RpcMeta> {
+        let key = self.keys.rpc(segment);
+        let entry = self.store.get(&key).await?.ok_or_else(|| {
+            Error::not_found(format!(
+                "segment `{segment}` has no rpc entry in the {} metadata (key {key}): nowhere to {what}",
+                self.store.name()
+            ))
+        })?;
+        let rpc: RpcMeta = serde_json::from_slice(&entry).map_err(|e| {
+            Error::invalid(format!("the rpc entry of `{segment}` (key {key}) is not valid: {e}")).with_source(e)
+        })?;
+        if rpc.rpc_port == 0 || rpc.ip_or_host_name.is_empty() {
+            return Err(Error::invalid(format!(
+                "the rpc entry of `{segment}` (key {key}) names no listener: {:?}:{}",
+                rpc.ip_or_host_name, rpc.rpc_port
+            )));
+        }
+        Ok(rpc)
+    }
+}
+
+#[async_trait]
+impl ControlChannel for HandshakeChannel {
+    fn name(&self) -> &str {
+        "handshake listener"
+    }
+
+    fn rpc_port(&self) -> Option<u16> {
+        Some(self.listener.port)
+    }
+
+    /// If another value is stored under `key` and the listener it names answers a probe, a
+    /// live engine (Ferry or Mooncake) already uses this segment name, and taking it over would
+    /// cut that engine off: refused with [`ErrorKind::AlreadyExists`]. An entry whose listener
+    /// does not answer is a dead engine's (a crash leaves it behind) and may be replaced.
+    async fn claim_rpc_entry(&self, key: &str, entry: &[u8]) -> Result<()> {
         let Some(stored) = self.store.get(key).await? else { return Ok(()) };
-        if stored == value {
+        if stored == entry {
             return Ok(());
         }
         let Ok(rpc) = serde_json::from_slice::<RpcMeta>(&stored) else { return Ok(()) };
@@ -488,66 +546,9 @@ impl NotifyingStore {
         Ok(())
     }
 
-    /// The handshake listener `segment`'s rpc entry names (`what`: for the error text).
-    async fn listener_of(&self, segment: &str, what: &str) -> Result<RpcMeta> {
-        let key = self.keys.rpc(segment);
-        let entry = self.store.get(&key).await?.ok_or_else(|| {
-            Error::not_found(format!(
-                "segment `{segment}` has no rpc entry in the {} metadata (key {key}): nowhere to {what}",
-                self.store.name()
-            ))
-        })?;
-        let rpc: RpcMeta = serde_json::from_slice(&entry).map_err(|e| {
-            Error::invalid(format!("the rpc entry of `{segment}` (key {key}) is not valid: {e}")).with_source(e)
-        })?;
-        if rpc.rpc_port == 0 || rpc.ip_or_host_name.is_empty() {
-            return Err(Error::invalid(format!(
-                "the rpc entry of `{segment}` (key {key}) names no listener: {:?}:{}",
-                rpc.ip_or_host_name, rpc.rpc_port
-            )));
-        }
-        Ok(rpc)
-    }
-}
-
-#[async_trait]
-impl MetadataBackend for NotifyingStore {
-    fn name(&self) -> &str {
-        self.store.name()
-    }
-
-    async fn get(&self, key: &str) -> Result<Option<Vec<u8>>> {
-        self.store.get(key).await
-    }
-
-    async fn put(&self, key: &str, value: &[u8]) -> Result<()> {
-        if self.own_rpc_key.as_deref() == Some(key) {
-            self.refuse_a_live_owner(key, value).await?;
-        }
-        self.store.put(key, value).await?;
-        if self.own_key.as_deref() == Some(key) {
-            self.listener.serve_descriptor(Some(value.to_vec()));
-        }
-        Ok(())
-    }
-
-    async fn delete(&self, key: &str) -> Result<()> {
-        if self.own_key.as_deref() == Some(key) {
-            self.listener.serve_descriptor(None);
-        }
-        self.store.delete(key).await
-    }
-
-    async fn watch(&self, prefix: &str) -> Result<Option<mpsc::Receiver<WatchEvent>>> {
-        self.store.watch(prefix).await
-    }
-
-    fn segment_name_hint(&self) -> Option<String> {
-        self.store.segment_name_hint()
-    }
-
-    fn rpc_port(&self) -> Option<u16> {
-        Some(self.listener.port)
+    /// The listener answers Metadata frames with what the engine published.
+    fn descriptor_published(&self, descriptor: Option<&[u8]>) {
+        self.listener.serve_descriptor(descriptor.map(<[u8]>::to_vec));
     }
 
     async fn notify(&self, segment: &str, notification: &Notification) -> Result<()> {
@@ -566,32 +567,23 @@ impl MetadataBackend for NotifyingStore {
 
     async fn close(&self) {
         self.listener.close().await;
-        self.store.close().await;
     }
 }
 
-/// Wraps a store backend's factory so that every backend it builds is a [`NotifyingStore`].
-#[derive(Debug, Clone)]
-pub struct NotifyingStoreFactory<F> {
-    store: F,
-}
-
-impl<F> NotifyingStoreFactory<F> {
-    /// Wraps `store`.
-    pub fn new(store: F) -> Self {
-        Self { store }
-    }
-}
+/// Starts a [`HandshakeChannel`] beside every store a
+/// [`MetadataRegistry`](ferry_core::MetadataRegistry) builds that is not a channel itself
+/// (install it with [`MetadataRegistry::install_channel`](ferry_core::MetadataRegistry::install_channel)).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct HandshakeChannelFactory;
 
 #[async_trait]
-impl<F: MetadataFactory> MetadataFactory for NotifyingStoreFactory<F> {
-    fn kind(&self) -> &'static str {
-        self.store.kind()
+impl ControlChannelFactory for HandshakeChannelFactory {
+    fn name(&self) -> &'static str {
+        "handshake listener"
     }
 
-    async fn connect(&self, server: &MetadataServer, config: &Config) -> Result<Arc<dyn MetadataBackend>> {
-        let store = self.store.connect(server, config).await?;
-        Ok(Arc::new(NotifyingStore::start(store, config).await?))
+    async fn start(&self, store: Arc<dyn MetadataStore>, config: &Config) -> Result<Arc<dyn ControlChannel>> {
+        Ok(Arc::new(HandshakeChannel::start(store, config).await?))
     }
 }
 

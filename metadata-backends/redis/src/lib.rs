@@ -1,6 +1,6 @@
 //! # ferry-metadata-redis
 //!
-//! A [`MetadataBackend`] on Redis for `metadata_server: "redis://host:port"` (`rediss://` is refused:
+//! A [`MetadataStore`] on Redis for `metadata_server: "redis://host:port"` (`rediss://` is refused:
 //! this build has no TLS),
 //! honouring Mooncake's `MC_REDIS_PASSWORD`, `MC_REDIS_USERNAME` and `MC_REDIS_DB_INDEX`. The
 //! connection reconnects by itself after a Redis restart; every command has a timeout.
@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use ferry_core::{Config, Error, MetadataBackend, MetadataFactory, MetadataServer, Result};
+use ferry_core::{Config, Error, MetadataFactory, MetadataServer, MetadataStore, Result};
 use redis::AsyncCommands;
 use redis::IntoConnectionInfo;
 use redis::aio::ConnectionManager;
@@ -28,7 +28,7 @@ impl MetadataFactory for RedisMetadataFactory {
         "redis"
     }
 
-    async fn connect(&self, server: &MetadataServer, _config: &Config) -> Result<Arc<dyn MetadataBackend>> {
+    async fn connect(&self, server: &MetadataServer, _config: &Config) -> Result<Arc<dyn MetadataStore>> {
         let MetadataServer::Redis(url) = server else {
             return Err(Error::config(format!("the Redis backend cannot serve {server:?}")));
         };
@@ -97,7 +97,7 @@ impl RedisMetadata {
 }
 
 #[async_trait]
-impl MetadataBackend for RedisMetadata {
+impl MetadataStore for RedisMetadata {
     fn name(&self) -> &str {
         "redis"
     }

@@ -8,7 +8,7 @@ use std::time::Duration;
 use ferry_ascend_sys::test_support::{Emulator, TempDir, emulator_lib_dir};
 use ferry_ascend_sys::{DeviceThread, Library, RootInfo, SearchPath};
 use ferry_core::{
-    Config, Identity, IdentityField, InProcessMetadata, Location, MetadataBackend, ResolveQuery, SegmentResolver,
+    Config, Identity, IdentityField, InProcessMetadata, Location, MetadataStore, ResolveQuery, SegmentResolver,
     TransferEngine, TransportRegistry,
 };
 use ferry_transport_hccl::wire::{self, Reply, Request, WireOp};
@@ -74,7 +74,7 @@ async fn engine_named(lib: Arc<Library>, conf: &TempDir, name: &str) -> ferry_co
         .transports(TransportRegistry::new().with(Arc::new(HcclTransportFactory::with_library(lib))))
         // The Ascend links but `acl`: the transport inserts its own, on the library it was given.
         .resolver_registry(ferry_transport_hccl::ascend_identity::registry())
-        .metadata(InProcessMetadata::new() as Arc<dyn MetadataBackend>)
+        .metadata(InProcessMetadata::new() as Arc<dyn MetadataStore>)
         .transfer_timeout(T)
         .build()
         .await

@@ -23,7 +23,7 @@
 //! ```
 //! use std::sync::Arc;
 //! use std::time::Duration;
-//! use ferry_core::{ErrorKind, InProcessMetadata, Location, MetadataBackend, Opcode, TransferRequest};
+//! use ferry_core::{ErrorKind, InProcessMetadata, Location, MetadataStore, Opcode, TransferRequest};
 //! use ferry_transport_mock::{MockScript, When};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
@@ -40,7 +40,7 @@
 //! let engine = ferry_core::TransferEngine::builder()
 //!     .transports(ferry_core::TransportRegistry::new().with(Arc::new(script.factory())))
 //!     .protocol("mock")
-//!     .metadata(meta as Arc<dyn MetadataBackend>)
+//!     .metadata(meta as Arc<dyn MetadataStore>)
 //!     .build()
 //!     .await?;
 //! let mut cache = vec![0u8; 64];

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ferry_core::{
-    Batch, ErrorKind, InProcessMetadata, Location, MetadataBackend, Opcode, SegmentHandle, TransferEngine,
+    Batch, ErrorKind, InProcessMetadata, Location, MetadataStore, Opcode, SegmentHandle, TransferEngine,
     TransferRequest,
 };
 use ferry_transport_mock::{MockScript, Submitted, When};
@@ -29,7 +29,7 @@ async fn setup_with(
     let engine = TransferEngine::builder()
         .transports(ferry_core::TransportRegistry::new().with(Arc::new(script.factory())))
         .protocol("mock")
-        .metadata(meta as Arc<dyn MetadataBackend>)
+        .metadata(meta as Arc<dyn MetadataStore>)
         .transfer_timeout(Duration::from_secs(5))
         .build()
         .await?;

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ferry_core::{
-    Batch, BufferDesc, Config, EngineBuilder, ErrorKind, InProcessMetadata, Location, MemoryRegistry, MetadataBackend,
+    Batch, BufferDesc, Config, EngineBuilder, ErrorKind, InProcessMetadata, Location, MemoryRegistry, MetadataStore,
     Opcode, OpenSegment, RequestStatus, ResolverChain, SegmentDescriptor, SegmentHandle, TransferEngine,
     TransferRequest, TransportContext, TransportFactory, TransportRegistry,
 };
@@ -183,7 +183,7 @@ async fn engine(meta: &Arc<InProcessMetadata>, name: &str) -> TransferEngine {
         .protocol(PROTOCOL)
         .segment_name(name)
         .transports(TransportRegistry::new().with(Arc::new(ExampleTransportFactory)))
-        .metadata(meta.clone() as Arc<dyn MetadataBackend>)
+        .metadata(meta.clone() as Arc<dyn MetadataStore>)
         .transfer_timeout(Duration::from_secs(5))
         .build()
         .await
