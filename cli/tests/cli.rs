@@ -507,7 +507,8 @@ fn doctor_runs_the_ascend_transports_identity_check() {
     assert!(ok, "{s}");
     assert!(s.contains("device_ip        = 29.0.0.5") && s.contains("status:           OK"), "{s}");
     assert!(
-        s.contains("hccl retries:     2 [default]") && s.contains("control port:     any free port [default]"),
+        s.contains("  hccl_retries       = 2 [default]")
+            && s.contains("  hccl_control_port  = any free port [default]"),
         "{s}"
     );
     // The transport's options, each with where it came from.
@@ -522,9 +523,9 @@ fn doctor_runs_the_ascend_transports_identity_check() {
         ],
     );
     assert!(ok, "{s}");
-    assert!(s.contains("hccl retries:     5 [env FERRY_HCCL_RETRIES]"), "{s}");
-    assert!(s.contains("control port:     18000 [env FERRY_HCCL_CONTROL_PORT]"), "{s}");
-    assert!(s.contains(&format!("hccn.conf:        {hccn} [env FERRY_HCCN_CONF]")), "{s}");
+    assert!(s.contains("  hccl_retries       = 5 [env FERRY_HCCL_RETRIES]"), "{s}");
+    assert!(s.contains("  hccl_control_port  = 18000 [env FERRY_HCCL_CONTROL_PORT]"), "{s}");
+    assert!(s.contains(&format!("  hccn_conf_path     = {hccn} [env FERRY_HCCN_CONF]")), "{s}");
     let (ok, s) = ascend("ascend-bad-retries.json", npu4, &[("FERRY_HCCL_RETRIES", "many")]);
     assert!(!ok, "{s}");
     assert!(s.contains("- environment variable FERRY_HCCL_RETRIES=\"many\": not a whole number"), "{s}");
@@ -697,7 +698,7 @@ fn doctor_names_the_plugin_that_serves_the_protocol_and_where_it_looked() {
     assert!(all.contains("unknown protocol \"nosuchplugin\"") && all.contains("FERRY_PLUGIN_DIR"), "{all}");
 }
 
-/// Issue 17: `ferry doctor` says which Ascend backend runs and why, and with `--peer` which one
+/// `ferry doctor` says which Ascend backend runs and why, and with `--peer` which one
 /// reaches that peer (its descriptor read from the metadata service) and why: a Mooncake
 /// `ascend_direct` node (endpoints only) and a Ferry node without HIXL (direct-HCCL fields
 /// only), on a node with the emulated HIXL and on one without it.

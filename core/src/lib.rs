@@ -50,7 +50,7 @@ pub use host_memory::{HOST_ALIGNMENT, HostAllocation};
 pub use kv::{BlockRun, BlockSlice, BlockTransfer, KvLayout, KvRegion, plan_block_transfer};
 pub use memory::{Location, MemoryRegistry, Region, RegionLease, RegisteredMemory};
 pub use metadata::{InProcessMetadata, MetadataBackend, MetadataFactory, MetadataRegistry, Notification, WatchEvent};
-pub use options::{OptionSpec, Setting};
+pub use options::{OptionSpec, OptionValue, Setting};
 pub use resolver::{
     Answer, BUILTIN_RESOLVER_ORDER, Environment, ExplicitResolver, HostnameResolver, Identity, IdentityField,
     PortOffsetResolver, Resolution, ResolveQuery, ResolveTarget, ResolverChain, ResolverContext, ResolverFactory,
