@@ -168,6 +168,34 @@ fn doctor_explains_a_good_config() {
 }
 
 #[test]
+fn doctor_lists_every_declared_option_with_its_value_and_source() {
+    let p = tmp(
+        "tcp-options.json",
+        "{\n  \"protocol\": \"tcp\",\n  \"tcp_lanes\": 8,\n  \"tcp_data_port\": 18000,\n  \"widget\": 1\n}",
+    );
+    let out = ferry().args(["doctor", "--config"]).arg(&p).env("FERRY_TCP_IO_THREADS", "2").output().unwrap();
+    let s = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{s}");
+    assert!(s.contains(&format!("  tcp_lanes          = 8 [file {}]", p.display())), "{s}");
+    assert!(s.contains("  tcp_data_port      = 18000 [file "), "{s}");
+    assert!(s.contains("  tcp_io_threads     = 2 [env FERRY_TCP_IO_THREADS]"), "{s}");
+    assert!(s.contains("  hccl_retries       = 2 [default]"), "every transport's options, whatever the protocol: {s}");
+    assert!(s.contains("unknown fields:   widget (kept, not used)"), "declared options are not unknown: {s}");
+
+    // A value out of range is a problem naming the field, its position and the accepted range.
+    let out = ferry().args(["doctor", "--config"]).arg(&p).env("FERRY_TCP_LANES", "100").output().unwrap();
+    let s = String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success(), "{s}");
+    assert!(s.contains("  tcp_lanes          = 100 [env FERRY_TCP_LANES] INVALID (see below)"), "{s}");
+    assert!(
+        s.contains(
+            "- field `tcp_lanes` (from environment variable FERRY_TCP_LANES): is 100; expected 1 to 64 connections per peer"
+        ),
+        "{s}"
+    );
+}
+
+#[test]
 fn doctor_reports_every_problem_with_file_and_position() {
     let p = tmp("bad.json", "{\n  \"protocol\": \"rdma\",\n  \"metadata_server\": \"gopher://h:70\"\n}");
     let out = ferry().args(["doctor", "--config"]).arg(&p).output().unwrap();
