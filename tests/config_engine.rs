@@ -114,3 +114,21 @@ async fn the_tcp_transport_reads_its_own_fields_and_refuses_values_out_of_range(
     assert_ne!(endpoint.port, 0, "port 0 is any free port, and the bound one is published");
     e.shutdown().await.unwrap();
 }
+
+/// Every option a transport built in declares has one row in docs/configuration.md, naming its
+/// variable; the variable appears in no other row.
+#[test]
+fn every_declared_option_is_documented_once_in_the_configuration_docs() {
+    let docs = include_str!("../docs/configuration.md");
+    let options = ferry::declared_options();
+    assert!(options.iter().any(|o| o.key == "tcp_lanes") && options.iter().any(|o| o.key == "hccl_retries"));
+    for o in options {
+        let rows: Vec<&str> = docs.lines().filter(|l| l.starts_with(&format!("| `{}` |", o.key))).collect();
+        assert_eq!(rows.len(), 1, "docs/configuration.md has one row for `{}`: {rows:?}", o.key);
+        if let Some(var) = o.env {
+            assert!(rows[0].contains(&format!("`{var}`")), "the row of `{}` names {var}: {}", o.key, rows[0]);
+            let elsewhere = docs.lines().filter(|l| l.starts_with('|') && l.contains(&format!("`{var}`"))).count();
+            assert_eq!(elsewhere, 1, "{var} is documented in the row of `{}` alone", o.key);
+        }
+    }
+}
