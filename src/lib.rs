@@ -129,16 +129,14 @@ pub fn default_resolvers() -> ResolverRegistry {
     registry
 }
 
-/// The config options the crates compiled in declare beyond the core's fields (with the `hccl`
-/// feature: `rank_table_path`, `hccn_conf_path`, `hccl_retries`, `hccl_control_port`). A
-/// config's other unknown fields are read by nothing in this build
+/// The config options the transports compiled in declare beyond the core's fields
+/// ([`TransportFactory::options`] of each of [`default_transports`]; with the `tcp` feature
+/// `tcp_lanes`, `tcp_data_port`, `tcp_io_threads`, with `hccl` the Ascend side's
+/// `rank_table_path`, `hccn_conf_path`, `hccl_retries`, `hccl_control_port`, `ascend_backend`).
+/// A config's other unknown fields are read by nothing in this build
 /// ([`Config::undeclared_fields`]).
 pub fn declared_options() -> Vec<&'static OptionSpec> {
-    #[allow(unused_mut)]
-    let mut options: Vec<&'static OptionSpec> = Vec::new();
-    #[cfg(feature = "hccl")]
-    options.extend(ferry_transport_hccl::ascend_identity::OPTIONS);
-    options
+    default_transports().options()
 }
 
 /// An engine builder on the embedded default config with every compiled-in transport, metadata

@@ -91,3 +91,44 @@ fn malformed_and_partial_files_are_config_errors() {
     let e = Config::from_file("/nonexistent/ferry.json").unwrap_err();
     assert!(e.message().contains("/nonexistent/ferry.json"), "{e}");
 }
+
+#[tokio::test]
+async fn the_tcp_transport_reads_its_own_fields_and_refuses_values_out_of_range() {
+    let p = write("tcp-lanes.json", "{\n  \"protocol\": \"tcp\",\n  \"tcp_lanes\": 65\n}\n");
+    let cfg = Config::from_file(&p).unwrap();
+    assert_eq!(cfg.unknown_fields(), ["tcp_lanes"], "the core does not know the transport's fields");
+    assert!(cfg.undeclared_fields(ferry::declared_options()).is_empty(), "the tcp transport declares it");
+    let e = builder(&InProcessMetadata::new()).segment_name("127.0.0.1:1").config(cfg).build().await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Config);
+    let m = e.message();
+    assert!(
+        m.contains(&p.display().to_string())
+            && m.contains("field `tcp_lanes` at line 3 column 3: is 65; expected 1 to 64 connections per peer"),
+        "{m}"
+    );
+
+    let p = write("tcp-port.json", r#"{"protocol": "tcp", "tcp_lanes": 2, "tcp_data_port": 0}"#);
+    let cfg = Config::from_file(&p).unwrap();
+    let e = builder(&InProcessMetadata::new()).segment_name("127.0.0.1:1").config(cfg).build().await.unwrap();
+    let endpoint = ferry::transports::tcp::TcpEndpoint::from_descriptor(&e.local_descriptor()).unwrap().unwrap();
+    assert_ne!(endpoint.port, 0, "port 0 is any free port, and the bound one is published");
+    e.shutdown().await.unwrap();
+}
+
+/// Every option a transport built in declares has one row in docs/configuration.md, naming its
+/// variable; the variable appears in no other row.
+#[test]
+fn every_declared_option_is_documented_once_in_the_configuration_docs() {
+    let docs = include_str!("../docs/configuration.md");
+    let options = ferry::declared_options();
+    assert!(options.iter().any(|o| o.key == "tcp_lanes") && options.iter().any(|o| o.key == "hccl_retries"));
+    for o in options {
+        let rows: Vec<&str> = docs.lines().filter(|l| l.starts_with(&format!("| `{}` |", o.key))).collect();
+        assert_eq!(rows.len(), 1, "docs/configuration.md has one row for `{}`: {rows:?}", o.key);
+        if let Some(var) = o.env {
+            assert!(rows[0].contains(&format!("`{var}`")), "the row of `{}` names {var}: {}", o.key, rows[0]);
+            let elsewhere = docs.lines().filter(|l| l.starts_with('|') && l.contains(&format!("`{var}`"))).count();
+            assert_eq!(elsewhere, 1, "{var} is documented in the row of `{}` alone", o.key);
+        }
+    }
+}

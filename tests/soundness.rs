@@ -12,15 +12,15 @@ use std::time::Duration;
 
 use common::{Buffer, tcp_only};
 use ferry::{InProcessMetadata, Location, MetadataStore, Opcode, SegmentDescriptor, TransferRequest};
+use ferry_transport_tcp::TcpEndpoint;
 
 /// A tcp "peer" that accepts connections and never answers: a read to it stays in flight in the
 /// tcp transport (its reader would write the response into the local buffer).
 fn silent_peer(name: &str) -> (std::net::TcpListener, SegmentDescriptor) {
     let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let mut d = SegmentDescriptor::new(name, "tcp");
-    d.tcp_data_host = Some("127.0.0.1".into());
-    d.tcp_data_port = Some(silent.local_addr().unwrap().port());
-    d.tcp_proto_version = Some(2);
+    let port = silent.local_addr().unwrap().port();
+    TcpEndpoint { host: Some("127.0.0.1".into()), port, proto_version: Some(2) }.write_to(&mut d).unwrap();
     d.buffers.push(ferry::BufferDesc {
         addr: 0x1000,
         length: 1 << 20,

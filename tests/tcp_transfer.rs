@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use common::{Buffer, p2p_tcp_engine, pattern, pattern_buffer, tcp_only};
 use ferry::{ErrorKind, InProcessMetadata, Location, MetadataStore, Opcode, SegmentDescriptor, TransferRequest};
 use ferry_metadata_p2p::frame::{FrameType, encode, read_frame};
+use ferry_transport_tcp::TcpEndpoint;
 use ferry_transport_tcp::wire::{Header, STATUS_LEN, Status};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -34,7 +35,8 @@ async fn reads_and_writes_of_every_size_cross_the_socket() {
     unsafe { initiator.register_memory(local.addr(), local.len(), Location::Cpu(0)).await }.unwrap();
     let peer = initiator.open_segment(target.segment_name()).await.unwrap();
     assert_eq!(initiator.segment(peer).unwrap().protocol(), "tcp");
-    assert_eq!(initiator.segment(peer).unwrap().descriptor().tcp_proto_version, Some(2));
+    let endpoint = TcpEndpoint::from_descriptor(initiator.segment(peer).unwrap().descriptor()).unwrap().unwrap();
+    assert_eq!(endpoint.proto_version, Some(2));
 
     for (i, size) in [1u64, 7, 4096, 65_539, 1 << 20, 16 << 20].into_iter().enumerate() {
         let off = (i as u64 * 4099) % 4096;
@@ -97,9 +99,7 @@ async fn a_rejected_request_fails_alone_and_the_connection_keeps_serving() {
 /// The descriptor of a TCP "peer" on `port` (a raw socket of the test's) exposing one buffer.
 fn fake_peer(name: &str, port: u16, addr: u64, length: u64) -> SegmentDescriptor {
     let mut d = SegmentDescriptor::new(name, "tcp");
-    d.tcp_data_host = Some("127.0.0.1".into());
-    d.tcp_data_port = Some(port);
-    d.tcp_proto_version = Some(2);
+    TcpEndpoint { host: Some("127.0.0.1".into()), port, proto_version: Some(2) }.write_to(&mut d).unwrap();
     d.buffers.push(ferry::BufferDesc {
         addr,
         length,
@@ -124,7 +124,7 @@ async fn raw_target(timeout: Duration) -> (ferry::TransferEngine, Buffer, u16) {
         .unwrap();
     let buf = pattern_buffer(1 << 16, 3);
     unsafe { e.register_memory(buf.addr(), buf.len(), Location::Cpu(0)).await }.unwrap();
-    let port = e.local_descriptor().tcp_data_port.unwrap();
+    let port = TcpEndpoint::from_descriptor(&e.local_descriptor()).unwrap().unwrap().port;
     (e, buf, port)
 }
 
@@ -220,7 +220,7 @@ async fn the_handshake_refuses_bad_frames_and_answers_probes() {
     let d = SegmentDescriptor::from_json("handshake", &reply.payload).unwrap();
     assert_eq!(d.name, e.segment_name());
     assert_eq!(d.protocol, "tcp");
-    assert!(d.tcp_data_port.is_some());
+    assert!(TcpEndpoint::from_descriptor(&d).unwrap().is_some(), "with its tcp endpoint: {d:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -258,10 +258,11 @@ async fn a_silent_peer_times_out_and_a_dead_peer_is_unreachable() {
     MetadataStore::put(&*meta, "mooncake/ram/silent", &d.to_json()).await.unwrap();
     let mut dead = d.clone();
     dead.name = "dead".into();
-    dead.tcp_data_port = Some({
+    let closed = {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         l.local_addr().unwrap().port() // closed when `l` drops: nothing listens there
-    });
+    };
+    TcpEndpoint { host: Some("127.0.0.1".into()), port: closed, proto_version: Some(2) }.write_to(&mut dead).unwrap();
     MetadataStore::put(&*meta, "mooncake/ram/dead", &dead.to_json()).await.unwrap();
     let e = ferry::builder()
         .transports(tcp_only())

@@ -2,12 +2,13 @@
 //! with where each value came from and which resolver answered each identity field (and how:
 //! which variable, file entry or segment-name part).
 //!
-//! Sources that disagree about the device (physical or user id) are a problem. The Ascend
-//! options (`rank_table_path`, `hccn_conf_path`, `hccl_retries`, `hccl_control_port`) are read
-//! and checked whatever the protocol, with where each came from. With the `ascend` protocol it
-//! also runs the transport's own start-up check (`LocalIdentity::from_resolution`: physical id,
-//! user id and device IP all known) on the chain the transport will use (its `acl` link
-//! inserted when a `resolvers` list omits it).
+//! Sources that disagree about the device (physical or user id) are a problem. Every option the
+//! transports built in declare (`TransportFactory::options`: `tcp_lanes`, `hccl_retries`, ...)
+//! is read and checked whatever the protocol, as its transport reads it, and printed with its
+//! effective value and where it came from; an invalid one is a problem. With the `ascend`
+//! protocol it also runs the transport's own start-up check (`LocalIdentity::from_resolution`:
+//! physical id, user id and device IP all known) on the chain the transport will use (its `acl`
+//! link inserted when a `resolvers` list omits it).
 
 use std::path::PathBuf;
 
@@ -16,7 +17,8 @@ use clap::Args;
 use ferry::transports::hccl;
 use ferry::transports::hccl::ascend_identity::{self as ascend, AscendOptions};
 use ferry::{
-    Config, Environment, FieldSource, MetadataServer, ResolveQuery, ResolverContext, ResolverFactory, Setting,
+    Config, Environment, FieldSource, MetadataServer, OptionValue, ResolveQuery, ResolverContext, ResolverFactory,
+    TransportFactory,
 };
 
 /// Options of `ferry doctor`.
@@ -41,12 +43,21 @@ fn source(cfg: &Config, field: &str) -> String {
     }
 }
 
-/// A declared option's value and where it came from, or its default.
-fn setting<T: std::fmt::Display>(s: &Option<Setting<T>>, default: &str) -> String {
-    match s {
-        Some(s) => format!("{} [{}]", s.value, s.source),
-        None => format!("{default} [default]"),
-    }
+/// One declared option's line: its effective value and where it came from, or its default; an
+/// invalid value is shown as set and its error added to `problems`.
+fn option_line(cfg: &Config, env: &Environment, v: OptionValue, problems: &mut Vec<String>) -> String {
+    let shown = match v.setting {
+        Ok(Some(s)) => format!("{} [{}]", s.value, s.source),
+        Ok(None) => format!("{} [default]", v.spec.default),
+        Err(e) => {
+            problems.push(e.message().to_owned());
+            match cfg.option_text(v.spec, env) {
+                Some(s) => format!("{} [{}] INVALID (see below)", s.value, s.source),
+                None => "INVALID (see below)".to_owned(),
+            }
+        }
+    };
+    format!("  {:<18} = {shown}", v.spec.key)
 }
 
 pub(crate) async fn run(args: DoctorArgs) -> Result<std::process::ExitCode> {
@@ -94,6 +105,8 @@ pub(crate) async fn run(args: DoctorArgs) -> Result<std::process::ExitCode> {
 
     let protocol = cfg.protocol();
     let built_in = transports.find(protocol).is_some();
+    // The configured transport when a plugin serves it, for its declared options.
+    let mut plugin: Option<std::sync::Arc<dyn TransportFactory>> = None;
     // The ascend transport (or its alias) refuses to start without a complete, consistent
     // identity: check what it would check.
     let ascend = transports.find(protocol).is_some_and(|f| f.protocol() == hccl::PROTOCOL);
@@ -104,15 +117,18 @@ pub(crate) async fn run(args: DoctorArgs) -> Result<std::process::ExitCode> {
             source(&cfg, "protocol"),
             f.protocol()
         ),
-        Ok(f) => println!(
-            "protocol:         {} [{}] -> transport `{}` (plugin {}, loaded and version-checked)",
-            protocol,
-            source(&cfg, "protocol"),
-            f.protocol(),
-            ferry_plugin_host::already_loaded(f.protocol())
-                .map(|p| p.path().display().to_string())
-                .unwrap_or_else(|| "?".into())
-        ),
+        Ok(f) => {
+            println!(
+                "protocol:         {} [{}] -> transport `{}` (plugin {}, loaded and version-checked)",
+                protocol,
+                source(&cfg, "protocol"),
+                f.protocol(),
+                ferry_plugin_host::already_loaded(f.protocol())
+                    .map(|p| p.path().display().to_string())
+                    .unwrap_or_else(|| "?".into())
+            );
+            plugin = Some(f);
+        }
         Err(e) => problems.push(e.message().to_owned()),
     }
     let plugin_paths = ferry_plugin_host::search_path(&cfg);
@@ -159,7 +175,25 @@ pub(crate) async fn run(args: DoctorArgs) -> Result<std::process::ExitCode> {
     if let Some(m) = &cfg.master_server_address {
         println!("master (store):   {m} (read; not used by the transfer engine)");
     }
-    let unknown = cfg.undeclared_fields(&ferry::declared_options());
+    let env = Environment::process();
+    // Every option the transports of this build (and a plugin serving the protocol) declare,
+    // as each transport reads it.
+    let factories: Vec<_> = transports.factories().chain(plugin.as_ref()).collect();
+    let mut declared: Vec<&'static str> = Vec::new();
+    let mut lines: Vec<String> = Vec::new();
+    for v in factories.iter().flat_map(|f| f.read_options(&cfg, &env)) {
+        if !declared.contains(&v.spec.key) {
+            declared.push(v.spec.key);
+            lines.push(option_line(&cfg, &env, v, &mut problems));
+        }
+    }
+    if !lines.is_empty() {
+        println!("options:          (declared by the transports built in)");
+        for line in lines {
+            println!("{line}");
+        }
+    }
+    let unknown = cfg.undeclared_fields(factories.iter().flat_map(|f| f.options()));
     if !unknown.is_empty() {
         println!("unknown fields:   {} (kept, not used)", unknown.join(", "));
     }
@@ -174,9 +208,8 @@ pub(crate) async fn run(args: DoctorArgs) -> Result<std::process::ExitCode> {
         }
         None => println!("local rank:       unknown (set LOCAL_RANK or FERRY_LOCAL_RANK, or --local-rank)"),
     }
-    let env = Environment::process();
-    // The Ascend side's options: each value with its source; a bad one is a problem whatever
-    // the protocol (the file may serve an ascend process too).
+    // The rank table the `rank_table` link reads (from its option or vllm-ascend's variable),
+    // and what it holds.
     match ascend::RankTableResolver::from_config(&cfg, &env) {
         Ok(rank_table) => {
             if let Some(p) = rank_table.path() {
@@ -187,23 +220,9 @@ pub(crate) async fn run(args: DoctorArgs) -> Result<std::process::ExitCode> {
                 println!("rank table:       {} ({form}) [{}]", p.display(), rank_table.set_by());
             }
         }
-        Err(e) => problems.push(e.message().to_owned()),
-    }
-    match AscendOptions::hccn_conf_path(&cfg, &env) {
-        Ok(Some(p)) => println!("hccn.conf:        {} [{}]", p.value.display(), p.source),
-        Ok(None) => println!("hccn.conf:        {} [default; not needed when absent]", ascend::DEFAULT_HCCN_CONF),
-        Err(e) => problems.push(e.message().to_owned()),
-    }
-    match (AscendOptions::hccl_retries(&cfg, &env), AscendOptions::hccl_control_port(&cfg, &env)) {
-        (Ok(retries), Ok(port)) => {
-            if ascend {
-                println!("hccl retries:     {}", setting(&retries, ascend::HCCL_RETRIES.default));
-                println!("control port:     {}", setting(&port, ascend::HCCL_CONTROL_PORT.default));
-            }
-        }
-        (retries, port) => {
-            problems.extend([retries.err(), port.err()].into_iter().flatten().map(|e| e.message().to_owned()))
-        }
+        // A bad `rank_table_path` is reported with the options above.
+        Err(e) if !problems.iter().any(|p| p == e.message()) => problems.push(e.message().to_owned()),
+        Err(_) => {}
     }
 
     // The resolvers of this build: the core's links and the HCCL transport's `acl`.

@@ -185,6 +185,34 @@ fn doctor_names_the_control_channel_beside_a_store() {
 }
 
 #[test]
+fn doctor_lists_every_declared_option_with_its_value_and_source() {
+    let p = tmp(
+        "tcp-options.json",
+        "{\n  \"protocol\": \"tcp\",\n  \"tcp_lanes\": 8,\n  \"tcp_data_port\": 18000,\n  \"widget\": 1\n}",
+    );
+    let out = ferry().args(["doctor", "--config"]).arg(&p).env("FERRY_TCP_IO_THREADS", "2").output().unwrap();
+    let s = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{s}");
+    assert!(s.contains(&format!("  tcp_lanes          = 8 [file {}]", p.display())), "{s}");
+    assert!(s.contains("  tcp_data_port      = 18000 [file "), "{s}");
+    assert!(s.contains("  tcp_io_threads     = 2 [env FERRY_TCP_IO_THREADS]"), "{s}");
+    assert!(s.contains("  hccl_retries       = 2 [default]"), "every transport's options, whatever the protocol: {s}");
+    assert!(s.contains("unknown fields:   widget (kept, not used)"), "declared options are not unknown: {s}");
+
+    // A value out of range is a problem naming the field, its position and the accepted range.
+    let out = ferry().args(["doctor", "--config"]).arg(&p).env("FERRY_TCP_LANES", "100").output().unwrap();
+    let s = String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success(), "{s}");
+    assert!(s.contains("  tcp_lanes          = 100 [env FERRY_TCP_LANES] INVALID (see below)"), "{s}");
+    assert!(
+        s.contains(
+            "- field `tcp_lanes` (from environment variable FERRY_TCP_LANES): is 100; expected 1 to 64 connections per peer"
+        ),
+        "{s}"
+    );
+}
+
+#[test]
 fn doctor_reports_every_problem_with_file_and_position() {
     let p = tmp("bad.json", "{\n  \"protocol\": \"rdma\",\n  \"metadata_server\": \"gopher://h:70\"\n}");
     let out = ferry().args(["doctor", "--config"]).arg(&p).output().unwrap();
@@ -524,7 +552,8 @@ fn doctor_runs_the_ascend_transports_identity_check() {
     assert!(ok, "{s}");
     assert!(s.contains("device_ip        = 29.0.0.5") && s.contains("status:           OK"), "{s}");
     assert!(
-        s.contains("hccl retries:     2 [default]") && s.contains("control port:     any free port [default]"),
+        s.contains("  hccl_retries       = 2 [default]")
+            && s.contains("  hccl_control_port  = any free port [default]"),
         "{s}"
     );
     // The transport's options, each with where it came from.
@@ -539,9 +568,9 @@ fn doctor_runs_the_ascend_transports_identity_check() {
         ],
     );
     assert!(ok, "{s}");
-    assert!(s.contains("hccl retries:     5 [env FERRY_HCCL_RETRIES]"), "{s}");
-    assert!(s.contains("control port:     18000 [env FERRY_HCCL_CONTROL_PORT]"), "{s}");
-    assert!(s.contains(&format!("hccn.conf:        {hccn} [env FERRY_HCCN_CONF]")), "{s}");
+    assert!(s.contains("  hccl_retries       = 5 [env FERRY_HCCL_RETRIES]"), "{s}");
+    assert!(s.contains("  hccl_control_port  = 18000 [env FERRY_HCCL_CONTROL_PORT]"), "{s}");
+    assert!(s.contains(&format!("  hccn_conf_path     = {hccn} [env FERRY_HCCN_CONF]")), "{s}");
     let (ok, s) = ascend("ascend-bad-retries.json", npu4, &[("FERRY_HCCL_RETRIES", "many")]);
     assert!(!ok, "{s}");
     assert!(s.contains("- environment variable FERRY_HCCL_RETRIES=\"many\": not a whole number"), "{s}");
@@ -714,7 +743,7 @@ fn doctor_names_the_plugin_that_serves_the_protocol_and_where_it_looked() {
     assert!(all.contains("unknown protocol \"nosuchplugin\"") && all.contains("FERRY_PLUGIN_DIR"), "{all}");
 }
 
-/// Issue 17: `ferry doctor` says which Ascend backend runs and why, and with `--peer` which one
+/// `ferry doctor` says which Ascend backend runs and why, and with `--peer` which one
 /// reaches that peer (its descriptor read from the metadata service) and why: a Mooncake
 /// `ascend_direct` node (endpoints only) and a Ferry node without HIXL (direct-HCCL fields
 /// only), on a node with the emulated HIXL and on one without it.

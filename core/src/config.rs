@@ -43,8 +43,6 @@ pub const ENV_OVERRIDES: &[(&str, &str)] = &[
     ("FERRY_DEVICE_NAME", "device_name"),
     ("FERRY_ROLE", "role"),
     ("FERRY_TRANSFER_TIMEOUT_MS", "transfer_timeout_ms"),
-    ("FERRY_TCP_LANES", "tcp_lanes"),
-    ("FERRY_TCP_DATA_PORT", "tcp_data_port"),
     ("FERRY_RPC_PORT", "rpc_port"),
     (CLUSTER_ID_ENV, "cluster_id"),
     ("FERRY_BASE_PORT", "base_port"),
@@ -366,12 +364,6 @@ pub struct Config {
     /// Metadata cluster id (key prefix `mooncake/<id>/`); also `MC_METADATA_CLUSTER_ID`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cluster_id: Option<String>,
-    /// TCP transport: persistent connections per peer (default 4).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tcp_lanes: Option<u32>,
-    /// TCP transport: data port to listen on (default: any free port).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tcp_data_port: Option<u16>,
     /// P2P handshake: RPC port to listen on (default: the port in `local_hostname`, else a free
     /// port in 15000..17000).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -410,30 +402,6 @@ pub struct Config {
     #[serde(skip)]
     segment_name_fixed: bool,
 }
-
-const KNOWN_FIELDS: &[&str] = &[
-    "local_hostname",
-    "metadata_server",
-    "metadata_backend",
-    "protocol",
-    "device_name",
-    "prefill_url",
-    "decode_url",
-    "role",
-    "master_server_address",
-    "global_segment_size",
-    "local_buffer_size",
-    "transfer_timeout_ms",
-    "cluster_id",
-    "tcp_lanes",
-    "tcp_data_port",
-    "rpc_port",
-    "plugins",
-    "base_port",
-    "local_rank",
-    "resolvers",
-    "physical_devices",
-];
 
 impl Config {
     /// The embedded default: no file, in-process metadata, the `local` transport.
@@ -474,11 +442,12 @@ impl Config {
         // Unknown fields in a second pass (a flattened catch-all would lose error positions).
         let value: Value =
             serde_json::from_str(text).map_err(|e| Error::config(format!("config {origin_name}: {e}")))?;
-        cfg.extra = crate::descriptor::unknown_fields(&value, KNOWN_FIELDS);
+        let known = crate::descriptor::serde_fields::<Config>();
+        cfg.extra = crate::descriptor::unknown_fields(&value, known);
         let source = path.map(|p| FieldSource::File(p.to_owned())).unwrap_or(FieldSource::Inline);
         cfg.origin = Origin { path: path.map(Path::to_owned), text: Some(text.to_owned()) };
-        let present: Vec<&'static str> = KNOWN_FIELDS.iter().copied().filter(|f| cfg.is_set(f)).collect();
-        for f in present {
+        // A known field is set when present and not `null` (an absent value's `None`).
+        for &f in known.iter().filter(|f| value.get(**f).is_some_and(|v| !v.is_null())) {
             cfg.sources.insert(f, source.clone());
         }
         cfg.check_physical_devices()?;
@@ -549,10 +518,6 @@ impl Config {
                         Some(value.parse().map_err(|_| bad("not a whole number of milliseconds".into()))?)
                 }
                 "cluster_id" => self.cluster_id = Some(value.clone()),
-                "tcp_lanes" => self.tcp_lanes = Some(value.parse().map_err(|_| bad("not a whole number".into()))?),
-                "tcp_data_port" => {
-                    self.tcp_data_port = Some(value.parse().map_err(|_| bad("not a port number".into()))?)
-                }
                 "rpc_port" => self.rpc_port = Some(value.parse().map_err(|_| bad("not a port number".into()))?),
                 "base_port" => {
                     self.base_port =
@@ -573,33 +538,6 @@ impl Config {
             self.sources.insert(field, FieldSource::Env(var));
         }
         Ok(())
-    }
-
-    fn is_set(&self, field: &str) -> bool {
-        match field {
-            "local_hostname" => self.local_hostname.is_some(),
-            "metadata_server" => self.metadata_server.is_some(),
-            "metadata_backend" => self.metadata_backend.is_some(),
-            "protocol" => self.protocol.is_some(),
-            "device_name" => self.device_name.is_some(),
-            "prefill_url" => self.prefill_url.is_some(),
-            "decode_url" => self.decode_url.is_some(),
-            "role" => self.role.is_some(),
-            "master_server_address" => self.master_server_address.is_some(),
-            "global_segment_size" => self.global_segment_size.is_some(),
-            "local_buffer_size" => self.local_buffer_size.is_some(),
-            "transfer_timeout_ms" => self.transfer_timeout_ms.is_some(),
-            "cluster_id" => self.cluster_id.is_some(),
-            "tcp_lanes" => self.tcp_lanes.is_some(),
-            "tcp_data_port" => self.tcp_data_port.is_some(),
-            "rpc_port" => self.rpc_port.is_some(),
-            "plugins" => self.plugins.is_some(),
-            "base_port" => self.base_port.is_some(),
-            "local_rank" => self.local_rank.is_some(),
-            "resolvers" => self.resolvers.is_some(),
-            "physical_devices" => self.physical_devices.is_some(),
-            _ => false,
-        }
     }
 
     /// Checks `physical_devices`: not empty, every id below [`DEVICE_ID_LIMIT`], none twice (two
@@ -780,14 +718,12 @@ impl Config {
         if self.base_port.is_none() || self.segment_name_fixed {
             return Ok(Some(name));
         }
-        for fixed in ["rpc_port", "tcp_data_port"] {
-            if self.is_set(fixed) {
-                return Err(self.field_error(
-                    fixed,
-                    "is one fixed port, but with base_port every rank of a node shares this config, so every rank \
-                     would bind the same port; remove it",
-                ));
-            }
+        if self.rpc_port.is_some() {
+            return Err(self.field_error(
+                "rpc_port",
+                "is one fixed port, but with base_port every rank of a node shares this config, so every rank would \
+                 bind the same port; remove it",
+            ));
         }
         if parsed.is_some() {
             return Err(self.field_error(
@@ -994,10 +930,16 @@ mod tests {
 
     #[test]
     fn unknown_fields_are_kept() {
-        let c = Config::from_json_str(r#"{"protocol":"tcp","rdma_devices":"mlx5_0"}"#, None).unwrap();
-        assert_eq!(c.unknown_fields(), vec!["rdma_devices"]);
+        let c = Config::from_json_str(r#"{"protocol":"tcp","rdma_devices":"mlx5_0","tcp_lanes":8}"#, None).unwrap();
+        assert_eq!(c.unknown_fields(), vec!["rdma_devices", "tcp_lanes"], "a transport's fields are not the core's");
         let back = serde_json::to_value(&c).unwrap();
-        assert_eq!(back["rdma_devices"], "mlx5_0");
+        assert_eq!((&back["rdma_devices"], &back["tcp_lanes"]), (&"mlx5_0".into(), &8.into()));
+        // The core's fields are the struct's (serde's list), each set one with its source.
+        let known = crate::descriptor::serde_fields::<Config>();
+        assert!(known.contains(&"physical_devices") && known.contains(&"rpc_port") && !known.contains(&"extra"));
+        let c = Config::from_json_str(r#"{"rpc_port": 1, "role": null}"#, Some(Path::new("/m.json"))).unwrap();
+        assert_eq!(c.source_of("rpc_port"), Some(&FieldSource::File("/m.json".into())));
+        assert_eq!(c.source_of("role"), None, "null is unset");
     }
 
     #[test]
@@ -1178,14 +1120,14 @@ mod tests {
         assert!(e.message().contains("`rpc_port`") && e.message().contains("remove it"), "{e}");
         let mut c = Config::from_json_str(store, None).unwrap();
         c.apply_env(|k| match k {
-            "FERRY_TCP_DATA_PORT" => Some("18000".to_owned()),
+            "FERRY_RPC_PORT" => Some("18000".to_owned()),
             "LOCAL_RANK" => Some("0".to_owned()),
             _ => None,
         })
         .unwrap();
         let e = c.fix_segment_name().unwrap_err();
         assert!(
-            e.message().contains("field `tcp_data_port` (from environment variable FERRY_TCP_DATA_PORT)")
+            e.message().contains("field `rpc_port` (from environment variable FERRY_RPC_PORT)")
                 && e.message().contains("every rank would bind the same port; remove it"),
             "{e}"
         );

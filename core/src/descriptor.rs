@@ -4,8 +4,15 @@
 //! Decoding tolerates unknown fields and keeps them, so a descriptor read from a newer peer is
 //! written back unchanged; it rejects malformed known fields with an error naming the segment,
 //! the field path and the position.
+//!
+//! The core types only what every transport shares (name, protocol, buffers, the instance and
+//! the timestamp) and the Ascend `rank_info`. A transport's own fields are flat top-level keys
+//! kept in [`SegmentDescriptor::extra`]; the transport reads and writes them through a typed view
+//! of its own ([`SegmentDescriptor::view`], [`SegmentDescriptor::set_view`]), so the JSON stays
+//! Mooncake's (the TCP transport's `tcp_data_host`, `tcp_data_port` and `tcp_proto_version`).
 
-use serde::{Deserialize, Serialize};
+use serde::de::{DeserializeOwned, Visitor};
+use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::{Map, Value};
 
 use crate::error::{Error, Result};
@@ -98,15 +105,6 @@ pub struct SegmentDescriptor {
     /// Exposed buffers.
     #[serde(default)]
     pub buffers: Vec<BufferDesc>,
-    /// TCP transport: data host.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tcp_data_host: Option<String>,
-    /// TCP transport: data port.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tcp_data_port: Option<u16>,
-    /// TCP transport: wire protocol version (absent means 1).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tcp_proto_version: Option<u32>,
     /// Ascend transport: rank information.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rank_info: Option<RankInfo>,
@@ -117,7 +115,9 @@ pub struct SegmentDescriptor {
     /// Publication time (Mooncake writes `YYYY-MM-DD HH:MM:SS.micros`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timestamp: Option<String>,
-    /// Fields this version does not know (for example `rdma_server_name`), kept for round trips.
+    /// Every other top-level field, kept for round trips: the fields of transports, read and
+    /// written through their views ([`view`](Self::view), [`set_view`](Self::set_view); the TCP
+    /// transport's `tcp_data_port`, ...), and fields no one here knows (`rdma_server_name`).
     #[serde(flatten, skip_deserializing)]
     pub extra: Map<String, Value>,
 }
@@ -129,9 +129,6 @@ impl SegmentDescriptor {
             name: name.into(),
             protocol: protocol.into(),
             buffers: Vec::new(),
-            tcp_data_host: None,
-            tcp_data_port: None,
-            tcp_proto_version: None,
             rank_info: None,
             ferry_instance: None,
             timestamp: None,
@@ -165,12 +162,12 @@ impl SegmentDescriptor {
         // buffer the input and lose the field path and position of errors.
         let value: Value = serde_json::from_slice(bytes)
             .map_err(|e| Error::invalid(format!("segment descriptor from {origin} is malformed: {e}")))?;
-        desc.extra = unknown_fields(&value, DESCRIPTOR_FIELDS);
+        desc.extra = unknown_fields(&value, serde_fields::<SegmentDescriptor>());
         for (buf, v) in desc.buffers.iter_mut().zip(value["buffers"].as_array().into_iter().flatten()) {
-            buf.extra = unknown_fields(v, BUFFER_FIELDS);
+            buf.extra = unknown_fields(v, serde_fields::<BufferDesc>());
         }
         if let Some(rank) = desc.rank_info.as_mut() {
-            rank.extra = unknown_fields(&value["rank_info"], RANK_INFO_FIELDS);
+            rank.extra = unknown_fields(&value["rank_info"], serde_fields::<RankInfo>());
         }
         desc.validate(origin)?;
         Ok(desc)
@@ -199,32 +196,89 @@ impl SegmentDescriptor {
     pub fn to_json(&self) -> Vec<u8> {
         serde_json::to_vec(self).expect("a descriptor always serialises")
     }
+
+    /// A transport's typed view of its fields: `T` deserialized from the descriptor's flat
+    /// top-level fields outside the core's ([`extra`](Self::extra)), fields `T` does not name
+    /// ignored. Give `T`'s fields `#[serde(default)]` (or make them `Option`s) to read a
+    /// descriptor that lacks them, such as one another transport published.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidArgument`](crate::ErrorKind::InvalidArgument) naming the segment and
+    /// the field when a field has the wrong type or is missing and required by `T`.
+    pub fn view<T: DeserializeOwned>(&self) -> Result<T> {
+        let fields = self.extra.iter().map(|(k, v)| (k.as_str(), v));
+        let de = serde::de::value::MapDeserializer::<_, serde_json::Error>::new(fields);
+        serde_path_to_error::deserialize(de).map_err(|e| {
+            let path = e.path().to_string();
+            let inner = e.into_inner();
+            Error::invalid(format!("segment descriptor of `{}`: field `{path}`: {inner}", self.name))
+        })
+    }
+
+    /// Writes a transport's typed view into the descriptor: each field `view` serializes
+    /// becomes a flat top-level field (replacing one of that name); a field that serializes as
+    /// `null` is removed. Other fields are left alone.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidArgument`](crate::ErrorKind::InvalidArgument) when `view` does not
+    /// serialize as a JSON object, or names a field the core types itself (`name`, `buffers`,
+    /// `rank_info`, ...); the descriptor is then unchanged.
+    pub fn set_view<T: Serialize>(&mut self, view: &T) -> Result<()> {
+        let value = serde_json::to_value(view)
+            .map_err(|e| Error::invalid(format!("a descriptor view could not be serialized: {e}")))?;
+        let Value::Object(fields) = value else {
+            return Err(Error::invalid("a descriptor view must serialize as a JSON object"));
+        };
+        let core = serde_fields::<SegmentDescriptor>();
+        if let Some(k) = fields.keys().find(|k| core.contains(&k.as_str())) {
+            return Err(Error::invalid(format!(
+                "a descriptor view names field `{k}`, which the core types itself; use the descriptor's own field"
+            )));
+        }
+        for (k, v) in fields {
+            if v.is_null() {
+                self.extra.remove(&k);
+            } else {
+                self.extra.insert(k, v);
+            }
+        }
+        Ok(())
+    }
 }
 
-const DESCRIPTOR_FIELDS: &[&str] = &[
-    "name",
-    "protocol",
-    "buffers",
-    "tcp_data_host",
-    "tcp_data_port",
-    "tcp_proto_version",
-    "rank_info",
-    "ferry_instance",
-    "timestamp",
-];
-const BUFFER_FIELDS: &[&str] = &["addr", "length", "name", "device_id"];
-const RANK_INFO_FIELDS: &[&str] = &[
-    "rankId",
-    "hostIp",
-    "hostPort",
-    "deviceLogicId",
-    "devicePhyId",
-    "deviceType",
-    "deviceIp",
-    "devicePort",
-    "pid",
-    "endpoints",
-];
+/// The JSON keys a `#[derive(Deserialize)]` struct reads, as serde lists them (renamed, without
+/// skipped or flattened fields), so that lists of known keys are not kept by hand.
+pub(crate) fn serde_fields<T: DeserializeOwned>() -> &'static [&'static str] {
+    /// A deserializer that only records the field list a struct's `Deserialize` passes it.
+    struct Probe<'a>(&'a mut &'static [&'static str]);
+
+    impl<'de> Deserializer<'de> for Probe<'_> {
+        type Error = serde::de::value::Error;
+
+        fn deserialize_any<V: Visitor<'de>>(self, _: V) -> std::result::Result<V::Value, Self::Error> {
+            Err(serde::de::Error::custom("not a struct"))
+        }
+
+        fn deserialize_struct<V: Visitor<'de>>(
+            self,
+            _: &'static str,
+            fields: &'static [&'static str],
+            _: V,
+        ) -> std::result::Result<V::Value, Self::Error> {
+            *self.0 = fields;
+            Err(serde::de::Error::custom("fields recorded"))
+        }
+
+        serde::forward_to_deserialize_any! {
+            bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes byte_buf option unit
+            unit_struct newtype_struct seq tuple tuple_struct map enum identifier ignored_any
+        }
+    }
+
+    let mut fields: &'static [&'static str] = &[];
+    let _ = T::deserialize(Probe(&mut fields));
+    fields
+}
 
 /// The members of JSON object `value` whose names are not in `known`.
 pub(crate) fn unknown_fields(value: &Value, known: &[&str]) -> Map<String, Value> {
@@ -298,11 +352,64 @@ mod tests {
     fn reads_the_wheels_descriptor_and_round_trips_unknown_fields() {
         let d = SegmentDescriptor::from_json("test", OBSERVED.as_bytes()).unwrap();
         assert_eq!(d.buffers[0].addr, 140634074640400);
-        assert_eq!(d.tcp_data_port, Some(16359));
+        assert_eq!(d.extra.get("tcp_data_port"), Some(&Value::from(16359)));
         assert_eq!(d.extra.get("rdma_server_name"), Some(&Value::String(String::new())));
         let back: Value = serde_json::from_slice(&d.to_json()).unwrap();
         let orig: Value = serde_json::from_str(OBSERVED).unwrap();
         assert_eq!(back, orig, "a round trip changes nothing");
+    }
+
+    /// A transport's view of its flat fields, as the TCP transport keeps one.
+    #[derive(Debug, Default, PartialEq, Serialize, Deserialize)]
+    struct Widget {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        widget_host: Option<String>,
+        #[serde(default)]
+        widget_port: Option<u16>,
+    }
+
+    #[test]
+    fn views_read_and_write_flat_fields_and_keep_the_json_mooncakes() {
+        let mut d = SegmentDescriptor::from_json("test", OBSERVED.as_bytes()).unwrap();
+        assert_eq!(d.view::<Widget>().unwrap(), Widget::default(), "fields of another transport are ignored");
+        d.set_view(&Widget { widget_host: Some("h".into()), widget_port: Some(7) }).unwrap();
+        assert_eq!(d.view::<Widget>().unwrap(), Widget { widget_host: Some("h".into()), widget_port: Some(7) });
+        let flat: Value = serde_json::from_slice(&d.to_json()).unwrap();
+        assert_eq!(
+            (&flat["widget_host"], &flat["widget_port"], &flat["tcp_data_port"]),
+            (&"h".into(), &7.into(), &16359.into())
+        );
+        // `null` removes a field; a field left out is left alone.
+        d.set_view(&Widget { widget_host: None, widget_port: None }).unwrap();
+        assert_eq!(d.view::<Widget>().unwrap(), Widget { widget_host: Some("h".into()), widget_port: None });
+        assert!(!d.extra.contains_key("widget_port"));
+        let back = SegmentDescriptor::from_json("again", &d.to_json()).unwrap();
+        assert_eq!(back, d, "what a view writes survives publication");
+
+        d.extra.insert("widget_port".into(), "seven".into());
+        let e = d.view::<Widget>().unwrap_err();
+        assert_eq!(e.kind(), crate::ErrorKind::InvalidArgument);
+        assert!(e.message().contains("`127.0.0.1:17123`") && e.message().contains("field `widget_port`"), "{e}");
+        let e = d.set_view(&serde_json::json!({"name": "other"})).unwrap_err();
+        assert!(e.message().contains("field `name`"), "{e}");
+        assert!(d.set_view(&5).is_err(), "not an object");
+        assert_eq!(d.name, "127.0.0.1:17123");
+    }
+
+    #[test]
+    fn known_field_lists_come_from_the_types() {
+        assert_eq!(
+            serde_fields::<SegmentDescriptor>(),
+            ["name", "protocol", "buffers", "rank_info", "ferry_instance", "timestamp"]
+        );
+        assert_eq!(serde_fields::<BufferDesc>(), ["addr", "length", "name", "device_id"]);
+        assert!(serde_fields::<RankInfo>().contains(&"superDeviceId"));
+        // The Atlas A3 fields are typed, so they are not kept (and written) a second time.
+        let text = r#"{"name":"n","protocol":"ascend","rank_info":{"rankId":1,"superDeviceId":"3","superPodId":"0"}}"#;
+        let d = SegmentDescriptor::from_json("t", text.as_bytes()).unwrap();
+        assert!(d.rank_info.as_ref().unwrap().extra.is_empty(), "{:?}", d.rank_info);
+        let json = String::from_utf8(d.to_json()).unwrap();
+        assert_eq!(json.matches("superDeviceId").count(), 1, "{json}");
     }
 
     #[test]

@@ -59,7 +59,7 @@ pub use memory::{Location, MemoryRegistry, Region, RegionLease, RegisteredMemory
 pub use metadata::{
     InProcessMetadata, MetadataConnection, MetadataFactory, MetadataRegistry, MetadataStore, WatchEvent,
 };
-pub use options::{OptionSpec, Setting};
+pub use options::{OptionSpec, OptionValue, Setting};
 pub use resolver::{
     Answer, BUILTIN_RESOLVER_ORDER, Environment, ExplicitResolver, HostnameResolver, Identity, IdentityField,
     PortOffsetResolver, Resolution, ResolveQuery, ResolveTarget, ResolverChain, ResolverContext, ResolverFactory,

@@ -10,6 +10,13 @@
 //! `ferry doctor` lists as unknown only the fields no compiled-in crate declares
 //! ([`Config::undeclared_fields`]).
 //!
+//! A transport lists its declarations with
+//! [`TransportFactory::options`](crate::TransportFactory::options) and reads them for
+//! display, each with its effective value and source, with
+//! [`TransportFactory::read_options`](crate::TransportFactory::read_options); a
+//! [`TransportRegistry`](crate::TransportRegistry) collects the declarations of every factory it
+//! holds ([`TransportRegistry::options`](crate::TransportRegistry::options)).
+//!
 //! Precedence, highest first: a value set through the API ([`Config::set_option`]), the
 //! option's environment variable (read when the option is read, from the [`Environment`] given;
 //! an empty variable counts as unset), the config's field (`null` counts as unset), none.
@@ -55,6 +62,37 @@ impl<T> Setting<T> {
     pub fn describe(&self, spec: &OptionSpec) -> String {
         self.source.describe(spec.key)
     }
+
+    /// The same setting with its value converted by `f` (its source kept).
+    pub fn map<U>(self, f: impl FnOnce(T) -> U) -> Setting<U> {
+        Setting { value: f(self.value), source: self.source }
+    }
+}
+
+/// One declared option's effective value, in words, as the crate that declares it reads it
+/// ([`TransportFactory::read_options`](crate::TransportFactory::read_options)); `ferry doctor`
+/// prints these.
+#[derive(Debug)]
+pub struct OptionValue {
+    /// The option.
+    pub spec: &'static OptionSpec,
+    /// Its value and where it came from; `Ok(None)` when nothing sets it (the default,
+    /// [`OptionSpec::default`], applies); an error when the value is not valid (the error the
+    /// declaring crate reports when it starts).
+    pub setting: Result<Option<Setting<String>>>,
+}
+
+impl OptionValue {
+    /// `spec`'s value as read by a typed reader ([`Config::option`] and the declaring crate's
+    /// checks), shown with `Display`.
+    pub fn new<T: std::fmt::Display>(spec: &'static OptionSpec, read: Result<Option<Setting<T>>>) -> Self {
+        Self { spec, setting: read.map(|s| s.map(|s| s.map(|v| v.to_string()))) }
+    }
+
+    /// `spec`'s value as set, unchecked ([`Config::option_text`]).
+    pub fn as_set(spec: &'static OptionSpec, config: &Config, env: &Environment) -> Self {
+        Self { spec, setting: Ok(config.option_text(spec, env)) }
+    }
 }
 
 impl Config {
@@ -93,6 +131,23 @@ impl Config {
         }
     }
 
+    /// `spec`'s value as set, in words, with the precedence of [`option`](Self::option) but
+    /// without parsing it: the variable's text, else the field's (a string as written, another
+    /// JSON value as JSON). For display; the declaring crate checks the value when it reads it.
+    pub fn option_text(&self, spec: &OptionSpec, env: &Environment) -> Option<Setting<String>> {
+        let api = self.source_of(spec.key) == Some(&FieldSource::Api);
+        if !api && let Some((var, value)) = spec.env.and_then(|v| env.get_nonempty(v).map(|value| (v, value))) {
+            return Some(Setting { value, source: FieldSource::Env(var) });
+        }
+        let value = match self.extra.get(spec.key)? {
+            Value::Null => return None,
+            Value::String(s) => s.clone(),
+            v => v.to_string(),
+        };
+        let source = self.source_of(spec.key).cloned().unwrap_or_else(|| self.origin_source());
+        Some(Setting { value, source })
+    }
+
     /// A path option ([`option`](Self::option) as a string; empty counts as unset): a relative
     /// path from the config file is taken relative to the file's directory, one from the
     /// environment or the API as written.
@@ -125,8 +180,9 @@ impl Config {
 
     /// The [`unknown_fields`](Self::unknown_fields) that none of `declared` names: the fields
     /// nothing in this build reads.
-    pub fn undeclared_fields(&self, declared: &[&OptionSpec]) -> Vec<&str> {
-        self.unknown_fields().into_iter().filter(|f| !declared.iter().any(|d| d.key == *f)).collect()
+    pub fn undeclared_fields<'s>(&self, declared: impl IntoIterator<Item = &'s OptionSpec>) -> Vec<&str> {
+        let keys: Vec<&str> = declared.into_iter().map(|d| d.key).collect();
+        self.unknown_fields().into_iter().filter(|f| !keys.contains(f)).collect()
     }
 }
 
@@ -173,9 +229,19 @@ mod tests {
         c.set_option(&COUNT, 3);
         let s = c.option::<u32>(&COUNT, &env(&[("FERRY_WIDGET_COUNT", "9")])).unwrap().unwrap();
         assert_eq!((s.value, s.source), (3, FieldSource::Api), "the API wins");
-        assert_eq!(c.undeclared_fields(&[&COUNT]), vec!["widget_file"]);
-        assert!(c.undeclared_fields(&[&COUNT, &FILE]).is_empty());
+        assert_eq!(c.undeclared_fields([&COUNT]), vec!["widget_file"]);
+        assert!(c.undeclared_fields(&[COUNT, FILE]).is_empty());
+        let t = c.option_text(&FILE, &env(&[])).unwrap();
+        assert_eq!((t.value.as_str(), t.source), ("w.json", FieldSource::File("/etc/ferry/m.json".into())));
+        let t = c.option_text(&COUNT, &env(&[("FERRY_WIDGET_COUNT", "many")])).unwrap();
+        assert_eq!((t.value.as_str(), t.source), ("3", FieldSource::Api), "the API's, as JSON");
+        let fresh = Config::from_json_str(text, None).unwrap();
+        let t = fresh.option_text(&COUNT, &env(&[("FERRY_WIDGET_COUNT", "many")])).unwrap();
+        assert_eq!((t.value.as_str(), t.source), ("many", FieldSource::Env("FERRY_WIDGET_COUNT")), "unchecked");
+        let t = fresh.option_text(&COUNT, &env(&[])).unwrap();
+        assert_eq!((t.value.as_str(), t.source), ("7", FieldSource::Inline));
         let none = Config::from_json_str(r#"{"widget_count": null, "widget_file": ""}"#, None).unwrap();
+        assert_eq!(none.option_text(&COUNT, &env(&[])), None);
         assert_eq!(none.option::<u32>(&COUNT, &env(&[])).unwrap(), None);
         assert_eq!(none.option_path(&FILE, &env(&[])).unwrap(), None);
     }

@@ -11,7 +11,8 @@ use crate::descriptor::SegmentDescriptor;
 use crate::error::{Error, Result};
 use crate::host_memory::HostAllocation;
 use crate::memory::{MemoryRegistry, Region};
-use crate::resolver::ResolverChain;
+use crate::options::{OptionSpec, OptionValue};
+use crate::resolver::{Environment, ResolverChain};
 use crate::segment::OpenSegment;
 
 /// What a transport can do (queried by the engine and by `ferry doctor`).
@@ -185,6 +186,23 @@ pub trait TransportFactory: Send + Sync + 'static {
         false
     }
 
+    /// The config options this transport reads beyond the core's fields, each with its
+    /// environment variable, default and documentation (see [`crate::options`]). The default
+    /// declares none. A config's fields that no compiled-in transport declares are reported as
+    /// unknown ([`Config::undeclared_fields`], [`TransportRegistry::options`]).
+    fn options(&self) -> &'static [OptionSpec] {
+        &[]
+    }
+
+    /// The effective value of each of [`options`](Self::options) under `config` and `env`,
+    /// read and checked as [`create`](Self::create) reads them (so an invalid value carries the
+    /// error the transport would start with). The default shows each value as set, unchecked
+    /// ([`OptionValue::as_set`]); a transport whose options need checks or have other sources
+    /// overrides it.
+    fn read_options(&self, config: &Config, env: &Environment) -> Vec<OptionValue> {
+        self.options().iter().map(|spec| OptionValue::as_set(spec, config, env)).collect()
+    }
+
     /// Creates the transport (binding listeners and the like).
     async fn create(&self, ctx: &TransportContext) -> Result<Arc<dyn Transport>>;
 }
@@ -253,6 +271,23 @@ impl TransportRegistry {
         let mut p: Vec<_> = self.factories.iter().map(|f| f.protocol()).collect();
         p.sort_unstable();
         p
+    }
+
+    /// The options every installed factory declares ([`TransportFactory::options`]), in the
+    /// order of installation, each key once.
+    pub fn options(&self) -> Vec<&'static OptionSpec> {
+        let mut options: Vec<&'static OptionSpec> = Vec::new();
+        for spec in self.factories.iter().flat_map(|f| f.options()) {
+            if !options.iter().any(|o| o.key == spec.key) {
+                options.push(spec);
+            }
+        }
+        options
+    }
+
+    /// The factories installed, in the order of installation.
+    pub fn factories(&self) -> impl Iterator<Item = &Arc<dyn TransportFactory>> {
+        self.factories.iter()
     }
 
     /// The factory for `name` (a protocol or an alias, case-insensitive).
@@ -347,5 +382,49 @@ mod tests {
         let cfg = Config::from_json_str(r#"{"protocol": "gopher"}"#, None).unwrap();
         let e = registry.for_config(&cfg).err().expect("unknown");
         assert!(e.message().contains("unknown protocol \"gopher\""), "{e}");
+    }
+
+    const LANES: OptionSpec = OptionSpec {
+        key: "widget_lanes",
+        env: Some("FERRY_WIDGET_LANES"),
+        env_invalid: "",
+        default: "2",
+        doc: "lanes",
+    };
+    const PORT: OptionSpec = OptionSpec { key: "widget_port", env: None, env_invalid: "", default: "0", doc: "port" };
+
+    /// A factory that declares options (and one that declares none, as by default).
+    struct Widget(&'static str, &'static [OptionSpec]);
+
+    #[async_trait]
+    impl TransportFactory for Widget {
+        fn protocol(&self) -> &'static str {
+            self.0
+        }
+
+        fn options(&self) -> &'static [OptionSpec] {
+            self.1
+        }
+
+        async fn create(&self, _: &TransportContext) -> Result<Arc<dyn Transport>> {
+            Err(Error::new(crate::ErrorKind::Unsupported, "not here"))
+        }
+    }
+
+    #[test]
+    fn a_registry_lists_the_options_its_factories_declare() {
+        let registry = TransportRegistry::new()
+            .with(Arc::new(Widget("a", &[LANES, PORT])))
+            .with(Arc::new(Widget("b", &[])))
+            .with(Arc::new(Widget("c", &[PORT])));
+        let keys: Vec<&str> = registry.options().iter().map(|o| o.key).collect();
+        assert_eq!(keys, ["widget_lanes", "widget_port"], "each key once");
+        let cfg = Config::from_json_str(r#"{"widget_port": 9, "other": 1}"#, None).unwrap();
+        assert_eq!(cfg.undeclared_fields(registry.options()), ["other"]);
+        let env = Environment::from_pairs([("FERRY_WIDGET_LANES", "3")]);
+        let a = registry.find("a").unwrap().read_options(&cfg, &env);
+        let shown: Vec<_> = a.iter().map(|v| v.setting.as_ref().unwrap().as_ref().map(|s| s.value.as_str())).collect();
+        assert_eq!(shown, [Some("3"), Some("9")], "the default reading shows each value as set");
+        assert!(registry.find("b").unwrap().read_options(&cfg, &env).is_empty());
     }
 }

@@ -75,7 +75,7 @@ impl Transport for TestTransport {
             panic!("shimtest publish exploded");
         }
         descriptor.extra.insert("shimtest_instance".into(), self.instance.clone().into());
-        descriptor.tcp_data_port = Some(4242);
+        descriptor.extra.insert("tcp_data_port".into(), 4242.into());
     }
 
     async fn register_memory(&self, region: &Region) -> Result<()> {

@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 
-use ferry_core::{Config, Environment, Error, FieldSource, OptionSpec, Result, Setting};
+use ferry_core::{Config, Environment, Error, FieldSource, OptionSpec, OptionValue, Result, Setting};
 
 /// `rank_table_path` (`FERRY_RANK_TABLE`): the rank table the `rank_table` link reads.
 pub const RANK_TABLE_PATH: OptionSpec = OptionSpec {
@@ -53,8 +53,7 @@ pub const ASCEND_BACKEND: OptionSpec = OptionSpec {
 };
 
 /// Every option the Ascend side declares.
-pub const OPTIONS: [&OptionSpec; 5] =
-    [&RANK_TABLE_PATH, &HCCN_CONF_PATH, &HCCL_RETRIES, &HCCL_CONTROL_PORT, &ASCEND_BACKEND];
+pub const OPTIONS: &[OptionSpec] = &[RANK_TABLE_PATH, HCCN_CONF_PATH, HCCL_RETRIES, HCCL_CONTROL_PORT, ASCEND_BACKEND];
 
 /// Which data path(s) the Ascend transport runs ([`ASCEND_BACKEND`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
@@ -148,6 +147,19 @@ impl AscendOptions {
         })
     }
 
+    /// Each option's effective value, checked as [`from_config`](Self::from_config) checks it
+    /// (for `ferry doctor`); `hccl_retries` from Mooncake's [`RETRIES_ENV`] when set.
+    pub fn values(config: &Config, env: &Environment) -> Vec<OptionValue> {
+        let path = |r: Result<Option<Setting<PathBuf>>>| r.map(|s| s.map(|s| s.map(|p| p.display().to_string())));
+        vec![
+            OptionValue::new(&RANK_TABLE_PATH, path(Self::rank_table_path(config, env))),
+            OptionValue::new(&HCCN_CONF_PATH, path(Self::hccn_conf_path(config, env))),
+            OptionValue::new(&HCCL_RETRIES, Self::hccl_retries(config, env)),
+            OptionValue::new(&HCCL_CONTROL_PORT, Self::hccl_control_port(config, env)),
+            OptionValue::new(&ASCEND_BACKEND, config.option::<AscendBackend>(&ASCEND_BACKEND, env)),
+        ]
+    }
+
     /// The backend asked for: [`ASCEND_BACKEND`] when set, else the protocol's default.
     pub fn backend(&self, protocol: &str) -> AscendBackend {
         self.ascend_backend.as_ref().map_or_else(|| AscendBackend::for_protocol(protocol), |s| s.value)
@@ -213,7 +225,7 @@ mod tests {
   "hccl_control_port": 18000
 }"#;
         let c = Config::from_json_str(text, Some(Path::new("/etc/ferry/mooncake.json"))).unwrap();
-        assert!(c.undeclared_fields(&OPTIONS).is_empty(), "{:?}", c.unknown_fields());
+        assert!(c.undeclared_fields(OPTIONS).is_empty(), "{:?}", c.unknown_fields());
         let o = AscendOptions::from_config(&c, &env(&[])).unwrap();
         let file = FieldSource::File("/etc/ferry/mooncake.json".into());
         assert_eq!(
@@ -324,5 +336,19 @@ mod tests {
         let cfg = Config::from_json_str(r#"{"protocol":"ascend","ascend_backend":"fast"}"#, None).unwrap();
         let e = AscendOptions::from_config(&cfg, &env(&[])).unwrap_err();
         assert!(e.to_string().contains("ascend_backend"), "{e}");
+    }
+
+    #[test]
+    fn values_show_each_option_as_the_transport_reads_it() {
+        let text = r#"{"protocol": "ascend", "rank_table_path": "rt.json", "ascend_backend": "fast"}"#;
+        let c = Config::from_json_str(text, Some(Path::new("/etc/ferry/m.json"))).unwrap();
+        let values = AscendOptions::values(&c, &env(&[("FERRY_HCCL_RETRIES", "7"), (RETRIES_ENV, "3")]));
+        let keys: Vec<&str> = values.iter().map(|v| v.spec.key).collect();
+        assert_eq!(keys, OPTIONS.iter().map(|o| o.key).collect::<Vec<_>>());
+        let shown = |i: usize| values[i].setting.as_ref().unwrap().clone().map(|s| (s.value, s.source));
+        assert_eq!(shown(0), Some(("/etc/ferry/rt.json".into(), FieldSource::File("/etc/ferry/m.json".into()))));
+        assert_eq!(shown(1), None);
+        assert_eq!(shown(2), Some(("3".into(), FieldSource::Env(RETRIES_ENV))), "Mooncake's variable wins");
+        assert!(values[4].setting.as_ref().unwrap_err().message().contains("ascend_backend"));
     }
 }

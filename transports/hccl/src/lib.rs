@@ -66,9 +66,9 @@ use async_trait::async_trait;
 use ferry_ascend_identity::{AscendBackend, AscendOptions};
 use ferry_ascend_sys::{AscendError, DeviceThread, GlobalMem, HostBuffer, Library, MemKind, PointerKind, SearchPath};
 use ferry_core::{
-    Capabilities, Environment, Error, ErrorKind, HostAllocation, Location, MemoryRegistry, OpenSegment, PeerHandle,
-    RankInfo, Region, Resolution, ResolveQuery, Result, SegmentDescriptor, SegmentName, Submission, Transport,
-    TransportContext, TransportFactory,
+    Capabilities, Config, Environment, Error, ErrorKind, HostAllocation, Location, MemoryRegistry, OpenSegment,
+    OptionSpec, OptionValue, PeerHandle, RankInfo, Region, Resolution, ResolveQuery, Result, SegmentDescriptor,
+    SegmentName, Submission, Transport, TransportContext, TransportFactory,
 };
 use tokio::sync::watch;
 
@@ -351,6 +351,17 @@ impl TransportFactory for HcclTransportFactory {
 
     fn aliases(&self) -> &'static [&'static str] {
         &[ALIAS, HIXL_ALIASES[0], HIXL_ALIASES[1]]
+    }
+
+    /// The Ascend side's options (`rank_table_path`, `hccn_conf_path`, `hccl_retries`,
+    /// `hccl_control_port`, `ascend_backend`), read by this transport and the identity links it
+    /// brings ([`install_resolvers`]).
+    fn options(&self) -> &'static [OptionSpec] {
+        ferry_ascend_identity::OPTIONS
+    }
+
+    fn read_options(&self, config: &Config, env: &Environment) -> Vec<OptionValue> {
+        AscendOptions::values(config, env)
     }
 
     async fn create(&self, ctx: &TransportContext) -> Result<Arc<dyn Transport>> {

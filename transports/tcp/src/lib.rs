@@ -12,10 +12,16 @@
 //!   buffers (payloads up to 64 KiB are coalesced with their header into one write), a deadline
 //!   on every request, and a lost connection failing exactly the requests it carried. Peers
 //!   whose descriptor advertises `tcp_proto_version` < 2 (or none) are spoken to in v1.
+//!
+//! The transport owns its config fields ([`options`]: `tcp_lanes`, `tcp_data_port`,
+//! `tcp_io_threads`, declared to the engine through [`TcpTransportFactory`]) and its part of the
+//! descriptor ([`TcpEndpoint`], a typed view over the descriptor's flat fields).
 
+mod endpoint;
 mod initiator;
 mod io;
 mod memory;
+pub mod options;
 mod target;
 pub mod wire;
 
@@ -25,13 +31,15 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use ferry_core::{
-    Capabilities, Error, OpenSegment, PeerHandle, Result, SegmentDescriptor, SegmentName, Submission, Transport,
-    TransportContext, TransportFactory,
+    Capabilities, Config, Environment, Error, OpenSegment, OptionSpec, OptionValue, PeerHandle, Result,
+    SegmentDescriptor, SegmentName, Submission, Transport, TransportContext, TransportFactory,
 };
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
+pub use crate::endpoint::TcpEndpoint;
 use crate::initiator::{Peer, PeerAddr};
+pub use crate::options::{DEFAULT_LANES, TcpOptions};
 use crate::target::TargetLimits;
 
 /// Protocol name.
@@ -42,8 +50,6 @@ pub const PROTO_VERSION: u32 = 2;
 pub const PEER_IDLE: Duration = Duration::from_secs(300);
 /// A target closes a connection idle for this long (initiators reconnect transparently).
 pub const TARGET_IDLE: Duration = Duration::from_secs(120);
-/// Default connections per peer.
-pub const DEFAULT_LANES: u32 = 4;
 
 /// Factory for the `tcp` transport.
 #[derive(Debug, Default, Clone, Copy)]
@@ -53,6 +59,14 @@ pub struct TcpTransportFactory;
 impl TransportFactory for TcpTransportFactory {
     fn protocol(&self) -> &'static str {
         PROTOCOL
+    }
+
+    fn options(&self) -> &'static [OptionSpec] {
+        options::OPTIONS
+    }
+
+    fn read_options(&self, config: &Config, env: &Environment) -> Vec<OptionValue> {
+        TcpOptions::values(config, env)
     }
 
     async fn create(&self, ctx: &TransportContext) -> Result<Arc<dyn Transport>> {
@@ -80,11 +94,16 @@ impl std::fmt::Debug for TcpTransport {
 
 impl TcpTransport {
     /// Binds the data port and starts serving the engine's memory.
+    ///
+    /// # Errors
+    /// [`ErrorKind::Config`](ferry_core::ErrorKind::Config) when an option is invalid
+    /// ([`TcpOptions::from_config`], with the process environment) or the port cannot be bound.
     pub async fn start(ctx: &TransportContext) -> Result<Self> {
         let cfg = &ctx.config;
+        let options = TcpOptions::from_config(cfg, &Environment::process())?;
         let host =
             SegmentName::parse(&ctx.segment_name).map(SegmentName::into_host).unwrap_or_else(|| "127.0.0.1".to_owned());
-        let port = cfg.tcp_data_port.unwrap_or(0);
+        let port = options.port();
         let listener = TcpListener::bind(("0.0.0.0", port)).await.map_err(|e| {
             Error::new(ferry_core::ErrorKind::Config, format!("tcp transport: cannot listen on 0.0.0.0:{port}"))
                 .with_source(e)
@@ -104,13 +123,13 @@ impl TcpTransport {
         let (stop, stop_rx) = watch::channel(false);
         let server = ctx.runtime.spawn(target::serve(listener, ctx.memory.clone(), limits, stop_rx));
         tracing::info!(%host, port, "tcp transport listening");
-        let lanes = cfg.tcp_lanes.unwrap_or(DEFAULT_LANES).clamp(1, 64) as usize;
+        let lanes = options.lane_count();
         Ok(Self {
             host,
             port,
-            lanes,
+            lanes: lanes as usize,
             timeout,
-            io: IoThreads::start(io_threads(lanes))?,
+            io: IoThreads::start(options.io_thread_count(lanes) as usize)?,
             peers: Mutex::new(HashMap::new()),
             stop,
             server: Mutex::new(Some(server)),
@@ -122,18 +141,19 @@ impl TcpTransport {
         self.port
     }
 
+    /// The endpoint this transport publishes.
+    pub fn endpoint(&self) -> TcpEndpoint {
+        TcpEndpoint { host: Some(self.host.clone()), port: self.port, proto_version: Some(PROTO_VERSION) }
+    }
+
     /// The peer `d` describes: its address read from the descriptor, its lanes found or started.
     fn peer_for(&self, d: &SegmentDescriptor) -> Result<Arc<Peer>> {
-        let port = d
-            .tcp_data_port
+        let endpoint = TcpEndpoint::from_descriptor(d)?
             .ok_or_else(|| Error::invalid(format!("segment `{}` publishes no tcp_data_port", d.name)))?;
-        let host = d
-            .tcp_data_host
-            .clone()
-            .filter(|h| !h.is_empty())
-            .or_else(|| SegmentName::parse(&d.name).map(SegmentName::into_host))
+        let host = endpoint
+            .host_for(&d.name)
             .ok_or_else(|| Error::invalid(format!("segment `{}` publishes no tcp_data_host", d.name)))?;
-        let addr = PeerAddr { host, port, v2: d.tcp_proto_version.unwrap_or(1) >= 2 };
+        let addr = PeerAddr { host, port: endpoint.port, v2: endpoint.version() >= 2 };
         let mut peers = self.peers.lock().unwrap_or_else(|p| p.into_inner());
         if !peers.contains_key(&addr) {
             // A new peer: forget the ones nobody used for a while (a peer restarted on another
@@ -145,17 +165,6 @@ impl TcpTransport {
             .or_insert_with(|| Arc::new(Peer::start(addr, self.lanes, &self.io, self.stop.subscribe())))
             .clone())
     }
-}
-
-/// I/O threads for `lanes` lanes: one per lane, at most one per core (`FERRY_TCP_IO_THREADS`
-/// overrides).
-fn io_threads(lanes: usize) -> usize {
-    let cores = std::thread::available_parallelism().map(usize::from).unwrap_or(2);
-    std::env::var("FERRY_TCP_IO_THREADS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| lanes.min(cores))
-        .clamp(1, 64)
 }
 
 /// Threads that run the initiator's lanes, each a single-threaded runtime.
@@ -237,9 +246,9 @@ impl Transport for TcpTransport {
     }
 
     fn publish(&self, descriptor: &mut SegmentDescriptor) {
-        descriptor.tcp_data_host = Some(self.host.clone());
-        descriptor.tcp_data_port = Some(self.port);
-        descriptor.tcp_proto_version = Some(PROTO_VERSION);
+        if let Err(e) = self.endpoint().write_to(descriptor) {
+            tracing::error!(error = %e, "tcp transport: its endpoint could not be published");
+        }
         descriptor.extra.entry("rdma_server_name").or_insert_with(|| String::new().into());
     }
 

@@ -212,9 +212,12 @@ impl SilentPeer {
         let name = format!("127.0.0.1:{}", handshake.local_addr().unwrap().port());
         let (buffer_addr, buffer_len) = (0x1000_0000, 1 << 20);
         let mut d = ferry::SegmentDescriptor::new(name.clone(), "tcp");
-        d.tcp_data_host = Some("127.0.0.1".into());
-        d.tcp_data_port = Some(data_port);
-        d.tcp_proto_version = Some(2);
+        let endpoint = ferry::transports::tcp::TcpEndpoint {
+            host: Some("127.0.0.1".into()),
+            port: data_port,
+            proto_version: Some(2),
+        };
+        endpoint.write_to(&mut d).unwrap();
         d.buffers.push(ferry::BufferDesc {
             addr: buffer_addr,
             length: buffer_len,

@@ -1,0 +1,266 @@
+//! The `tcp` transport's config fields: `tcp_lanes`, `tcp_data_port` and `tcp_io_threads`,
+//! declared as [`OptionSpec`]s and read from the config's unknown fields and the environment
+//! ([`Config::option`]), each with where its value came from, and checked here: a value out of
+//! range is an error naming the field (or the variable) and the accepted range, never clamped.
+
+use ferry_core::{Config, Environment, OptionSpec, OptionValue, Result, Setting};
+
+/// `tcp_lanes` (`FERRY_TCP_LANES`): persistent connections per peer.
+pub const LANES: OptionSpec = OptionSpec {
+    key: "tcp_lanes",
+    env: Some("FERRY_TCP_LANES"),
+    env_invalid: "not a whole number",
+    default: "4",
+    doc: "TCP transport: persistent connections per peer, 1 to 64",
+};
+
+/// `tcp_data_port` (`FERRY_TCP_DATA_PORT`): the port the target listens on; refused with
+/// `base_port`.
+pub const DATA_PORT: OptionSpec = OptionSpec {
+    key: "tcp_data_port",
+    env: Some("FERRY_TCP_DATA_PORT"),
+    env_invalid: "not a port number",
+    default: "any free port",
+    doc: "TCP transport: data port to listen on (0: any free port; published as `tcp_data_port`); refused with \
+          `base_port`",
+};
+
+/// `tcp_io_threads` (`FERRY_TCP_IO_THREADS`): threads running the initiator's lanes.
+pub const IO_THREADS: OptionSpec = OptionSpec {
+    key: "tcp_io_threads",
+    env: Some("FERRY_TCP_IO_THREADS"),
+    env_invalid: "not a whole number",
+    default: "one per lane, at most one per core",
+    doc: "TCP transport: threads running the initiator's lanes, 1 to 64",
+};
+
+/// Every option the `tcp` transport declares.
+pub const OPTIONS: &[OptionSpec] = &[LANES, DATA_PORT, IO_THREADS];
+
+/// Default connections per peer.
+pub const DEFAULT_LANES: u32 = 4;
+
+/// The accepted number of lanes and of I/O threads.
+pub const LANES_RANGE: std::ops::RangeInclusive<u32> = 1..=64;
+
+/// The `tcp` transport's options as one config and environment set them, each checked and with
+/// its source (`None`: not set, the default applies).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TcpOptions {
+    /// [`LANES`], within [`LANES_RANGE`].
+    pub lanes: Option<Setting<u32>>,
+    /// [`DATA_PORT`] (0: any free port); never a fixed port together with `base_port`.
+    pub data_port: Option<Setting<u16>>,
+    /// [`IO_THREADS`], within [`LANES_RANGE`].
+    pub io_threads: Option<Setting<u32>>,
+}
+
+impl TcpOptions {
+    /// Reads and checks every option from `config` and `env`.
+    ///
+    /// # Errors
+    /// [`ErrorKind::Config`](ferry_core::ErrorKind::Config): a field of the wrong type (naming
+    /// the file, the field and its position), a variable that does not parse (naming it and its
+    /// value), a number of lanes or threads outside 1 to 64, and a fixed data port together with
+    /// `base_port`, where every rank of the node shares the config and would bind the same port.
+    pub fn from_config(config: &Config, env: &Environment) -> Result<Self> {
+        Ok(Self {
+            lanes: Self::lanes(config, env)?,
+            data_port: Self::data_port(config, env)?,
+            io_threads: Self::io_threads(config, env)?,
+        })
+    }
+
+    /// Connections per peer: [`LANES`], else [`DEFAULT_LANES`].
+    pub fn lane_count(&self) -> u32 {
+        self.lanes.as_ref().map_or(DEFAULT_LANES, |s| s.value)
+    }
+
+    /// The port to listen on: [`DATA_PORT`], else 0 (any free port).
+    pub fn port(&self) -> u16 {
+        self.data_port.as_ref().map_or(0, |s| s.value)
+    }
+
+    /// I/O threads for `lanes` lanes: [`IO_THREADS`], else one per lane, at most one per core.
+    pub fn io_thread_count(&self, lanes: u32) -> u32 {
+        self.io_threads.as_ref().map_or_else(
+            || {
+                let cores = std::thread::available_parallelism().map_or(2, usize::from);
+                lanes.min(u32::try_from(cores).unwrap_or(u32::MAX)).max(1)
+            },
+            |s| s.value,
+        )
+    }
+
+    /// [`LANES`] alone, checked.
+    pub fn lanes(config: &Config, env: &Environment) -> Result<Option<Setting<u32>>> {
+        in_range(config, &LANES, config.option::<u32>(&LANES, env)?, "connections per peer")
+    }
+
+    /// [`IO_THREADS`] alone, checked.
+    pub fn io_threads(config: &Config, env: &Environment) -> Result<Option<Setting<u32>>> {
+        in_range(config, &IO_THREADS, config.option::<u32>(&IO_THREADS, env)?, "threads")
+    }
+
+    /// [`DATA_PORT`] alone; a fixed port is refused with `base_port`.
+    pub fn data_port(config: &Config, env: &Environment) -> Result<Option<Setting<u16>>> {
+        let port = config.option::<u16>(&DATA_PORT, env)?;
+        if let Some(p) = &port
+            && p.value != 0
+            && config.base_port.is_some()
+        {
+            return Err(config.option_error(
+                &DATA_PORT,
+                &p.source,
+                "is one fixed port, but with base_port every rank of a node shares this config, so every rank \
+                 would bind the same port; leave it unset: the tcp transport then listens on any free port and \
+                 publishes it in the descriptor's tcp_data_port",
+            ));
+        }
+        Ok(port)
+    }
+
+    /// Each option's effective value, checked (for `ferry doctor`).
+    pub fn values(config: &Config, env: &Environment) -> Vec<OptionValue> {
+        vec![
+            OptionValue::new(&LANES, Self::lanes(config, env)),
+            OptionValue::new(&DATA_PORT, Self::data_port(config, env)),
+            OptionValue::new(&IO_THREADS, Self::io_threads(config, env)),
+        ]
+    }
+}
+
+/// `setting`, refused outside [`LANES_RANGE`] with an error naming the field or the variable.
+fn in_range(
+    config: &Config,
+    spec: &OptionSpec,
+    setting: Option<Setting<u32>>,
+    what: &str,
+) -> Result<Option<Setting<u32>>> {
+    match setting {
+        Some(s) if !LANES_RANGE.contains(&s.value) => Err(config.option_error(
+            spec,
+            &s.source,
+            &format!("is {}; expected {} to {} {what}", s.value, LANES_RANGE.start(), LANES_RANGE.end()),
+        )),
+        s => Ok(s),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use ferry_core::FieldSource;
+
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> Environment {
+        Environment::from_pairs(pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())))
+    }
+
+    #[test]
+    fn fields_env_and_sources() {
+        let text = r#"{"protocol": "tcp", "tcp_lanes": 8, "tcp_data_port": 18000, "tcp_io_threads": 2}"#;
+        let c = Config::from_json_str(text, Some(Path::new("/etc/ferry/mooncake.json"))).unwrap();
+        assert!(c.undeclared_fields(OPTIONS).is_empty(), "{:?}", c.unknown_fields());
+        let o = TcpOptions::from_config(&c, &env(&[])).unwrap();
+        let file = FieldSource::File("/etc/ferry/mooncake.json".into());
+        assert_eq!(o.lanes, Some(Setting { value: 8, source: file.clone() }));
+        assert_eq!((o.lane_count(), o.port(), o.io_thread_count(8)), (8, 18000, 2));
+        assert_eq!(
+            o.data_port.unwrap().describe(&DATA_PORT),
+            "config field `tcp_data_port` in /etc/ferry/mooncake.json"
+        );
+
+        let e = env(&[("FERRY_TCP_LANES", "16"), ("FERRY_TCP_DATA_PORT", "0"), ("FERRY_TCP_IO_THREADS", "3")]);
+        let o = TcpOptions::from_config(&c, &e).unwrap();
+        assert_eq!(o.lanes, Some(Setting { value: 16, source: FieldSource::Env("FERRY_TCP_LANES") }));
+        assert_eq!((o.port(), o.io_thread_count(16)), (0, 3));
+
+        let none = TcpOptions::from_config(&Config::default(), &env(&[])).unwrap();
+        assert_eq!(none, TcpOptions::default());
+        assert_eq!((none.lane_count(), none.port()), (DEFAULT_LANES, 0));
+        assert!((1..=DEFAULT_LANES).contains(&none.io_thread_count(DEFAULT_LANES)));
+        assert_eq!(none.io_thread_count(1), 1);
+    }
+
+    #[test]
+    fn out_of_range_values_are_refused_naming_the_field_or_the_variable() {
+        for (text, needle) in [
+            (
+                "{\n  \"tcp_lanes\": 0\n}",
+                "field `tcp_lanes` at line 2 column 3: is 0; expected 1 to 64 connections per peer",
+            ),
+            ("{\n  \"tcp_lanes\": 65\n}", "field `tcp_lanes` at line 2 column 3: is 65; expected 1 to 64"),
+            (
+                "{\n  \"tcp_io_threads\": 100\n}",
+                "field `tcp_io_threads` at line 2 column 3: is 100; expected 1 to 64 threads",
+            ),
+            (
+                "{\n  \"tcp_lanes\": -1\n}",
+                "field `tcp_lanes` at line 2 column 3: invalid value: integer `-1`, expected u32",
+            ),
+            (
+                "{\n  \"tcp_data_port\": 70000\n}",
+                "field `tcp_data_port` at line 2 column 3: invalid value: integer `70000`",
+            ),
+        ] {
+            let c = Config::from_json_str(text, Some(Path::new("/m.json"))).unwrap();
+            let e = TcpOptions::from_config(&c, &env(&[])).unwrap_err();
+            assert_eq!(e.kind(), ferry_core::ErrorKind::Config);
+            assert!(e.message().starts_with("config /m.json: ") && e.message().contains(needle), "{e}");
+        }
+        for (var, value, msg) in [
+            (
+                "FERRY_TCP_LANES",
+                "100",
+                "field `tcp_lanes` (from environment variable FERRY_TCP_LANES): is 100; expected 1 to 64 connections \
+                 per peer",
+            ),
+            ("FERRY_TCP_LANES", "four", "environment variable FERRY_TCP_LANES=\"four\": not a whole number"),
+            ("FERRY_TCP_DATA_PORT", "70000", "environment variable FERRY_TCP_DATA_PORT=\"70000\": not a port number"),
+            (
+                "FERRY_TCP_IO_THREADS",
+                "0",
+                "field `tcp_io_threads` (from environment variable FERRY_TCP_IO_THREADS): is 0; expected 1 to 64 threads",
+            ),
+        ] {
+            let e = TcpOptions::from_config(&Config::default(), &env(&[(var, value)])).unwrap_err();
+            assert_eq!(e.kind(), ferry_core::ErrorKind::Config);
+            assert_eq!(e.message(), msg);
+        }
+    }
+
+    #[test]
+    fn a_fixed_data_port_is_refused_with_base_port() {
+        let store = r#"{"local_hostname": "10.0.0.5", "base_port": 17000}"#;
+        let c = Config::from_json_str(store, None).unwrap();
+        let e = TcpOptions::from_config(&c, &env(&[("FERRY_TCP_DATA_PORT", "18000")])).unwrap_err();
+        assert!(
+            e.message().contains("field `tcp_data_port` (from environment variable FERRY_TCP_DATA_PORT)")
+                && e.message().contains("every rank would bind the same port; leave it unset"),
+            "{e}"
+        );
+        let text = r#"{"local_hostname": "10.0.0.5", "base_port": 17000, "tcp_data_port": 18000}"#;
+        let c = Config::from_json_str(text, Some(Path::new("/m.json"))).unwrap();
+        let e = TcpOptions::from_config(&c, &env(&[])).unwrap_err();
+        assert!(e.message().contains("/m.json") && e.message().contains("field `tcp_data_port` at line 1"), "{e}");
+        // Any free port is fine with base_port, and a fixed one without it (one rank per config).
+        assert_eq!(TcpOptions::from_config(&c, &env(&[("FERRY_TCP_DATA_PORT", "0")])).unwrap().port(), 0);
+        let solo = Config::from_json_str(r#"{"local_hostname": "10.0.0.5:17000", "tcp_data_port": 18000}"#, None);
+        assert_eq!(TcpOptions::from_config(&solo.unwrap(), &env(&[])).unwrap().port(), 18000);
+    }
+
+    #[test]
+    fn values_show_each_option_checked() {
+        let c = Config::from_json_str(r#"{"tcp_lanes": 0, "tcp_io_threads": 2}"#, None).unwrap();
+        let values = TcpOptions::values(&c, &env(&[("FERRY_TCP_DATA_PORT", "18000")]));
+        let keys: Vec<&str> = values.iter().map(|v| v.spec.key).collect();
+        assert_eq!(keys, ["tcp_lanes", "tcp_data_port", "tcp_io_threads"]);
+        assert!(values[0].setting.as_ref().unwrap_err().message().contains("is 0; expected 1 to 64"));
+        let port = values[1].setting.as_ref().unwrap().as_ref().unwrap();
+        assert_eq!((port.value.as_str(), &port.source), ("18000", &FieldSource::Env("FERRY_TCP_DATA_PORT")));
+        assert_eq!(values[2].setting.as_ref().unwrap().as_ref().unwrap().value, "2");
+    }
+}
