@@ -1,5 +1,5 @@
 //! The `ascend` transport's HIXL backend, engine to engine on the emulated CANN and
-//! emulated HIXL (`ffi/cann-emu`, one library also serving as `libllm_datadist.so`,
+//! emulated HIXL (`ffi/ascend/cann-emu`, one library also serving as `libllm_datadist.so`,
 //! `libcann_hixl.so` and `libmetadef.so`): both engines publish Mooncake `ascend_direct`'s
 //! descriptor (`rank_info.hostIp`, `rank_info.endpoints`, per-buffer `device_id`) and move
 //! device memory through HIXL; memory registered after a link exists is reached after one

@@ -31,7 +31,7 @@
 //!   peer's descriptor is read again from the metadata service and the group retried once
 //!   (Mooncake's `kTransferRetryTimes`); a second failure fails the group's requests.
 //!
-//! Validated against Ferry's emulated HIXL (`ffi/cann-emu`) and Mooncake's NPU wheel on it;
+//! Validated against Ferry's emulated HIXL (`ffi/ascend/cann-emu`) and Mooncake's NPU wheel on it;
 //! never on an NPU.
 
 use std::collections::{BTreeMap, HashMap};

@@ -47,7 +47,7 @@
 //! [`ErrorKind::Busy`] error and the HCCL registration is kept; a shutdown that leaves device
 //! threads running logs an error and counts them in [`Stats::threads_left_running`].
 //!
-//! Validated on Ferry's emulated CANN only (`ffi/cann-emu`), never on an NPU.
+//! Validated on Ferry's emulated CANN only (`ffi/ascend/cann-emu`), never on an NPU.
 
 #[cfg(feature = "hixl")]
 mod hixl;

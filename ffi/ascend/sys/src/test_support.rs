@@ -1,4 +1,4 @@
-//! Helpers for tests that run against Ferry's emulated CANN (`ffi/cann-emu`), behind the
+//! Helpers for tests that run against Ferry's emulated CANN (`ffi/ascend/cann-emu`), behind the
 //! `test-support` feature. Nothing here is used by the loader or the safe layer.
 
 use std::path::{Path, PathBuf};
