@@ -16,8 +16,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ferry::{Config, ErrorKind, Location, Opcode, TransferEngine, TransferRequest};
+use ferry_transport_hccl::runtime::{Device, DeviceBuffer};
+use ferry_transport_hccl::sys::Library;
 use ferry_transport_hccl::sys::test_support::{Emulator, TempDir, emulator_lib_dir, emulator_lib_dir_with_hixl};
-use ferry_transport_hccl::sys::{Device, DeviceBuffer, Library};
 use ferry_transport_hccl::{HcclTransportFactory, stats};
 
 const ROLE: &str = "FERRY_HIXL_ENGINES_ROLE";

@@ -40,7 +40,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use ferry_ascend_sys::DeviceThread;
+use ferry_ascend_runtime::DeviceThread;
 use ferry_core::{DescriptorSource, Error, ErrorKind, Opcode, OpenSegment, Result, SegmentDescriptor, Submission};
 use ferry_hixl_sys::{
     FeatureType, HixlApi, HixlEngine, HixlError, HixlLibrary, MemHandle, MemType, TransferOp, TransferOpDesc,

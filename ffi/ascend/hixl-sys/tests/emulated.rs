@@ -7,7 +7,8 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
-use ferry_ascend_sys::{Device, Library as Acl};
+use ferry_ascend_runtime::Device;
+use ferry_ascend_sys::Library as Acl;
 use ferry_hixl_sys::*;
 
 const LONG: Duration = Duration::from_secs(60);
