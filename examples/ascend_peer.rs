@@ -50,7 +50,8 @@ use std::time::Instant;
 use anyhow::{Context, bail};
 use ferry::{BlockTransfer, Config, KvLayout, Location, Opcode};
 use ferry_transport_hccl::HcclTransportFactory;
-use ferry_transport_hccl::sys::{Device, DeviceBuffer, HostBuffer, Library};
+use ferry_transport_hccl::runtime::{Device, DeviceBuffer, HostBuffer};
+use ferry_transport_hccl::sys::Library;
 
 /// Byte `offset` of block `block` of region `region` in the pattern of `seed`.
 fn pattern(seed: u64, region: u64, block: u64, offset: u64) -> u8 {

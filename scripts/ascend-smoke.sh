@@ -12,7 +12,7 @@
 #   VERDICT: FAIL <reason>
 #
 # and the exit status is 0 only for PASS. With --emulator it runs on Ferry's emulated CANN
-# (ffi/cann-emu) instead: a check of the script and the build, not of any hardware (the verdict
+# (ffi/ascend/cann-emu) instead: a check of the script and the build, not of any hardware (the verdict
 # says "emulated CANN").
 #
 # Run `scripts/ascend-smoke.sh --help` for the options.

@@ -17,8 +17,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ferry::{Config, Location, Opcode, TransferEngine, TransferRequest};
+use ferry_transport_hccl::runtime::{Device, DeviceBuffer, HostBuffer, PointerKind};
+use ferry_transport_hccl::sys::Library;
 use ferry_transport_hccl::sys::test_support::{Emulator, TempDir, emulator_lib_dir};
-use ferry_transport_hccl::sys::{Device, DeviceBuffer, HostBuffer, Library, PointerKind};
 use ferry_transport_hccl::{HcclTransportFactory, stats};
 
 const ROLE: &str = "FERRY_HCCL_ENGINES_ROLE";

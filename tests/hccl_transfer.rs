@@ -1,4 +1,4 @@
-//! The `ascend` transport across processes, on the emulated CANN (`ffi/cann-emu`): a prefill
+//! The `ascend` transport across processes, on the emulated CANN (`ffi/ascend/cann-emu`): a prefill
 //! process and a decode process (`examples/ascend_peer.rs`) on different emulated cards move
 //! selected KV blocks both ways, with the data checked on both sides, and every process shuts
 //! down promptly once told to (no device thread left waiting on HCCL).

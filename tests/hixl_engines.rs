@@ -1,5 +1,5 @@
 //! The `ascend` transport's HIXL backend, engine to engine on the emulated CANN and
-//! emulated HIXL (`ffi/cann-emu`, one library also serving as `libllm_datadist.so`,
+//! emulated HIXL (`ffi/ascend/cann-emu`, one library also serving as `libllm_datadist.so`,
 //! `libcann_hixl.so` and `libmetadef.so`): both engines publish Mooncake `ascend_direct`'s
 //! descriptor (`rank_info.hostIp`, `rank_info.endpoints`, per-buffer `device_id`) and move
 //! device memory through HIXL; memory registered after a link exists is reached after one
@@ -16,8 +16,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ferry::{Config, ErrorKind, Location, Opcode, TransferEngine, TransferRequest};
+use ferry_transport_hccl::runtime::{Device, DeviceBuffer};
+use ferry_transport_hccl::sys::Library;
 use ferry_transport_hccl::sys::test_support::{Emulator, TempDir, emulator_lib_dir, emulator_lib_dir_with_hixl};
-use ferry_transport_hccl::sys::{Device, DeviceBuffer, Library};
 use ferry_transport_hccl::{HcclTransportFactory, stats};
 
 const ROLE: &str = "FERRY_HIXL_ENGINES_ROLE";

@@ -95,7 +95,7 @@ fn parse_device(s: &str) -> Result<Location, String> {
 /// (both stay on this thread: ACL state is per thread).
 enum Buffer {
     Host(Vec<u8>),
-    Npu { mem: ferry::transports::hccl::sys::DeviceBuffer, _device: ferry::transports::hccl::sys::Device },
+    Npu { mem: ferry::transports::hccl::runtime::DeviceBuffer, _device: ferry::transports::hccl::runtime::Device },
 }
 
 impl Buffer {
@@ -103,7 +103,8 @@ impl Buffer {
     fn new(device: &Location, len: usize) -> Result<Buffer> {
         match device {
             Location::Npu(user) => {
-                use ferry::transports::hccl::sys::{Device, Library};
+                use ferry::transports::hccl::runtime::Device;
+                use ferry::transports::hccl::sys::Library;
                 let lib = Library::load().context("loading CANN for --device")?;
                 let dev = Device::bind(&lib, *user).with_context(|| format!("binding this thread to npu:{user}"))?;
                 let mem = dev.alloc(len).with_context(|| format!("allocating {len} bytes on npu:{user}"))?;

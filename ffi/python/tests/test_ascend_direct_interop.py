@@ -2,7 +2,7 @@
 wheel, on Ferry's emulated CANN and emulated HIXL.
 
 **What this proves and what it does not.** Both sides of every transfer here use the emulated
-HIXL (``ffi/cann-emu``) between them, so these tests prove Ferry's use of HIXL's API and of
+HIXL (``ffi/ascend/cann-emu``) between them, so these tests prove Ferry's use of HIXL's API and of
 Mooncake's ``ascend_direct`` descriptor, and that the emulator carries the C++ the real wheel
 inlines (``std::map`` options, ``std::make_shared<adxl::AdxlEngine>``, ``ge::AscendString``
 copies). They do not prove anything about HIXL's own wire protocol, and nothing here ran on an

@@ -31,7 +31,7 @@
 //!   peer's descriptor is read again from the metadata service and the group retried once
 //!   (Mooncake's `kTransferRetryTimes`); a second failure fails the group's requests.
 //!
-//! Validated against Ferry's emulated HIXL (`ffi/cann-emu`) and Mooncake's NPU wheel on it;
+//! Validated against Ferry's emulated HIXL (`ffi/ascend/cann-emu`) and Mooncake's NPU wheel on it;
 //! never on an NPU.
 
 use std::collections::{BTreeMap, HashMap};
@@ -40,7 +40,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use ferry_ascend_sys::DeviceThread;
+use ferry_ascend_runtime::DeviceThread;
 use ferry_core::{DescriptorSource, Error, ErrorKind, Opcode, OpenSegment, Result, SegmentDescriptor, Submission};
 use ferry_hixl_sys::{
     FeatureType, HixlApi, HixlEngine, HixlError, HixlLibrary, MemHandle, MemType, TransferOp, TransferOpDesc,

@@ -6,7 +6,8 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use ferry_ascend_sys::{AscendError, Library};
+use ferry_ascend_runtime::{AclQueries, AscendError};
+use ferry_ascend_sys::Library;
 use ferry_core::{
     Error, ErrorKind, Identity, IdentityField, RankInfo, Resolution, ResolveQuery, ResolverChain, Result,
     SegmentDescriptor, SegmentResolver,

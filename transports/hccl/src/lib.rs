@@ -1,7 +1,7 @@
 //! # ferry-transport-hccl
 //!
 //! Ferry's Ascend transport (`protocol: "ascend"`, alias `"hccl"`), over HCCL loaded at run
-//! time by [`ferry_ascend_sys`].
+//! time by [`ferry_ascend_sys`] and called through [`ferry_ascend_runtime`].
 //!
 //! - **Identity.** At start the transport resolves this process through the engine's resolver
 //!   chain plus the [`AclQueryResolver`] (`acl`: user device → physical NPU through the ACL
@@ -31,7 +31,7 @@
 //! - **Two-sided path**: root info exchanged over the control channel, then `HcclSend`/`HcclRecv`
 //!   pairs driven over it.
 //!
-//! All ACL/HCCL calls run on device threads ([`ferry_ascend_sys::DeviceThread`]) bound to this
+//! All ACL/HCCL calls run on device threads ([`ferry_ascend_runtime::DeviceThread`]) bound to this
 //! process's device, never on async workers; `submit` only queues.
 //!
 //! **Memory safety after failures and timeouts.** A request's memory (and a staging buffer) is
@@ -47,7 +47,7 @@
 //! [`ErrorKind::Busy`] error and the HCCL registration is kept; a shutdown that leaves device
 //! threads running logs an error and counts them in [`Stats::threads_left_running`].
 //!
-//! Validated on Ferry's emulated CANN only (`ffi/cann-emu`), never on an NPU.
+//! Validated on Ferry's emulated CANN only (`ffi/ascend/cann-emu`), never on an NPU.
 
 #[cfg(feature = "hixl")]
 mod hixl;
@@ -64,7 +64,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use ferry_ascend_identity::{AscendBackend, AscendOptions};
-use ferry_ascend_sys::{AscendError, DeviceThread, GlobalMem, HostBuffer, Library, MemKind, PointerKind, SearchPath};
+use ferry_ascend_runtime::{AclQueries, AscendError, DeviceThread, GlobalMem, HostBuffer, MemKind, PointerKind};
+use ferry_ascend_sys::{Library, SearchPath};
 use ferry_core::{
     Capabilities, Config, Environment, Error, ErrorKind, HostAllocation, Location, MemoryRegistry, OpenSegment,
     OptionSpec, OptionValue, PeerHandle, RankInfo, Region, Resolution, ResolveQuery, Result, SegmentDescriptor,
@@ -74,6 +75,7 @@ use tokio::sync::watch;
 
 pub use ferry_ascend_identity as ascend_identity;
 pub use ferry_ascend_identity::RETRIES_ENV;
+pub use ferry_ascend_runtime as runtime;
 pub use ferry_ascend_sys as sys;
 pub use identity::{
     ACL_RESOLVER_NAME, AclQueryResolver, AclResolverFactory, CURRENT_DEVICE_RESOLVER_NAME, CurrentDeviceResolver,
@@ -896,7 +898,7 @@ impl HcclTransport {
 /// Runs `f` on `worker` and awaits its result without blocking the async runtime.
 pub(crate) async fn run_on<S: 'static, R: Send + 'static>(
     worker: &DeviceThread<S>,
-    f: impl FnOnce(&ferry_ascend_sys::Device, &mut S) -> R + Send + 'static,
+    f: impl FnOnce(&ferry_ascend_runtime::Device, &mut S) -> R + Send + 'static,
 ) -> std::result::Result<R, AscendError> {
     let (tx, rx) = tokio::sync::oneshot::channel();
     worker.submit(move |d, s| {

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
-use ferry_ascend_sys::{
+use ferry_ascend_runtime::{
     AscendError, Communicator, Device, DeviceBuffer, DeviceThread, Drained, GlobalMem, OneSidedOp, RootInfo, Stream,
 };
 use ferry_core::{Error, ErrorKind, Opcode, OpenSegment, Result};

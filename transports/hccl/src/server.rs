@@ -16,7 +16,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
-use ferry_ascend_sys::{Communicator, RootInfo};
+use ferry_ascend_runtime::{Communicator, RootInfo};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
@@ -290,7 +290,9 @@ async fn transfer(
     let ran = run_on(&worker, move |dev, st| {
         let result = (|| {
             let (_, comm) = st.comm.as_ref().filter(|(e, _)| *e == epoch).ok_or_else(|| {
-                ferry_ascend_sys::AscendError::InvalidArgument(format!("no two-sided communicator of epoch {epoch}"))
+                ferry_ascend_runtime::AscendError::InvalidArgument(format!(
+                    "no two-sided communicator of epoch {epoch}"
+                ))
             })?;
             let side: Vec<SideOp> = accepted
                 .iter()

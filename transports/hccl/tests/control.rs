@@ -5,8 +5,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use ferry_ascend_runtime::{DeviceThread, RootInfo};
 use ferry_ascend_sys::test_support::{Emulator, TempDir, emulator_lib_dir};
-use ferry_ascend_sys::{DeviceThread, Library, RootInfo, SearchPath};
+use ferry_ascend_sys::{Library, SearchPath};
 use ferry_core::{
     Config, Identity, IdentityField, InProcessMetadata, Location, MetadataStore, ResolveQuery, SegmentResolver,
     TransferEngine, TransportRegistry,

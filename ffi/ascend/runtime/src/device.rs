@@ -7,9 +7,9 @@ use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::error::{AscendError, Result};
-use crate::library::Library;
-use crate::raw;
+use ferry_ascend_sys::{Library, raw};
+
+use crate::error::{AscendError, Checks, Result};
 
 /// Makes a type `!Send` and `!Sync`.
 type ThreadBound = PhantomData<*const ()>;
@@ -32,10 +32,10 @@ impl Device {
     /// Initialises ACL if needed and binds the calling thread to user device `user_id` (the
     /// index after `ASCEND_RT_VISIBLE_DEVICES` filtering).
     pub fn bind(lib: &Arc<Library>, user_id: u32) -> Result<Device> {
-        lib.ensure_initialized()?;
+        lib.init()?;
         let id = i32::try_from(user_id).map_err(|_| AscendError::InvalidArgument(format!("device id {user_id}")))?;
         // SAFETY: plain integer argument.
-        let code = unsafe { (lib.acl.set_device)(id) };
+        let code = unsafe { (lib.acl().set_device)(id) };
         lib.acl_check("aclrtSetDevice", code)?;
         Ok(Device { lib: lib.clone(), user_id, _bound: PhantomData })
     }
@@ -55,7 +55,7 @@ impl Device {
     pub fn current(&self) -> Result<i32> {
         let mut id = -1;
         // SAFETY: `id` is a valid out-pointer.
-        let code = unsafe { (self.lib.acl.get_device)(&mut id) };
+        let code = unsafe { (self.lib.acl().get_device)(&mut id) };
         self.lib.acl_check("aclrtGetDevice", code)?;
         Ok(id)
     }
@@ -64,7 +64,7 @@ impl Device {
     pub fn create_stream(&self) -> Result<Stream> {
         let mut s: raw::AclrtStream = std::ptr::null_mut();
         // SAFETY: `s` is a valid out-pointer.
-        let code = unsafe { (self.lib.acl.create_stream)(&mut s) };
+        let code = unsafe { (self.lib.acl().create_stream)(&mut s) };
         self.lib.acl_check("aclrtCreateStream", code)?;
         Ok(Stream { lib: self.lib.clone(), raw: s, _bound: PhantomData })
     }
@@ -87,7 +87,7 @@ impl Device {
         }
         let mut p: *mut c_void = std::ptr::null_mut();
         // SAFETY: `p` is a valid out-pointer; `policy` is one of ACL's memory policies.
-        let code = unsafe { (self.lib.acl.malloc)(&mut p, len, policy) };
+        let code = unsafe { (self.lib.acl().malloc)(&mut p, len, policy) };
         self.lib.acl_check("aclrtMalloc", code)?;
         Ok(DeviceBuffer { lib: self.lib.clone(), ptr: p, len, _bound: PhantomData })
     }
@@ -99,7 +99,7 @@ impl Device {
         if len == 0 {
             return Err(AscendError::InvalidArgument("zero-length host allocation".into()));
         }
-        let (Some(malloc), Some(free)) = (self.lib.opt.malloc_host, self.lib.opt.free_host) else {
+        let (Some(malloc), Some(free)) = (self.lib.optional().malloc_host, self.lib.optional().free_host) else {
             return Err(AscendError::Unavailable {
                 symbol: "aclrtMallocHost",
                 purpose: "allocating pinned host memory",
@@ -131,14 +131,14 @@ impl Device {
     pub unsafe fn copy(&self, dst: u64, src: u64, len: u64, kind: i32) -> Result<()> {
         let n = usize::try_from(len).map_err(|_| AscendError::InvalidArgument(format!("copy of {len} bytes")))?;
         // SAFETY: the caller vouches for both ranges.
-        let code = unsafe { (self.lib.acl.memcpy)(dst as *mut c_void, n, src as *const c_void, n, kind) };
+        let code = unsafe { (self.lib.acl().memcpy)(dst as *mut c_void, n, src as *const c_void, n, kind) };
         self.lib.acl_check("aclrtMemcpy", code)
     }
 
     /// The device of the memory at `addr` per `aclrtPointerGetAttributes` (id, memory type), or
     /// `None` when this CANN release cannot tell.
     pub fn pointer_attributes(&self, addr: u64) -> Result<Option<(u32, i32)>> {
-        let Some(f) = self.lib.opt.pointer_attributes else { return Ok(None) };
+        let Some(f) = self.lib.optional().pointer_attributes else { return Ok(None) };
         let mut attr = raw::AclrtPtrAttributes::default();
         // SAFETY: the runtime only inspects the address value; `attr` is a valid out-pointer.
         let code = unsafe { f(addr as *const c_void, &mut attr) };
@@ -182,7 +182,7 @@ impl Stream {
     /// `timeout`, uses `aclrtSynchronizeStreamWithTimeout` when the release has it (else the
     /// wait is unbounded, `aclrtSynchronizeStream`).
     pub fn synchronize(&self, timeout: Option<Duration>) -> Result<()> {
-        match (timeout, self.lib.opt.sync_with_timeout) {
+        match (timeout, self.lib.optional().sync_with_timeout) {
             (Some(t), Some(f)) => {
                 let ms = i32::try_from(t.as_millis()).unwrap_or(i32::MAX).max(1);
                 // SAFETY: `raw` is a live stream of this thread.
@@ -191,7 +191,7 @@ impl Stream {
             }
             _ => {
                 // SAFETY: `raw` is a live stream of this thread.
-                let code = unsafe { (self.lib.acl.synchronize_stream)(self.raw) };
+                let code = unsafe { (self.lib.acl().synchronize_stream)(self.raw) };
                 self.lib.acl_check("aclrtSynchronizeStream", code)
             }
         }
@@ -202,7 +202,7 @@ impl Stream {
     /// leaves for the next synchronize. Returns true only when the release has the function
     /// **and** it succeeded; false means the stream's work may still be running.
     pub fn abort(&self) -> bool {
-        let Some(f) = self.lib.opt.stream_abort else { return false };
+        let Some(f) = self.lib.optional().stream_abort else { return false };
         // SAFETY: `raw` is a live stream of this thread.
         let code = unsafe { f(self.raw) };
         if code != 0 {
@@ -212,7 +212,7 @@ impl Stream {
         }
         // SAFETY: as above; after a successful abort nothing is left to run, so this returns
         // at once (with the abort's own error, which is dropped).
-        let _ = unsafe { (self.lib.acl.synchronize_stream)(self.raw) };
+        let _ = unsafe { (self.lib.acl().synchronize_stream)(self.raw) };
         true
     }
 
@@ -228,7 +228,7 @@ impl Stream {
             return Drained::Aborted;
         }
         // SAFETY: `raw` is a live stream of this thread.
-        let code = unsafe { (self.lib.acl.synchronize_stream)(self.raw) };
+        let code = unsafe { (self.lib.acl().synchronize_stream)(self.raw) };
         Drained::Finished(self.lib.acl_check("aclrtSynchronizeStream", code))
     }
 }
@@ -247,7 +247,7 @@ impl Drop for Stream {
     fn drop(&mut self) {
         // SAFETY: `raw` is a live stream created on this thread (the type is not Send) and is
         // not used after this.
-        let code = unsafe { (self.lib.acl.destroy_stream)(self.raw) };
+        let code = unsafe { (self.lib.acl().destroy_stream)(self.raw) };
         if code != 0 {
             tracing::debug!(code, "aclrtDestroyStream failed");
         }
@@ -297,7 +297,7 @@ impl DeviceBuffer {
         // SAFETY: the destination range lies inside this live allocation (checked above) and
         // the source is a valid slice.
         let code = unsafe {
-            (self.lib.acl.memcpy)(
+            (self.lib.acl().memcpy)(
                 self.ptr.cast::<u8>().add(offset).cast(),
                 self.len - offset,
                 data.as_ptr().cast(),
@@ -321,7 +321,7 @@ impl DeviceBuffer {
         // SAFETY: the source range lies inside this live allocation (checked above) and the
         // destination is a valid mutable slice of `out.len()` bytes.
         let code = unsafe {
-            (self.lib.acl.memcpy)(
+            (self.lib.acl().memcpy)(
                 out.as_mut_ptr().cast(),
                 out.len(),
                 self.ptr.cast::<u8>().add(offset).cast(),
@@ -388,7 +388,7 @@ impl Drop for HostBuffer {
 impl Drop for DeviceBuffer {
     fn drop(&mut self) {
         // SAFETY: `ptr` came from aclrtMalloc on this thread's device and is freed once.
-        let code = unsafe { (self.lib.acl.free)(self.ptr) };
+        let code = unsafe { (self.lib.acl().free)(self.ptr) };
         if code != 0 {
             tracing::debug!(code, "aclrtFree failed");
         }

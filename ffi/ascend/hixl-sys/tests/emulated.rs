@@ -1,4 +1,4 @@
-//! `ferry-hixl-sys` against Ferry's emulated HIXL (`ffi/cann-emu`): a real `dlopen` of a real
+//! `ferry-hixl-sys` against Ferry's emulated HIXL (`ffi/ascend/cann-emu`): a real `dlopen` of a real
 //! library exporting HIXL's mangled entry points, each part played in its own process (see
 //! `common`). Build the emulator first: `cargo build -p ferry-cann-emu`.
 
@@ -7,7 +7,8 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
-use ferry_ascend_sys::{Device, Library as Acl};
+use ferry_ascend_runtime::Device;
+use ferry_ascend_sys::Library as Acl;
 use ferry_hixl_sys::*;
 
 const LONG: Duration = Duration::from_secs(60);

@@ -1,5 +1,5 @@
-//! Helpers for tests that run against Ferry's emulated CANN (`ffi/cann-emu`), behind the
-//! `test-support` feature. Nothing here is used by the loader or the safe layer.
+//! Helpers for tests that run against Ferry's emulated CANN (`ffi/ascend/cann-emu`), behind the
+//! `test-support` feature: only tests use them.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};

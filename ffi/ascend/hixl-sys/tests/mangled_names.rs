@@ -50,7 +50,7 @@ fn the_resolved_names_are_the_compilers_names_of_ferrys_declarations() {
 }
 
 /// Every `adxl::` and `ge::` name Ferry resolves is one the real `mooncake-transfer-engine-npu`
-/// wheel imports (the fixture `ffi/cann-emu/tests/fixtures/mooncake-npu-hixl-imports.txt`,
+/// wheel imports (the fixture `ffi/ascend/cann-emu/tests/fixtures/mooncake-npu-hixl-imports.txt`,
 /// read from the wheels with `nm`), and Ferry's required/optional split is the wheel's
 /// strong/weak split.
 #[test]

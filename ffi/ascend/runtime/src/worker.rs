@@ -8,9 +8,10 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use ferry_ascend_sys::Library;
+
 use crate::device::Device;
 use crate::error::{AscendError, Result};
-use crate::library::Library;
 
 type Job<S> = Box<dyn FnOnce(&Device, &mut S) + Send + 'static>;
 

@@ -5,7 +5,7 @@
 //! re-executes its own binary (`current_exe() --exact <test>`) with `FERRY_HIXL_TEST_ROLE=<role>`
 //! and the environment it needs; inside the child the same test function sees the role and
 //! plays it. Parent and children talk over stdin/stdout lines prefixed `EMU ` (the pattern of
-//! `ffi/cann-emu/tests/common`).
+//! `ffi/ascend/cann-emu/tests/common`).
 
 #![allow(dead_code, unreachable_pub)]
 

@@ -30,7 +30,7 @@
 //! licence that restricts their use and are not used.
 //!
 //! **Hardware honesty:** this crate has been exercised only against Ferry's emulated HIXL
-//! (`ffi/cann-emu`, which exports the same mangled entry points) and, for C++ exceptions, a tiny
+//! (`ffi/ascend/cann-emu`, which exports the same mangled entry points) and, for C++ exceptions, a tiny
 //! test library of its own; never against Huawei's libraries, never on an NPU.
 
 mod engine;

@@ -7,10 +7,10 @@ use std::marker::PhantomData;
 use std::sync::{Arc, LazyLock, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
+use ferry_ascend_sys::{Library, raw};
+
 use crate::device::{Device, Stream};
-use crate::error::{AscendError, Result};
-use crate::library::Library;
-use crate::raw;
+use crate::error::{AscendError, Checks, Result};
 
 /// HCCL's communicator init and destroy change unlocked process globals and must never run at
 /// the same time in one process (HCOMM `op_base.cc`; HIXL serialises
@@ -41,7 +41,7 @@ impl RootInfo {
         let lib = device.library();
         let mut info = Box::new(raw::HcclRootInfo { internal: [0; raw::HCCL_ROOT_INFO_BYTES] });
         // SAFETY: `info` is a valid, writable HcclRootInfo.
-        let code = unsafe { (lib.hccl.get_root_info)(&mut *info) };
+        let code = unsafe { (lib.hccl().get_root_info)(&mut *info) };
         lib.hccl_check("HcclGetRootInfo", code)?;
         Ok(Self(info))
     }
@@ -234,7 +234,7 @@ impl Communicator {
         let lib = device.library();
         let mut comm: raw::HcclComm = std::ptr::null_mut();
         // SAFETY: `root` points to a valid HcclRootInfo; `comm` is a valid out-pointer.
-        let code = unsafe { (lib.hccl.comm_init_root_info)(n_ranks, &*root.0, rank, &mut comm) };
+        let code = unsafe { (lib.hccl().comm_init_root_info)(n_ranks, &*root.0, rank, &mut comm) };
         lib.hccl_check("HcclCommInitRootInfo", code)?;
         Ok(Self { lib: lib.clone(), raw: comm, _bound: PhantomData })
     }
@@ -270,7 +270,7 @@ impl Communicator {
     pub unsafe fn send(&self, addr: u64, len: u64, peer: u32, stream: &Stream) -> Result<()> {
         // SAFETY: the caller vouches for the buffer; comm and stream are live on this thread.
         let code = unsafe {
-            (self.lib.hccl.send)(addr as *mut c_void, len, raw::HCCL_DATA_TYPE_UINT8, peer, self.raw, stream.raw())
+            (self.lib.hccl().send)(addr as *mut c_void, len, raw::HCCL_DATA_TYPE_UINT8, peer, self.raw, stream.raw())
         };
         self.lib.hccl_check("HcclSend", code)
     }
@@ -283,7 +283,7 @@ impl Communicator {
     pub unsafe fn recv(&self, addr: u64, len: u64, peer: u32, stream: &Stream) -> Result<()> {
         // SAFETY: the caller vouches for the buffer; comm and stream are live on this thread.
         let code = unsafe {
-            (self.lib.hccl.recv)(addr as *mut c_void, len, raw::HCCL_DATA_TYPE_UINT8, peer, self.raw, stream.raw())
+            (self.lib.hccl().recv)(addr as *mut c_void, len, raw::HCCL_DATA_TYPE_UINT8, peer, self.raw, stream.raw())
         };
         self.lib.hccl_check("HcclRecv", code)
     }
@@ -367,7 +367,7 @@ impl Communicator {
 
     /// `HcclGetRankId`, when available.
     pub fn rank(&self) -> Option<u32> {
-        let f = self.lib.opt.rank_id?;
+        let f = self.lib.optional().rank_id?;
         let mut r = 0;
         // SAFETY: live communicator; valid out-pointer.
         (unsafe { f(self.raw, &mut r) } == 0).then_some(r)
@@ -375,7 +375,7 @@ impl Communicator {
 
     /// `HcclGetRankSize`, when available.
     pub fn size(&self) -> Option<u32> {
-        let f = self.lib.opt.rank_size?;
+        let f = self.lib.optional().rank_size?;
         let mut n = 0;
         // SAFETY: live communicator; valid out-pointer.
         (unsafe { f(self.raw, &mut n) } == 0).then_some(n)
@@ -394,7 +394,7 @@ impl Communicator {
         // SAFETY: a live communicator created on this thread (the type is not Send); HCCL
         // refuses to destroy a one-sided communicator with memory still bound and keeps it, so
         // the handle is cleared only once the destroy succeeded (a failed one may be retried).
-        let code = unsafe { (self.lib.hccl.comm_destroy)(self.raw) };
+        let code = unsafe { (self.lib.hccl().comm_destroy)(self.raw) };
         self.lib.hccl_check("HcclCommDestroy", code)?;
         self.raw = std::ptr::null_mut();
         Ok(())
