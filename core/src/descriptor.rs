@@ -339,6 +339,31 @@ impl MetadataKeys {
     }
 }
 
+/// Formats the current UTC time as Mooncake does: `YYYY-MM-DD HH:MM:SS.micros`.
+pub(crate) fn mooncake_timestamp_now() -> String {
+    let d = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    let secs = d.as_secs();
+    let days = (secs / 86_400) as i64;
+    let rem = secs % 86_400;
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02}.{:06}",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60,
+        d.subsec_micros()
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -491,5 +516,14 @@ mod tests {
         assert!(!b.contains(99, 1));
         assert!(!b.contains(105, 0));
         assert!(!b.contains(u64::MAX, 2));
+    }
+
+    #[test]
+    fn timestamps_look_like_mooncakes() {
+        let t = mooncake_timestamp_now();
+        assert_eq!(t.len(), "2026-11-30 06:21:30.151346".len(), "{t}");
+        assert!(t.starts_with("20"), "{t}");
+        assert_eq!(&t[4..5], "-");
+        assert_eq!(&t[10..11], " ");
     }
 }

@@ -1,0 +1,540 @@
+//! The [`TransferEngine`]: memory registry, segment cache, transport table, metadata store,
+//! control channel and resolver chain, and the submit path that ties them together.
+
+mod blocks;
+mod builder;
+mod notify;
+mod publication;
+mod registration;
+mod segments;
+mod submit;
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock, Weak};
+use std::time::Duration;
+
+use crate::batch::{Batch, Opcode, SegmentHandle, Submission, TransferRequest};
+use crate::config::{Config, MetadataServer};
+use crate::control::{ControlChannel, NoControlChannel};
+use crate::descriptor::{BufferDesc, MetadataKeys, RpcMeta, SegmentDescriptor};
+use crate::error::{Error, ErrorKind, Result};
+use crate::host_memory::HostAllocation;
+use crate::kv::{
+    BlockRun, BlockTransfer, KvLayout, check_kv_layout_name, plan_block_transfer, publish_kv_layouts,
+    published_kv_layout, published_kv_layout_names,
+};
+use crate::memory::{Location, MemoryRegistry, Region, RegisteredMemory};
+use crate::metadata::{MetadataConnection, MetadataRegistry, MetadataStore, WatchEvent};
+use crate::resolver::{Environment, Resolution, ResolveQuery, ResolverChain, ResolverRegistry};
+use crate::segment::OpenSegment;
+use crate::segment_name::SegmentName;
+use crate::transport::{Transport, TransportContext, TransportRegistry, no_transport_for};
+
+use blocks::RegisteredLayout;
+pub use blocks::{BlockBatch, KvLayoutId};
+pub use builder::EngineBuilder;
+pub use publication::REPUBLISH_CHECK;
+use publication::keep_published;
+use segments::{MetadataDescriptors, SegmentTable, watch_segments};
+
+struct EngineInner {
+    name: String,
+    instance: String,
+    config: Arc<Config>,
+    memory: Arc<MemoryRegistry>,
+    /// Where descriptors and the rpc entry are published and peers' descriptors found.
+    store: Arc<dyn MetadataStore>,
+    /// Notifications, probes and the RPC port.
+    channel: Arc<dyn ControlChannel>,
+    keys: MetadataKeys,
+    /// Installed transports, in the order they are tried (companions first). Replaced as a
+    /// whole when a peer's descriptor makes the engine load another protocol.
+    transports: RwLock<Arc<Vec<Arc<dyn Transport>>>>,
+    primary: Arc<dyn Transport>,
+    /// Where further transports come from (a peer naming a protocol not yet installed).
+    transport_registry: TransportRegistry,
+    /// What those transports are created with.
+    ctx: TransportContext,
+    /// Held while regions are attached to transports and while a transport is added, so a new
+    /// transport sees every region exactly once.
+    transport_change: tokio::sync::Mutex<()>,
+    resolvers: ResolverChain,
+    local_rank: Option<u32>,
+    segments: RwLock<SegmentTable>,
+    layouts: RwLock<HashMap<KvLayoutId, RegisteredLayout>>,
+    publish_lock: tokio::sync::Mutex<()>,
+    runtime: tokio::runtime::Handle,
+    owned_runtime: Mutex<Option<tokio::runtime::Runtime>>,
+    shut_down: AtomicBool,
+    /// Background tasks (re-publication, watch), aborted at shutdown.
+    watch_task: Mutex<Vec<tokio::task::JoinHandle<()>>>,
+}
+
+impl Drop for EngineInner {
+    fn drop(&mut self) {
+        // Peers in this process and transports still holding the registry get no new leases.
+        self.memory.close();
+        for task in self.watch_task.lock().unwrap_or_else(|p| p.into_inner()).drain(..) {
+            task.abort();
+        }
+        // Never block in drop (it may run on a runtime thread).
+        if let Some(rt) = self.owned_runtime.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+/// Ferry's transfer engine: registers local memory, publishes where it lives, opens peers'
+/// segments and moves bytes between them.
+///
+/// Cheap to clone (a handle to shared state). All methods take `&self` and may be called from
+/// any thread. Async methods run on any tokio runtime; the `*_blocking` forms are for callers
+/// outside one (they fail with [`ErrorKind::InvalidArgument`] when called from inside a runtime).
+#[derive(Clone)]
+pub struct TransferEngine {
+    inner: Arc<EngineInner>,
+}
+
+impl std::fmt::Debug for TransferEngine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TransferEngine")
+            .field("segment", &self.inner.name)
+            .field("protocol", &self.inner.primary.protocol())
+            .field("metadata", &self.inner.store.name())
+            .field("control_channel", &self.inner.channel.name())
+            .finish()
+    }
+}
+
+impl EngineInner {
+    fn check_open(&self) -> Result<()> {
+        if self.shut_down.load(Ordering::Acquire) {
+            return Err(Error::new(ErrorKind::Shutdown, format!("engine `{}` has been shut down", self.name)));
+        }
+        Ok(())
+    }
+
+    /// A snapshot of the installed transports.
+    fn transports(&self) -> Arc<Vec<Arc<dyn Transport>>> {
+        self.transports.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
+impl TransferEngine {
+    /// A builder (no transports pre-installed; see the facade crate for one that has them).
+    pub fn builder() -> EngineBuilder {
+        EngineBuilder::new()
+    }
+
+    /// This engine's segment name.
+    pub fn segment_name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// The RPC port this engine publishes in its `rpc_meta` entry (where its handshake
+    /// listener takes notifications): the control channel's listener port, else the port of a
+    /// `host:port` segment name. `None` when it publishes no rpc entry.
+    pub fn rpc_port(&self) -> Option<u16> {
+        self.inner.channel.rpc_port().or_else(|| SegmentName::parse(&self.inner.name).map(|n| n.port()))
+    }
+
+    /// This engine instance's unique id (published as `ferry_instance`).
+    pub fn instance_id(&self) -> &str {
+        &self.inner.instance
+    }
+
+    /// The effective configuration.
+    pub fn config(&self) -> &Config {
+        &self.inner.config
+    }
+
+    /// A read-only view of the registered memory (register and unregister through the engine).
+    pub fn memory(&self) -> RegisteredMemory {
+        RegisteredMemory::new(self.inner.memory.clone())
+    }
+
+    /// Protocols of the installed transports, in the order they are tried.
+    pub fn protocols(&self) -> Vec<String> {
+        self.inner.transports().iter().map(|t| t.protocol().to_owned()).collect()
+    }
+
+    /// The primary (configured) transport's protocol (the name it publishes; a configured
+    /// alias resolves to it).
+    pub fn primary_protocol(&self) -> &str {
+        self.inner.primary.protocol()
+    }
+
+    /// Name of the metadata store in use.
+    pub fn metadata_backend(&self) -> &str {
+        self.inner.store.name()
+    }
+
+    /// Name of the control channel in use (`none` when notifications and probes are
+    /// unsupported).
+    pub fn control_channel(&self) -> &str {
+        self.inner.channel.name()
+    }
+
+    /// The descriptor this engine publishes, as it would be published now.
+    pub fn local_descriptor(&self) -> SegmentDescriptor {
+        self.inner.descriptor()
+    }
+
+    /// Default transfer timeout (from the config).
+    pub fn transfer_timeout(&self) -> Duration {
+        self.inner.config.transfer_timeout()
+    }
+
+    /// Runs `fut` to completion on the engine's runtime, for callers outside any runtime.
+    pub fn block_on<F: Future>(&self, fut: F) -> Result<F::Output> {
+        if tokio::runtime::Handle::try_current().is_ok() {
+            return Err(Error::invalid(
+                "a blocking Ferry call was made from inside an async runtime; use the async method",
+            ));
+        }
+        Ok(self.inner.runtime.block_on(fut))
+    }
+
+    /// This process's local rank, if known (see [`EngineBuilder::local_rank`]).
+    pub fn local_rank(&self) -> Option<u32> {
+        self.inner.local_rank
+    }
+
+    /// The engine's resolver chain.
+    pub fn resolver_chain(&self) -> &ResolverChain {
+        &self.inner.resolvers
+    }
+
+    /// Resolves this process's identity through the resolver chain (with the explanation).
+    pub async fn resolve_local(&self) -> Result<Resolution> {
+        let q = ResolveQuery::local(Some(self.inner.name.clone()), self.inner.local_rank);
+        self.inner.resolvers.resolve(&q).await
+    }
+
+    /// Resolves a peer's identity through the resolver chain.
+    pub async fn resolve_peer(&self, segment: &str) -> Result<Resolution> {
+        let q = ResolveQuery::peer(segment, Some(self.inner.name.clone()), self.inner.local_rank);
+        self.inner.resolvers.resolve(&q).await
+    }
+
+    /// Shuts the engine down, after which its registered memory may be freed:
+    ///
+    /// 1. the memory registry closes (new requests from peers or from this engine are refused);
+    /// 2. the transports stop (their servers and connections end);
+    /// 3. it waits, up to the transfer timeout, until no request holds registered memory (a
+    ///    batch holds it until its transports released every request — also cancelled ones
+    ///    they had started), then forgets every region; if memory is still held, it fails with
+    ///    [`ErrorKind::Busy`] and the memory must not be freed yet;
+    /// 4. its entries are removed from metadata, and its control channel closes (its listening
+    ///    port is free when this returns).
+    ///
+    /// Later calls fail with [`ErrorKind::Shutdown`]. Idempotent.
+    pub async fn shutdown(&self) -> Result<()> {
+        if self.inner.shut_down.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        // No re-publication may race the removal below.
+        for task in self.inner.watch_task.lock().unwrap_or_else(|p| p.into_inner()).drain(..) {
+            task.abort();
+        }
+        self.inner.memory.close();
+        let _change = self.inner.transport_change.lock().await;
+        for t in self.inner.transports().iter() {
+            t.shutdown().await;
+        }
+        let deadline = tokio::time::Instant::now() + self.transfer_timeout();
+        let mut first_err = loop {
+            match self.inner.memory.clear() {
+                Ok(()) => break None,
+                Err(e) if tokio::time::Instant::now() >= deadline => break Some(e),
+                Err(_) => tokio::time::sleep(Duration::from_millis(2)).await,
+            }
+        };
+        // Wait for a publication in progress; later ones see `shut_down` and do nothing.
+        let _publishing = self.inner.publish_lock.lock().await;
+        self.inner.channel.descriptor_published(None);
+        for key in [self.inner.keys.segment(&self.inner.name), self.inner.keys.rpc(&self.inner.name)] {
+            if let Err(e) = self.inner.store.delete(&key).await {
+                first_err.get_or_insert(e);
+            }
+        }
+        self.inner.channel.close().await;
+        first_err.map_or(Ok(()), Err)
+    }
+
+    /// Blocking form of [`shutdown`](Self::shutdown).
+    pub fn shutdown_blocking(&self) -> Result<()> {
+        self.block_on(self.shutdown())?
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::transport::{Capabilities, TransportFactory};
+    use crate::{IdentityField, InProcessMetadata, Submission};
+
+    /// A transport that moves nothing; its factory keeps the context it was given.
+    struct Still;
+    #[async_trait::async_trait]
+    impl Transport for Still {
+        fn protocol(&self) -> &str {
+            "still"
+        }
+        fn capabilities(&self) -> Capabilities {
+            Capabilities::default()
+        }
+        fn submit(&self, _: &Arc<OpenSegment>, submission: Submission) {
+            submission.fail_all(&Error::invalid("still moves nothing"));
+        }
+    }
+    #[derive(Default)]
+    struct StillFactory(Mutex<Option<TransportContext>>);
+    #[async_trait::async_trait]
+    impl TransportFactory for StillFactory {
+        fn protocol(&self) -> &'static str {
+            "still"
+        }
+        async fn create(&self, ctx: &TransportContext) -> Result<Arc<dyn Transport>> {
+            *self.0.lock().unwrap() = Some(ctx.clone());
+            Ok(Arc::new(Still))
+        }
+    }
+
+    fn builder(text: &str, factory: &Arc<StillFactory>) -> EngineBuilder {
+        let mut b = EngineBuilder::new()
+            .config(Config::from_json_str(text, None).unwrap())
+            .metadata(InProcessMetadata::new() as Arc<dyn MetadataStore>);
+        b.transports_mut().install(factory.clone());
+        b
+    }
+
+    #[tokio::test]
+    async fn one_config_serves_every_rank_of_a_node() {
+        let text = r#"{"local_hostname": "10.0.0.5", "base_port": 17000, "protocol": "still",
+                       "physical_devices": [4, 5, 6, 7]}"#;
+        for rank in [0u32, 2] {
+            let factory = Arc::new(StillFactory::default());
+            let e = builder(text, &factory).local_rank(rank).build().await.unwrap();
+            let port = 17000 + rank as u16;
+            assert_eq!(e.segment_name(), format!("10.0.0.5:{port}"));
+            assert_eq!(e.local_rank(), Some(rank));
+            // What the transport sees: the rank and this rank's name in the config, the chain.
+            let ctx = factory.0.lock().unwrap().clone().unwrap();
+            assert_eq!(ctx.config.local_rank(), Some(rank));
+            assert_eq!(ctx.config.local_hostname.as_deref(), Some(format!("10.0.0.5:{port}").as_str()));
+            assert_eq!(ctx.resolvers.names(), e.resolver_chain().names());
+            let r = e.resolve_local().await.unwrap();
+            assert_eq!(r.identity.port, Some(port));
+            assert_eq!(r.identity.physical_device, Some(4 + rank));
+            assert_eq!(r.answer(IdentityField::PhysicalDevice).unwrap().resolver, "config");
+            assert!(r.disagreements.is_empty(), "port_offset agrees with the name: {r}");
+            let p = e.resolve_peer("10.0.0.6:17001:npu_1").await.unwrap();
+            assert_eq!((p.identity.port, p.identity.physical_device), (Some(17001), Some(1)));
+            e.shutdown().await.unwrap();
+        }
+    }
+
+    #[tokio::test]
+    async fn the_chain_comes_from_the_config_unless_given() {
+        let factory = Arc::new(StillFactory::default());
+        let text = r#"{"local_hostname": "10.0.0.5:1", "protocol": "still", "resolvers": ["hostname"]}"#;
+        let e = builder(text, &factory).build().await.unwrap();
+        assert_eq!(e.resolver_chain().names(), vec!["hostname"]);
+        e.shutdown().await.unwrap();
+        let e = builder(text, &factory).resolvers(ResolverChain::new()).build().await.unwrap();
+        assert!(e.resolver_chain().names().is_empty());
+        e.shutdown().await.unwrap();
+        let bad = r#"{"local_hostname": "10.0.0.5:1", "protocol": "still", "resolvers": ["dns"]}"#;
+        let err = builder(bad, &factory).build().await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Config);
+        assert!(err.message().contains("unknown resolver \"dns\""), "{err}");
+    }
+
+    /// A transport that allocates host memory its own way and counts the frees.
+    struct Pinned(Arc<AtomicU64>);
+    #[async_trait::async_trait]
+    impl Transport for Pinned {
+        fn protocol(&self) -> &str {
+            "still"
+        }
+        fn capabilities(&self) -> Capabilities {
+            Capabilities::default()
+        }
+        fn submit(&self, _: &Arc<OpenSegment>, submission: Submission) {
+            submission.fail_all(&Error::invalid("pinned moves nothing"));
+        }
+        async fn allocate_host(&self, len: usize) -> Option<Result<HostAllocation>> {
+            let mut bytes = vec![0u8; len].into_boxed_slice();
+            let addr = bytes.as_mut_ptr() as u64;
+            let frees = self.0.clone();
+            #[allow(unsafe_code)]
+            // SAFETY: the boxed slice is zeroed, owned by the deallocator and dropped by it alone.
+            Some(Ok(unsafe {
+                HostAllocation::new(addr, len, "pinned", move || {
+                    drop(bytes);
+                    frees.fetch_add(1, Ordering::SeqCst);
+                })
+            }))
+        }
+    }
+    struct PinnedFactory(Arc<AtomicU64>);
+    #[async_trait::async_trait]
+    impl TransportFactory for PinnedFactory {
+        fn protocol(&self) -> &'static str {
+            "still"
+        }
+        async fn create(&self, _: &TransportContext) -> Result<Arc<dyn Transport>> {
+            Ok(Arc::new(Pinned(self.0.clone())))
+        }
+    }
+
+    #[tokio::test]
+    #[allow(unsafe_code)]
+    async fn host_memory_comes_from_the_transport_else_the_fallback_and_is_not_freed_while_registered() {
+        let text = r#"{"local_hostname": "10.0.0.5:1", "protocol": "still"}"#;
+        // A transport without an allocator: the process allocator, page-aligned.
+        let e = builder(text, &Arc::new(StillFactory::default())).build().await.unwrap();
+        let a = e.allocate_host_memory(100).await.unwrap();
+        assert_eq!(a.origin(), "the process allocator");
+        assert_eq!(a.addr() % crate::HOST_ALIGNMENT as u64, 0);
+        assert_eq!(e.allocate_host_memory(0).await.unwrap_err().kind(), ErrorKind::InvalidArgument);
+        a.free().unwrap();
+
+        // One with an allocator: its memory, watched by the engine's registry.
+        let frees = Arc::new(AtomicU64::new(0));
+        let mut b = EngineBuilder::new()
+            .config(Config::from_json_str(text, None).unwrap())
+            .metadata(InProcessMetadata::new() as Arc<dyn MetadataStore>);
+        b.transports_mut().install(Arc::new(PinnedFactory(frees.clone())));
+        let e = b.build().await.unwrap();
+        let a = e.allocate_host_memory(4096).await.unwrap();
+        assert_eq!((a.origin(), a.len()), ("pinned", 4096));
+        // SAFETY: `a` owns the memory; it is unregistered before it is freed (the test checks
+        // that freeing earlier is refused).
+        unsafe { e.register_memory(a.addr(), 4096, Location::Any) }.await.unwrap();
+        let (a, err) = a.free().unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Busy, "{err}");
+        assert_eq!(frees.load(Ordering::SeqCst), 0);
+        e.unregister_memory(a.addr()).await.unwrap();
+        a.free().unwrap();
+        assert_eq!(frees.load(Ordering::SeqCst), 1);
+
+        // Dropped while registered: leaked, not freed.
+        let a = e.allocate_host_memory(10).await.unwrap();
+        // SAFETY: as above; the memory is leaked, so it stays valid for the registration.
+        unsafe { e.register_memory(a.addr(), 10, Location::Any) }.await.unwrap();
+        drop(a);
+        assert_eq!(frees.load(Ordering::SeqCst), 1);
+        e.shutdown().await.unwrap();
+        assert_eq!(e.allocate_host_memory(1).await.unwrap_err().kind(), ErrorKind::Shutdown);
+    }
+
+    /// A control channel that records what the engine asks of it.
+    #[derive(Default)]
+    struct Recorder {
+        events: Mutex<Vec<String>>,
+        refuse_claims: bool,
+    }
+    impl Recorder {
+        fn log(&self, event: String) {
+            self.events.lock().unwrap().push(event);
+        }
+        fn events(&self) -> Vec<String> {
+            self.events.lock().unwrap().clone()
+        }
+    }
+    #[async_trait::async_trait]
+    impl ControlChannel for Recorder {
+        fn name(&self) -> &str {
+            "recorder"
+        }
+        fn rpc_port(&self) -> Option<u16> {
+            Some(15999)
+        }
+        async fn claim_rpc_entry(&self, key: &str, entry: &[u8]) -> Result<()> {
+            self.log(format!("claim {key} {}", String::from_utf8_lossy(entry)));
+            if self.refuse_claims {
+                return Err(Error::new(ErrorKind::AlreadyExists, "segment name in use"));
+            }
+            Ok(())
+        }
+        fn descriptor_published(&self, descriptor: Option<&[u8]>) {
+            let name = descriptor.map(|d| SegmentDescriptor::from_json("k", d).unwrap().name);
+            self.log(format!("published {name:?}"));
+        }
+        async fn notify(&self, segment: &str, n: &crate::Notification) -> Result<()> {
+            self.log(format!("notify {segment} {} {}", n.name, n.notify_msg));
+            Ok(())
+        }
+        fn drain_notifications(&self) -> Vec<crate::Notification> {
+            vec![crate::Notification { name: "peer".into(), notify_msg: "hi".into() }]
+        }
+        async fn probe(&self, segment: &str) -> Result<()> {
+            self.log(format!("probe {segment}"));
+            Ok(())
+        }
+        async fn close(&self) {
+            self.log("close".into());
+        }
+    }
+
+    #[tokio::test]
+    async fn the_engine_tells_its_control_channel_what_it_publishes_and_closes_it_last() {
+        let text = r#"{"local_hostname": "10.0.0.5:17000", "protocol": "still"}"#;
+        let channel = Arc::new(Recorder::default());
+        let meta = InProcessMetadata::new();
+        let mut b = EngineBuilder::new()
+            .config(Config::from_json_str(text, None).unwrap())
+            .metadata(meta.clone() as Arc<dyn MetadataStore>)
+            .control_channel(channel.clone());
+        b.transports_mut().install(Arc::new(StillFactory::default()));
+        let e = b.build().await.unwrap();
+        assert_eq!((e.control_channel(), e.rpc_port()), ("recorder", Some(15999)));
+        let rpc = r#"{"ip_or_host_name":"10.0.0.5","rpc_port":15999}"#;
+        assert_eq!(
+            meta.get("mooncake/rpc_meta/10.0.0.5:17000").await.unwrap().as_deref(),
+            Some(rpc.as_bytes()),
+            "the rpc entry names the channel's port"
+        );
+        e.send_notification("10.0.0.6:1", "done").await.unwrap();
+        e.probe("10.0.0.6:1").await.unwrap();
+        assert_eq!(e.get_notifications()[0].notify_msg, "hi");
+        e.shutdown().await.unwrap();
+        assert_eq!(
+            channel.events(),
+            [
+                r#"published Some("10.0.0.5:17000")"#.to_owned(),
+                format!("claim mooncake/rpc_meta/10.0.0.5:17000 {rpc}"),
+                "notify 10.0.0.6:1 10.0.0.5:17000 done".to_owned(),
+                "probe 10.0.0.6:1".to_owned(),
+                "published None".to_owned(),
+                "close".to_owned(),
+            ]
+        );
+        assert!(meta.keys().is_empty(), "unpublished before the channel closed");
+
+        // A channel that refuses the name: the engine does not start.
+        let refusing = Arc::new(Recorder { refuse_claims: true, ..Recorder::default() });
+        let mut b = EngineBuilder::new()
+            .config(Config::from_json_str(text, None).unwrap())
+            .metadata(InProcessMetadata::new() as Arc<dyn MetadataStore>)
+            .control_channel(refusing);
+        b.transports_mut().install(Arc::new(StillFactory::default()));
+        assert_eq!(b.build().await.unwrap_err().kind(), ErrorKind::AlreadyExists);
+    }
+
+    #[tokio::test]
+    async fn a_store_given_without_a_channel_answers_unsupported_saying_why() {
+        let factory = Arc::new(StillFactory::default());
+        let e = builder(r#"{"local_hostname": "10.0.0.5:1", "protocol": "still"}"#, &factory).build().await.unwrap();
+        assert_eq!(e.control_channel(), "none");
+        assert_eq!(e.rpc_port(), Some(1), "the name's port");
+        let err = e.send_notification("10.0.0.6:1", "m").await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Unsupported);
+        assert!(err.message().contains("EngineBuilder::control_channel"), "{err}");
+        e.shutdown().await.unwrap();
+    }
+}

@@ -1,0 +1,113 @@
+//! The submit path: checks every request, leases its local range, and hands each transport an
+//! engine-minted submission for its share.
+
+use super::*;
+
+pub(super) fn request_error(i: usize, e: Error) -> Error {
+    e.context(format!("request {i}: {}; nothing was submitted", e.message()))
+}
+
+impl TransferEngine {
+    /// Validates and starts a batch of requests.
+    ///
+    /// Every local range must lie in one registered region and every remote range in one buffer
+    /// of the target's descriptor (a failing remote check refetches that descriptor once, since
+    /// the peer may have registered more memory). When any request is invalid, nothing is
+    /// started and the error names the request's index. Returns the batch to poll, await,
+    /// or cancel.
+    ///
+    /// The caller must not run two transfers into overlapping destination ranges at the same
+    /// time, nor touch a destination range until its request completed (as with any DMA engine).
+    pub async fn submit(&self, requests: &[TransferRequest]) -> Result<Batch> {
+        self.inner.check_open()?;
+        if requests.is_empty() {
+            return Err(Error::invalid("empty batch: no requests to submit"));
+        }
+        // Every local range in registered memory, leased (for the batch) before any segment is
+        // looked up.
+        let leases = self
+            .inner
+            .memory
+            .lease_many(requests.iter().map(|r| (r.source, r.length)))
+            .map_err(|(i, e)| request_error(i, e))?;
+
+        // Distinct target segments, in first-use order (usually one).
+        let mut segments: Vec<Arc<OpenSegment>> = Vec::with_capacity(1);
+        let mut slot_of: Vec<u32> = Vec::with_capacity(requests.len());
+        for r in requests {
+            let slot = match segments.iter().position(|s| s.handle() == r.target) {
+                Some(p) => p,
+                None => {
+                    segments.push(self.inner.segment_for_use(r.target).await?);
+                    segments.len() - 1
+                }
+            };
+            slot_of.push(slot as u32);
+        }
+        let mut refreshed = vec![false; segments.len()];
+        'validate: loop {
+            let caps: Vec<_> = segments.iter().map(|s| s.transport().capabilities()).collect();
+            for (i, r) in requests.iter().enumerate() {
+                let slot = slot_of[i] as usize;
+                let seg = &segments[slot];
+                let caps = caps[slot];
+                if (r.opcode == Opcode::Read && !caps.read) || (r.opcode == Opcode::Write && !caps.write) {
+                    return Err(request_error(
+                        i,
+                        Error::new(
+                            ErrorKind::Unsupported,
+                            format!("transport `{}` cannot {:?}", seg.transport().protocol(), r.opcode),
+                        ),
+                    ));
+                }
+                if let Err(e) = seg.check_remote(r.target_offset, r.length) {
+                    if e.kind() == ErrorKind::OutOfBounds && !refreshed[slot] {
+                        refreshed[slot] = true;
+                        segments[slot] = self.inner.load_segment(seg.name()).await?;
+                        continue 'validate;
+                    }
+                    return Err(request_error(i, e));
+                }
+            }
+            break;
+        }
+
+        let (batch, mut all) =
+            Batch::from_leases(requests, leases, segments.clone()).map_err(|(i, e)| request_error(i, e))?;
+        if segments.len() == 1 {
+            segments[0].transport().submit(&segments[0], all);
+        } else {
+            for (slot, seg) in segments.iter().enumerate() {
+                let mine: Submission = all.take(|i, _| slot_of[i as usize] as usize == slot);
+                seg.transport().submit(seg, mine);
+            }
+        }
+        Ok(batch)
+    }
+
+    /// Blocking form of [`submit`](Self::submit).
+    pub fn submit_blocking(&self, requests: &[TransferRequest]) -> Result<Batch> {
+        self.block_on(self.submit(requests))?
+    }
+
+    /// Submits and waits (with the configured transfer timeout); `Ok` only when every request
+    /// completed.
+    pub async fn transfer(&self, requests: &[TransferRequest]) -> Result<()> {
+        let batch = self.submit(requests).await?;
+        let outcome = batch.wait_ok(self.transfer_timeout()).await;
+        if outcome.as_ref().is_err_and(|e| e.kind() == ErrorKind::Timeout) {
+            batch.cancel();
+        }
+        outcome
+    }
+
+    /// Blocking form of [`transfer`](Self::transfer).
+    pub fn transfer_blocking(&self, requests: &[TransferRequest]) -> Result<()> {
+        let batch = self.submit_blocking(requests)?;
+        let outcome = batch.wait_ok_blocking(self.transfer_timeout());
+        if outcome.as_ref().is_err_and(|e| e.kind() == ErrorKind::Timeout) {
+            batch.cancel();
+        }
+        outcome
+    }
+}
