@@ -15,6 +15,7 @@ use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::{Map, Value};
 
 use crate::error::{Error, Result};
+use crate::json_fields::strip_position;
 use crate::segment_name::{DEVICE_ID_LIMIT, SegmentName};
 
 /// Environment variable naming the config file (Mooncake's).
@@ -442,8 +443,8 @@ impl Config {
         // Unknown fields in a second pass (a flattened catch-all would lose error positions).
         let value: Value =
             serde_json::from_str(text).map_err(|e| Error::config(format!("config {origin_name}: {e}")))?;
-        let known = crate::descriptor::serde_fields::<Config>();
-        cfg.extra = crate::descriptor::unknown_fields(&value, known);
+        let known = crate::json_fields::serde_fields::<Config>();
+        cfg.extra = crate::json_fields::unknown_fields(&value, known);
         let source = path.map(|p| FieldSource::File(p.to_owned())).unwrap_or(FieldSource::Inline);
         cfg.origin = Origin { path: path.map(Path::to_owned), text: Some(text.to_owned()) };
         // A known field is set when present and not `null` (an absent value's `None`).
@@ -815,14 +816,6 @@ impl Config {
     }
 }
 
-/// Removes serde_json's trailing " at line L column C" (the caller reports the position).
-pub(crate) fn strip_position(msg: &str) -> String {
-    match msg.rfind(" at line ") {
-        Some(i) if msg[i..].contains(" column ") => msg[..i].to_owned(),
-        _ => msg.to_owned(),
-    }
-}
-
 /// Line and column (1-based) of the first `"field"` key in JSON text.
 fn field_position(text: &str, field: &str) -> Option<(usize, usize)> {
     let needle = format!("\"{field}\"");
@@ -935,7 +928,7 @@ mod tests {
         let back = serde_json::to_value(&c).unwrap();
         assert_eq!((&back["rdma_devices"], &back["tcp_lanes"]), (&"mlx5_0".into(), &8.into()));
         // The core's fields are the struct's (serde's list), each set one with its source.
-        let known = crate::descriptor::serde_fields::<Config>();
+        let known = crate::json_fields::serde_fields::<Config>();
         assert!(known.contains(&"physical_devices") && known.contains(&"rpc_port") && !known.contains(&"extra"));
         let c = Config::from_json_str(r#"{"rpc_port": 1, "role": null}"#, Some(Path::new("/m.json"))).unwrap();
         assert_eq!(c.source_of("rpc_port"), Some(&FieldSource::File("/m.json".into())));

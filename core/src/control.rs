@@ -1,20 +1,17 @@
 //! The [`ControlChannel`] trait (how an engine talks to its peers' engines: notifications,
-//! probes, the RPC port it listens on), the factory that starts one beside any
-//! [`MetadataStore`], and [`NoControlChannel`] for engines that have none.
+//! probes, the RPC port it listens on) and [`NoControlChannel`] for engines that have none.
+//! [`ControlChannelFactory`](crate::metadata::ControlChannelFactory), beside the metadata
+//! stores, starts one beside any store.
 //!
 //! A control channel is separate from the store where descriptors are published, as in
 //! Mooncake, whose metadata store plugins and handshake plugin are separate too: Mooncake's
 //! handshake listener serves an engine on any store. The P2P handshake is both: a store (peers'
 //! descriptors are fetched over the handshake) and a channel, and supplies both through
-//! [`MetadataStore::control_channel`].
-
-use std::sync::Arc;
+//! [`MetadataStore::control_channel`](crate::MetadataStore::control_channel).
 
 use async_trait::async_trait;
 
-use crate::config::Config;
 use crate::error::{Error, ErrorKind, Result};
-use crate::metadata::MetadataStore;
 
 /// A notification: a short message from one engine to another, delivered over the control
 /// channel (Mooncake's Notify frame: `{"name": ..., "notify_msg": ...}`).
@@ -95,23 +92,6 @@ pub trait ControlChannel: Send + Sync + 'static {
     /// itself at shutdown. When it returns, the resources are free (an engine of the same name
     /// and RPC port can start at once).
     async fn close(&self) {}
-}
-
-/// Starts a [`ControlChannel`] beside a [`MetadataStore`] that is not one itself.
-///
-/// The `ferry` facade installs Mooncake's handshake listener (with its `p2p` feature) in
-/// [`MetadataRegistry::install_channel`](crate::MetadataRegistry::install_channel), so every
-/// store the registry builds gets notifications, as a Mooncake engine on any store does. Stores
-/// know nothing of it.
-#[async_trait]
-pub trait ControlChannelFactory: Send + Sync + 'static {
-    /// Short name of the channels it starts (for `ferry doctor`).
-    fn name(&self) -> &'static str;
-
-    /// Starts the channel of an engine configured by `config` on `store` (where it finds its
-    /// peers' listeners). Fails when its listener cannot start (a configured port in use, for
-    /// example), with an error naming what it tried.
-    async fn start(&self, store: Arc<dyn MetadataStore>, config: &Config) -> Result<Arc<dyn ControlChannel>>;
 }
 
 /// The control channel of an engine that has none: notifications and probes answer

@@ -11,11 +11,12 @@
 //! of its own ([`SegmentDescriptor::view`], [`SegmentDescriptor::set_view`]), so the JSON stays
 //! Mooncake's (the TCP transport's `tcp_data_host`, `tcp_data_port` and `tcp_proto_version`).
 
-use serde::de::{DeserializeOwned, Visitor};
-use serde::{Deserialize, Deserializer, Serialize};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use crate::error::{Error, Result};
+use crate::json_fields::{serde_fields, strip_position, unknown_fields};
 
 /// One buffer a segment exposes: `[addr, addr + length)` in the owner's virtual address space.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -147,7 +148,7 @@ impl SegmentDescriptor {
                 "segment descriptor from {origin} is malformed: field `{path}` at line {} column {}: {}",
                 inner.line(),
                 inner.column(),
-                crate::config::strip_position(&inner.to_string())
+                strip_position(&inner.to_string())
             ))
         })?;
         de.end().map_err(|e| {
@@ -244,48 +245,6 @@ impl SegmentDescriptor {
         }
         Ok(())
     }
-}
-
-/// The JSON keys a `#[derive(Deserialize)]` struct reads, as serde lists them (renamed, without
-/// skipped or flattened fields), so that lists of known keys are not kept by hand.
-pub(crate) fn serde_fields<T: DeserializeOwned>() -> &'static [&'static str] {
-    /// A deserializer that only records the field list a struct's `Deserialize` passes it.
-    struct Probe<'a>(&'a mut &'static [&'static str]);
-
-    impl<'de> Deserializer<'de> for Probe<'_> {
-        type Error = serde::de::value::Error;
-
-        fn deserialize_any<V: Visitor<'de>>(self, _: V) -> std::result::Result<V::Value, Self::Error> {
-            Err(serde::de::Error::custom("not a struct"))
-        }
-
-        fn deserialize_struct<V: Visitor<'de>>(
-            self,
-            _: &'static str,
-            fields: &'static [&'static str],
-            _: V,
-        ) -> std::result::Result<V::Value, Self::Error> {
-            *self.0 = fields;
-            Err(serde::de::Error::custom("fields recorded"))
-        }
-
-        serde::forward_to_deserialize_any! {
-            bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes byte_buf option unit
-            unit_struct newtype_struct seq tuple tuple_struct map enum identifier ignored_any
-        }
-    }
-
-    let mut fields: &'static [&'static str] = &[];
-    let _ = T::deserialize(Probe(&mut fields));
-    fields
-}
-
-/// The members of JSON object `value` whose names are not in `known`.
-pub(crate) fn unknown_fields(value: &Value, known: &[&str]) -> Map<String, Value> {
-    value
-        .as_object()
-        .map(|o| o.iter().filter(|(k, _)| !known.contains(&k.as_str())).map(|(k, v)| (k.clone(), v.clone())).collect())
-        .unwrap_or_default()
 }
 
 /// The `rpc_meta` entry: where a segment's owner answers handshakes.

@@ -31,8 +31,10 @@ pub mod config;
 pub mod control;
 pub mod descriptor;
 pub mod engine;
+pub mod environment;
 pub mod error;
 pub mod host_memory;
+mod json_fields;
 pub mod kv;
 pub mod memory;
 pub mod metadata;
@@ -46,7 +48,7 @@ pub use batch::{
     Batch, BatchStatus, Opcode, RequestStatus, SegmentHandle, Submission, TransferRequest, ValidatedRequest,
 };
 pub use config::{BasePort, ByteSize, Config, ConfigStyle, FieldSource, MetadataServer, Role};
-pub use control::{ControlChannel, ControlChannelFactory, NoControlChannel, Notification};
+pub use control::{ControlChannel, NoControlChannel, Notification};
 pub use descriptor::{BufferDesc, MetadataKeys, RankInfo, RpcMeta, SegmentDescriptor};
 pub use engine::{BlockBatch, EngineBuilder, KvLayoutId, TransferEngine};
 pub use error::{Error, ErrorKind, Result};
@@ -57,7 +59,8 @@ pub use kv::{
 };
 pub use memory::{Location, MemoryRegistry, Region, RegionLease, RegisteredMemory};
 pub use metadata::{
-    InProcessMetadata, MetadataConnection, MetadataFactory, MetadataRegistry, MetadataStore, WatchEvent,
+    ControlChannelFactory, InProcessMetadata, MetadataConnection, MetadataFactory, MetadataRegistry, MetadataStore,
+    WatchEvent,
 };
 pub use options::{OptionSpec, OptionValue, Setting};
 pub use resolver::{

@@ -9,7 +9,7 @@ use async_trait::async_trait;
 use tokio::sync::mpsc;
 
 use crate::config::{Config, MetadataServer};
-use crate::control::{ControlChannel, ControlChannelFactory, NoControlChannel};
+use crate::control::{ControlChannel, NoControlChannel};
 use crate::error::{Error, Result};
 
 /// What changed under a watched prefix.
@@ -171,6 +171,23 @@ impl MetadataStore for InProcessMetadata {
         self.watchers.lock().unwrap_or_else(|p| p.into_inner()).push((prefix.to_owned(), tx));
         Ok(Some(rx))
     }
+}
+
+/// Starts a [`ControlChannel`] beside a [`MetadataStore`] that is not one itself.
+///
+/// The `ferry` facade installs Mooncake's handshake listener (with its `p2p` feature) in
+/// [`MetadataRegistry::install_channel`](crate::MetadataRegistry::install_channel), so every
+/// store the registry builds gets notifications, as a Mooncake engine on any store does. Stores
+/// know nothing of it.
+#[async_trait]
+pub trait ControlChannelFactory: Send + Sync + 'static {
+    /// Short name of the channels it starts (for `ferry doctor`).
+    fn name(&self) -> &'static str;
+
+    /// Starts the channel of an engine configured by `config` on `store` (where it finds its
+    /// peers' listeners). Fails when its listener cannot start (a configured port in use, for
+    /// example), with an error naming what it tried.
+    async fn start(&self, store: Arc<dyn MetadataStore>, config: &Config) -> Result<Arc<dyn ControlChannel>>;
 }
 
 /// Builds the metadata store for one kind of `metadata_server` (`http`, `etcd`, `redis`, `p2p`).

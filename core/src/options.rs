@@ -28,8 +28,8 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use crate::config::{Config, FieldSource};
+use crate::environment::Environment;
 use crate::error::{Error, Result};
-use crate::resolver::Environment;
 
 /// One option a crate outside the core declares.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -121,7 +121,7 @@ impl Config {
             None | Some(Value::Null) => Ok(None),
             Some(v) => {
                 let value = serde_json::from_value::<T>(v.clone())
-                    .map_err(|e| self.field_error(spec.key, &crate::config::strip_position(&e.to_string())))?;
+                    .map_err(|e| self.field_error(spec.key, &crate::json_fields::strip_position(&e.to_string())))?;
                 let source = match self.source_of(spec.key) {
                     Some(s) => s.clone(),
                     None => self.origin_source(),
