@@ -216,7 +216,7 @@ fn the_c_memcpy_plugin_works_end_to_end() -> Result<()> {
     assert_eq!(exported(&path)?, [FERRY_PLUGIN_ENTRY_SYMBOL], "only the entry point is exported");
     let lib = open(&path)?;
     let api = table(&lib)?;
-    assert_eq!(api.struct_size, FERRY_PLUGIN_API_V1_0_SIZE);
+    assert_eq!(api.struct_size, FERRY_PLUGIN_API_V1_1_SIZE);
     assert_eq!(api.abi_major, FERRY_PLUGIN_ABI_MAJOR);
     // SAFETY: a static NUL-terminated string.
     assert_eq!(unsafe { CStr::from_ptr(api.protocol) }, c"cmemcpy");
@@ -361,7 +361,7 @@ fn the_broken_c_plugins_have_exactly_their_defect() -> Result<()> {
     let lib = open(&wrong)?;
     let api = table(&lib)?;
     assert_eq!(api.abi_major, FERRY_PLUGIN_ABI_MAJOR + 1);
-    assert_eq!(api.struct_size, FERRY_PLUGIN_API_V1_0_SIZE, "only the major version is wrong");
+    assert_eq!(api.struct_size, FERRY_PLUGIN_API_V1_1_SIZE, "only the major version is wrong");
     assert!(api.create.is_some() && api.free_batch.is_some());
     std::mem::forget(lib);
 

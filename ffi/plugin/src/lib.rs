@@ -110,6 +110,7 @@ pub const fn plugin_api<P: PluginDefinition>() -> FerryPluginApi {
         cancel: Some(shim::cancel),
         batch_error: Some(shim::batch_error),
         free_batch: Some(shim::free_batch),
+        set_completion_sink: None,
     }
 }
 

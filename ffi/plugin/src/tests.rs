@@ -373,7 +373,7 @@ fn entry_checks_the_major_version_and_the_table_describes_the_plugin() {
     assert!(ferry_transport_plugin_entry(0, 0).is_null());
     assert!(!ferry_transport_plugin_entry(FERRY_PLUGIN_ABI_MAJOR, FERRY_PLUGIN_ABI_MINOR + 7).is_null());
     let api = api();
-    assert_eq!(api.struct_size, FERRY_PLUGIN_API_V1_0_SIZE);
+    assert_eq!(api.struct_size, FERRY_PLUGIN_API_V1_1_SIZE);
     assert_eq!((api.abi_major, api.abi_minor), (FERRY_PLUGIN_ABI_MAJOR, FERRY_PLUGIN_ABI_MINOR));
     // SAFETY: the table's protocol is a static NUL-terminated string.
     assert_eq!(unsafe { CStr::from_ptr(api.protocol) }, c"shimtest");
