@@ -99,6 +99,19 @@ fn poll_threads(protocol: &str) -> usize {
         .count()
 }
 
+/// Waits (up to 5 s) until `poll_threads(protocol)` is `n`: a thread takes its name once it
+/// runs, and a polled plugin that finishes inside `submit` gives its thread no reason to.
+async fn wait_for_poll_threads(protocol: &str, n: usize) -> usize {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        let found = poll_threads(protocol);
+        if found == n || std::time::Instant::now() >= deadline {
+            return found;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+}
+
 /// Writes a mooncake.json naming `protocol` with `plugins` pointing at `plugin_dir`.
 fn write_config(dir: &Path, protocol: &str, plugin_dir: &Path) -> PathBuf {
     let path = dir.join(format!("mooncake-{protocol}.json"));
@@ -231,7 +244,7 @@ async fn a_c_plugin_built_against_abi_1_0_still_loads_and_is_polled() -> Result<
     assert_eq!(plugin.abi_minor(), 0);
     assert!(plugin.api().set_completion_sink.is_none(), "a 1.0 table ends before the 1.1 entry");
     round_trip(&a, &b).await?;
-    assert_eq!(poll_threads("oldmemcpy"), 2, "one completion thread per instance");
+    assert_eq!(wait_for_poll_threads("oldmemcpy", 2).await, 2, "one completion thread per instance");
     a.shutdown().await?;
     b.shutdown().await?;
     Ok(())
