@@ -1,6 +1,8 @@
 //! Transport plugins loaded at run time: the example plugin (Rust) and a C plugin move data when
 //! a config names their protocol, a peer's descriptor makes an engine load one, and broken
-//! plugins fail with clear errors while the host keeps running.
+//! plugins fail with clear errors while the host keeps running. Plugins of ABI 1.1 report their
+//! completions through the host's callback (no host thread polls them); plugins built against
+//! ABI 1.0 are still loaded, and polled.
 //!
 //! Needs the plugin libraries built first (`scripts/test.sh` does it):
 //! `cargo build -p ferry-transport-example -p ferry-transport-panicky`.
@@ -51,11 +53,30 @@ fn scratch(name: &str) -> PathBuf {
 
 /// Compiles `ffi/plugins/c/<source>` into `dir/<file>` with the system C compiler.
 fn compile_c_plugin(source: &str, dir: &Path, file: &str) -> Result<PathBuf> {
+    compile_c_plugin_with(source, dir, file, &repo().join("ffi/include"), &[])
+}
+
+/// Compiles a C plugin the way a plugin built against ABI 1.0 was: with the 1.0 header (so no
+/// completion callback), serving `protocol`.
+fn compile_abi_1_0_plugin(source: &str, dir: &Path, protocol: &str) -> Result<PathBuf> {
+    let file = format!("libferry_transport_{protocol}.so");
+    compile_c_plugin_with(
+        source,
+        dir,
+        &file,
+        &repo().join("ffi/plugins/c/abi-1.0"),
+        &[format!("-DPROTOCOL=\"{protocol}\"")],
+    )
+}
+
+/// [`compile_c_plugin`] against the header in `include`, with `extra` compiler arguments.
+fn compile_c_plugin_with(source: &str, dir: &Path, file: &str, include: &Path, extra: &[String]) -> Result<PathBuf> {
     let out = dir.join(file);
     let status = Command::new("cc")
         .args(["-shared", "-fPIC", "-std=c99", "-Wall", "-Werror", "-O2"])
+        .args(extra)
         .arg("-I")
-        .arg(repo().join("ffi/include"))
+        .arg(include)
         .arg(repo().join("ffi/plugins/c").join(source))
         .arg("-o")
         .arg(&out)
@@ -64,6 +85,31 @@ fn compile_c_plugin(source: &str, dir: &Path, file: &str) -> Result<PathBuf> {
         .context("running cc")?;
     ensure!(status.success(), "cc failed for {source}");
     Ok(out)
+}
+
+/// Threads of this process that poll `protocol`'s plugin instances: the host names them
+/// `ferry-poll-<protocol>`, of which the kernel keeps 15 bytes.
+fn poll_threads(protocol: &str) -> usize {
+    let name = format!("{}{protocol}", ferry_plugin_host::POLL_THREAD_PREFIX);
+    let shown = &name.as_bytes()[..name.len().min(15)];
+    std::fs::read_dir("/proc/self/task")
+        .expect("/proc/self/task")
+        .filter_map(|task| std::fs::read(task.ok()?.path().join("comm")).ok())
+        .filter(|comm| comm.strip_suffix(b"\n").unwrap_or(comm) == shown)
+        .count()
+}
+
+/// Waits (up to 5 s) until `poll_threads(protocol)` is `n`: a thread takes its name once it
+/// runs, and a polled plugin that finishes inside `submit` gives its thread no reason to.
+async fn wait_for_poll_threads(protocol: &str, n: usize) -> usize {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        let found = poll_threads(protocol);
+        if found == n || std::time::Instant::now() >= deadline {
+            return found;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
 }
 
 /// Writes a mooncake.json naming `protocol` with `plugins` pointing at `plugin_dir`.
@@ -168,6 +214,43 @@ async fn example_plugin_is_selected_by_protocol_in_mooncake_json_and_moves_data(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rust_plugin_reports_its_completions_and_no_host_thread_polls_it() -> Result<()> {
+    let dir = scratch("callback");
+    std::fs::copy(built_plugin("ferry_transport_example")?, dir.join("libferry_transport_example.so"))?;
+    let meta = ferry::InProcessMetadata::new();
+    let cfg = write_config(&dir, "example", &dir);
+    let a = plugin_engine(&meta, Config::from_file(&cfg)?, "prefill", TransportRegistry::new()).await?;
+    let b = plugin_engine(&meta, Config::from_file(&cfg)?, "decode", TransportRegistry::new()).await?;
+    let plugin = ferry_plugin_host::already_loaded("example").context("loaded")?;
+    assert_eq!(plugin.abi_minor(), ferry_abi::FERRY_PLUGIN_ABI_MINOR);
+    assert!(plugin.api().set_completion_sink.is_some(), "the SDK's table offers to report completions");
+    // Two instances, every byte through the plugin, and not one polling thread.
+    round_trip(&a, &b).await?;
+    assert_eq!(poll_threads("example"), 0, "a plugin that reports its completions is not polled");
+    a.shutdown().await?;
+    b.shutdown().await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_c_plugin_built_against_abi_1_0_still_loads_and_is_polled() -> Result<()> {
+    let dir = scratch("abi-1.0");
+    compile_abi_1_0_plugin("memcpy_plugin.c", &dir, "oldmemcpy")?;
+    let meta = ferry::InProcessMetadata::new();
+    let cfg = write_config(&dir, "oldmemcpy", &dir);
+    let a = plugin_engine(&meta, Config::from_file(&cfg)?, "prefill", TransportRegistry::new()).await?;
+    let b = plugin_engine(&meta, Config::from_file(&cfg)?, "decode", TransportRegistry::new()).await?;
+    let plugin = ferry_plugin_host::already_loaded("oldmemcpy").context("loaded")?;
+    assert_eq!(plugin.abi_minor(), 0);
+    assert!(plugin.api().set_completion_sink.is_none(), "a 1.0 table ends before the 1.1 entry");
+    round_trip(&a, &b).await?;
+    assert_eq!(wait_for_poll_threads("oldmemcpy", 2).await, 2, "one completion thread per instance");
+    a.shutdown().await?;
+    b.shutdown().await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_peers_descriptor_makes_the_engine_load_the_plugin() -> Result<()> {
     let dir = scratch("lazy");
     std::fs::copy(built_plugin("ferry_transport_example")?, dir.join("libferry_transport_example.so"))?;
@@ -202,6 +285,8 @@ async fn a_plugin_written_in_c_moves_data() -> Result<()> {
     let b = plugin_engine(&meta, Config::from_file(&cfg)?, "decode", TransportRegistry::new()).await?;
     assert_eq!(a.protocols(), vec!["cmemcpy"]);
     round_trip(&a, &b).await?;
+    // Built against the current header, it reports its completions from inside `submit`.
+    assert_eq!(poll_threads("cmemcpy"), 0);
     a.shutdown().await?;
     b.shutdown().await?;
     Ok(())
@@ -370,29 +455,152 @@ fn plugin_dir_from_the_environment() -> Result<()> {
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_timed_out_request_keeps_its_memory_until_the_plugin_lets_go() -> Result<()> {
-    let dir = scratch("lingering");
-    compile_c_plugin("lingering.c", &dir, "libferry_transport_lingering.so")?;
-    let meta = ferry::InProcessMetadata::new();
+/// Engines on the lingering plugin (`lingering.c`, requests that finish only 300 ms after
+/// their cancel) built as `protocol`, with a transfer timeout of `timeout_ms`.
+async fn lingering_pair(
+    meta: &Arc<ferry::InProcessMetadata>,
+    name: &str,
+    protocol: &str,
+    timeout_ms: u64,
+) -> Result<OnePage> {
+    let dir = scratch(name);
+    if protocol == "lingering" {
+        compile_c_plugin("lingering.c", &dir, "libferry_transport_lingering.so")?;
+    } else {
+        compile_abi_1_0_plugin("lingering.c", &dir, protocol)?;
+    }
     let path = dir.join("mooncake.json");
-    let text = serde_json::json!({ "protocol": "lingering", "plugins": [dir], "transfer_timeout_ms": 200 });
+    let text = serde_json::json!({ "protocol": protocol, "plugins": [dir], "transfer_timeout_ms": timeout_ms });
     std::fs::write(&path, text.to_string())?;
-    let OnePage { a, b, _src, dst, req } = one_page_pair(&meta, &path).await?;
-    let t = std::time::Instant::now();
-    let batch = b.submit(&[req]).await?;
-    let e = batch.wait_ok(std::time::Duration::from_secs(5)).await.expect_err("never finishes");
-    assert_eq!(e.kind(), ErrorKind::Timeout, "{e}");
-    assert!(t.elapsed() < std::time::Duration::from_millis(1500), "reported at the timeout, took {:?}", t.elapsed());
-    // The plugin still reports the request pending (it lingers 300 ms after the cancel): the
-    // memory stays leased meanwhile.
-    assert!(!batch.all_released(), "released while the plugin still reported it pending");
+    one_page_pair(meta, &path).await
+}
+
+/// Waits (up to 5 s) until every request of `batch` was released by its transport.
+async fn released(batch: &ferry::Batch) {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
     while !batch.all_released() {
         assert!(std::time::Instant::now() < deadline, "never released");
         tokio::time::sleep(std::time::Duration::from_millis(5)).await;
     }
+}
+
+/// The caller sees the timeout at once; the memory stays leased until the plugin lets go.
+async fn a_timeout_keeps_the_memory_until_the_plugin_lets_go(protocol: &str) -> Result<()> {
+    let meta = ferry::InProcessMetadata::new();
+    let OnePage { a, b, _src, dst, req } = lingering_pair(&meta, &format!("timeout-{protocol}"), protocol, 200).await?;
+    let t = std::time::Instant::now();
+    let batch = b.submit(&[req]).await?;
+    let e = batch.wait_ok(std::time::Duration::from_secs(5)).await.expect_err("never finishes");
+    assert_eq!(e.kind(), ErrorKind::Timeout, "{e}");
+    assert!(t.elapsed() < std::time::Duration::from_millis(1500), "reported at the timeout, took {:?}", t.elapsed());
+    // The plugin still holds the request (it lingers 300 ms after the cancel): the memory
+    // stays leased meanwhile.
+    assert!(!batch.all_released(), "released while the plugin still held it");
+    released(&batch).await;
     assert!(t.elapsed() >= std::time::Duration::from_millis(450), "released only after the linger: {:?}", t.elapsed());
+    // The outcome the caller saw stays.
+    assert_eq!(
+        batch.wait_ok(std::time::Duration::from_secs(1)).await.expect_err("timed out").kind(),
+        ErrorKind::Timeout
+    );
+    b.unregister_memory(dst.addr()).await?;
+    a.shutdown().await?;
+    b.shutdown().await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timed_out_request_keeps_its_memory_until_the_plugin_lets_go() -> Result<()> {
+    // Built against ABI 1.0: polled; poll reports the request pending until it lets go.
+    a_timeout_keeps_the_memory_until_the_plugin_lets_go("oldlinger").await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_report_after_the_timeout_releases_the_memory_and_nothing_else() -> Result<()> {
+    // Built against ABI 1.1: the report comes 300 ms after the host gave up on the request.
+    a_timeout_keeps_the_memory_until_the_plugin_lets_go("lingering").await?;
+    assert_eq!(poll_threads("lingering"), 0);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_report_after_the_caller_cancelled_releases_the_memory_and_nothing_else() -> Result<()> {
+    let meta = ferry::InProcessMetadata::new();
+    // A timeout far away: the release must come from the cancel, not the timeout.
+    let OnePage { a, b, _src, dst, req } = lingering_pair(&meta, "cancel-lingering", "lingering", 60_000).await?;
+    let batch = b.submit(&[req]).await?;
+    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    let t = std::time::Instant::now();
+    batch.cancel();
+    let e = batch.wait_ok(std::time::Duration::from_secs(1)).await.expect_err("cancelled");
+    assert_eq!(e.kind(), ErrorKind::Cancelled, "{e}");
+    assert!(!batch.all_released(), "the plugin has not let go yet");
+    released(&batch).await;
+    // The host passed the cancel on at once, and the plugin let go 300 ms later.
+    let took = t.elapsed();
+    assert!(took >= std::time::Duration::from_millis(290), "released {took:?} after the cancel");
+    b.unregister_memory(dst.addr()).await?;
+    a.shutdown().await?;
+    b.shutdown().await?;
+    Ok(())
+}
+
+/// Collects what the host logs (through a global `tracing` subscriber).
+#[derive(Clone, Default)]
+struct Logs(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Logs {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Logs {
+    type Writer = Logs;
+    fn make_writer(&'a self) -> Logs {
+        self.clone()
+    }
+}
+
+impl Logs {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugin_that_breaks_the_callback_rules_gets_errors_logged_not_a_crash() -> Result<()> {
+    let logs = Logs::default();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(logs.clone())
+        .with_ansi(false)
+        .with_max_level(tracing_subscriber::filter::LevelFilter::ERROR)
+        .finish();
+    tracing::subscriber::set_global_default(subscriber).context("the test's log collector")?;
+    let dir = scratch("unruly");
+    compile_c_plugin("unruly.c", &dir, "libferry_transport_unruly.so")?;
+    let meta = ferry::InProcessMetadata::new();
+    let cfg = write_config(&dir, "unruly", &dir);
+    let OnePage { a, b, _src, dst, req } = one_page_pair(&meta, &cfg).await?;
+    // Each batch comes with wrong reports around the right ones; the right ones complete it.
+    b.transfer(&[req, TransferRequest { length: 8, ..req }]).await?;
+    b.transfer(&[req]).await?;
+    let text = logs.text();
+    for violation in [
+        "a request index outside its batch",
+        "a completion with a null status",
+        "a request as still pending",
+        "a request it had reported already",
+        "a batch the host does not know",
+    ] {
+        assert!(text.contains(violation), "`{violation}` not logged:\n{text}");
+    }
+    assert!(text.contains("unruly"), "the plugin is named:\n{text}");
+    assert_eq!(poll_threads("unruly"), 0);
     b.unregister_memory(dst.addr()).await?;
     a.shutdown().await?;
     b.shutdown().await?;

@@ -135,6 +135,19 @@ impl BatchStatus {
     }
 }
 
+/// Called once per request of a batch when its transport releases it: see
+/// [`Batch::lease_observed`].
+type ReleaseObserver = Box<dyn Fn(&Batch, usize) + Send + Sync>;
+
+/// A batch's [`ReleaseObserver`], if any (a newtype only to give it a `Debug`).
+struct OnRelease(Option<ReleaseObserver>);
+
+impl std::fmt::Debug for OnRelease {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() { "Some(<observer>)" } else { "None" })
+    }
+}
+
 /// The shared state of a batch: the validated requests and their completion state. Callers see
 /// it through [`Batch`], transports through [`Submission`]s.
 #[derive(Debug)]
@@ -157,6 +170,8 @@ pub(crate) struct BatchCore {
     notify: tokio::sync::Notify,
     done_lock: Mutex<bool>,
     done_cv: Condvar,
+    /// Told about each request once it is released.
+    on_release: OnRelease,
 }
 
 impl BatchCore {
@@ -167,6 +182,7 @@ impl BatchCore {
         requests: Vec<ValidatedRequest>,
         leases: Vec<RegionLease>,
         segments: Vec<Arc<OpenSegment>>,
+        on_release: Option<ReleaseObserver>,
     ) -> Arc<Self> {
         let n = requests.len();
         let total_bytes = requests.iter().map(|r| r.request.length).sum();
@@ -186,6 +202,7 @@ impl BatchCore {
             notify: tokio::sync::Notify::new(),
             done_lock: Mutex::new(n == 0),
             done_cv: Condvar::new(),
+            on_release: OnRelease(on_release),
         })
     }
 
@@ -235,13 +252,20 @@ impl BatchCore {
     /// that was cancelled meanwhile**: the call also says "I no longer touch this request's
     /// memory". Once every request has been released, the batch drops its leases on local
     /// memory, so the memory may be unregistered while the caller still holds the batch.
-    pub(crate) fn complete(&self, i: usize, result: Result<()>) -> bool {
+    ///
+    /// The batch's release observer, if any, is told about a first release once its outcome is
+    /// recorded.
+    pub(crate) fn complete(self: &Arc<Self>, i: usize, result: Result<()>) -> bool {
         // Release first: a waiter woken by the outcome may unregister the memory at once.
         let first_release = self.released_flags.get(i).is_some_and(|f| !f.swap(true, Ordering::AcqRel));
         if first_release && self.released.fetch_add(1, Ordering::AcqRel) + 1 == self.len() {
             self.leases.lock().unwrap_or_else(|p| p.into_inner()).clear();
         }
-        self.set_outcome(i, result)
+        let set = self.set_outcome(i, result);
+        if first_release && let Some(observe) = &self.on_release.0 {
+            observe(&Batch { core: self.clone() }, i);
+        }
+        set
     }
 
     /// Records request `i`'s outcome **without** releasing it: the caller sees the outcome at
@@ -488,7 +512,29 @@ impl Batch {
         segments: Vec<Arc<OpenSegment>>,
     ) -> std::result::Result<(Batch, Submission), (usize, Error)> {
         let leases = memory.lease_many(requests.iter().map(|r| (r.source, r.length)))?;
-        Self::from_leases(requests, leases, segments)
+        Self::from_leases(requests, leases, segments, None)
+    }
+
+    /// [`lease`](Self::lease), with `on_release` told about each request once its transport
+    /// released it (the first [`Submission::complete`] for it, or the drop of a submission
+    /// holding it), with the batch and the request's index: the request's outcome is recorded
+    /// by then, and its memory is touched no more. A plugin SDK reports completions to its host
+    /// this way, without polling.
+    ///
+    /// `on_release` runs on the releasing thread, inside the transport's `complete` (possibly
+    /// inside its `submit`), exactly once per request; it must not block, and should not keep
+    /// the [`Batch`] it is given (that would keep the batch alive as long as itself).
+    ///
+    /// # Errors
+    /// As [`lease`](Self::lease).
+    pub fn lease_observed(
+        memory: &crate::memory::MemoryRegistry,
+        requests: &[TransferRequest],
+        segments: Vec<Arc<OpenSegment>>,
+        on_release: impl Fn(&Batch, usize) + Send + Sync + 'static,
+    ) -> std::result::Result<(Batch, Submission), (usize, Error)> {
+        let leases = memory.lease_many(requests.iter().map(|r| (r.source, r.length)))?;
+        Self::from_leases(requests, leases, segments, Some(Box::new(on_release)))
     }
 
     /// [`lease`](Self::lease) with the leases already taken (one per request, in order, each
@@ -498,6 +544,7 @@ impl Batch {
         requests: &[TransferRequest],
         leases: Vec<RegionLease>,
         segments: Vec<Arc<OpenSegment>>,
+        on_release: Option<ReleaseObserver>,
     ) -> std::result::Result<(Batch, Submission), (usize, Error)> {
         let validated: Vec<ValidatedRequest> = requests
             .iter()
@@ -508,7 +555,7 @@ impl Batch {
         let mut held = leases;
         held.sort_unstable_by_key(|l| Arc::as_ptr(l) as usize);
         held.dedup_by(|a, b| Arc::ptr_eq(a, b));
-        let core = BatchCore::new(validated, held, segments);
+        let core = BatchCore::new(validated, held, segments, on_release);
         let n =
             u32::try_from(requests.len()).map_err(|_| (0, Error::invalid("more than 2^32 requests in one batch")))?;
         let submission = Submission::new(core.clone(), (0..n).collect());
@@ -924,6 +971,47 @@ mod tests {
         }
         assert!(b1.status().is_success());
         back.complete_all(&Ok(()));
+    }
+
+    #[test]
+    fn the_release_observer_hears_each_request_once_after_its_outcome() {
+        let reg = Arc::new(MemoryRegistry::new());
+        #[allow(unsafe_code)]
+        // SAFETY: never accessed: the batch is completed by hand.
+        unsafe { reg.register(0, 4096, Location::Any) }.unwrap();
+        let reqs: Vec<TransferRequest> = (0..3)
+            .map(|i| TransferRequest {
+                opcode: Opcode::Read,
+                source: i * 8,
+                target: SegmentHandle::fresh(),
+                target_offset: 0,
+                length: 8,
+            })
+            .collect();
+        let heard = Arc::new(Mutex::new(Vec::new()));
+        let log = heard.clone();
+        let (b, mut s) = Batch::lease_observed(&reg, &reqs, Vec::new(), move |batch, i| {
+            log.lock().unwrap().push((i, batch.is_released(i), batch.request_status(i)));
+        })
+        .unwrap();
+        s.report(1, Err(Error::timeout("shown, not released")));
+        b.cancel();
+        assert!(heard.lock().unwrap().is_empty(), "outcomes alone release nothing");
+        s.complete(2, Ok(()));
+        s.complete(2, Ok(()));
+        drop(s);
+        let heard = heard.lock().unwrap().clone();
+        assert_eq!(
+            heard,
+            [
+                (2, true, Some(RequestStatus::Cancelled)),
+                (0, true, Some(RequestStatus::Cancelled)),
+                (1, true, Some(RequestStatus::Failed(ErrorKind::Timeout))),
+            ],
+            "once per request, released, with the outcome that won"
+        );
+        assert_eq!(reg.leases(), 0);
+        drop(b);
     }
 
     #[test]

@@ -22,8 +22,11 @@ typedef struct FerryPluginBatch FerryPluginBatch;
 /** Prefix of a plugin's file name: libferry_transport_<protocol>.so. */
 #define FERRY_PLUGIN_FILE_PREFIX "libferry_transport_"
 
-/** Size of the ABI 1.0 FerryPluginApi: the least struct_size a 1.x plugin may declare. */
+/** Size of the ABI 1.0 FerryPluginApi (up to free_batch): the least struct_size a 1.x plugin may declare. */
 #define FERRY_PLUGIN_API_V1_0_SIZE 136
+
+/** Size of the ABI 1.1 FerryPluginApi (up to set_completion_sink): a table at least this large has the entry. */
+#define FERRY_PLUGIN_API_V1_1_SIZE 144
 
 /**
  * Major version of the plugin ABI this crate describes.
@@ -33,7 +36,7 @@ typedef struct FerryPluginBatch FerryPluginBatch;
 /**
  * Minor version of the plugin ABI this crate describes.
  */
-#define FERRY_PLUGIN_ABI_MINOR 0
+#define FERRY_PLUGIN_ABI_MINOR 1
 
 /**
  * Success.
@@ -283,7 +286,27 @@ typedef struct FerryHostServices {
 typedef void (*FerryPublishFn)(void *ctx, const char *key, const char *json_value);
 
 /**
- * A plugin's function table (ABI 1.0).
+ * Completion callback (ABI 1.1), handed to an instance by
+ * [`FerryPluginApi::set_completion_sink`]: the plugin reports that request `index` of `batch`
+ * (the pointer `submit` stored in its `out`) is finished, with its final `status` (state
+ * [`FERRY_STATE_COMPLETED`], [`FERRY_STATE_FAILED`] or [`FERRY_STATE_CANCELLED`]) and, for a
+ * failure, `message` (a NUL-terminated UTF-8 description valid during the call, or null).
+ *
+ * Called exactly once per request, from any thread, possibly from inside `submit` once `*out`
+ * holds the batch; the call is the plugin's promise that it touches the request's memory no
+ * more. It never blocks and never calls into the plugin, so the plugin may hold its own locks
+ * while calling it. A second report of a request, an index outside the batch, an unknown batch,
+ * a null `status` or a pending state are protocol errors: the host logs them and ignores the
+ * call.
+ */
+typedef void (*FerryCompletionFn)(void *ctx,
+                                  FerryPluginBatch *batch,
+                                  size_t index,
+                                  const struct FerryTransferStatus *status,
+                                  const char *message);
+
+/**
+ * A plugin's function table (ABI 1.1: the ABI 1.0 table, then `set_completion_sink`).
  *
  * Every function returns [`FERRY_OK`] or a `FERRY_E_*` code unless stated otherwise, may be
  * called from any thread, and must not unwind (the Rust SDK catches panics and answers
@@ -373,7 +396,8 @@ typedef struct FerryPluginApi {
                     FerryPluginBatch **out);
   /**
    * Writes the state of each of the batch's `count` requests to `statuses` and returns how
-   * many are still pending (>= 0), or a `FERRY_E_*` code.
+   * many are still pending (>= 0), or a `FERRY_E_*` code. Not called on the batches of an
+   * instance that accepted a completion sink (see `set_completion_sink`).
    */
   int32_t (*poll)(FerryPluginInstance *instance,
                   FerryPluginBatch *batch,
@@ -381,14 +405,15 @@ typedef struct FerryPluginApi {
                   size_t count);
   /**
    * Asks the plugin to stop the batch's pending requests; should not block. A request the
-   * plugin can no longer stop stays [`FERRY_STATE_PENDING`] in `poll` until the plugin
-   * touches its memory no more; the host keeps polling, and frees the batch only once `poll`
-   * reports nothing pending.
+   * plugin can no longer stop stays [`FERRY_STATE_PENDING`] in `poll` (or unreported, with a
+   * completion sink) until the plugin touches its memory no more; the host keeps the memory
+   * until then, and frees the batch only once nothing is pending.
    */
   void (*cancel)(FerryPluginInstance *instance, FerryPluginBatch *batch);
   /**
    * Copies the error message of request `index` (NUL-terminated, truncated to `capacity`)
-   * into `buffer` and returns its full length in bytes without the NUL (0 when none).
+   * into `buffer` and returns its full length in bytes without the NUL (0 when none). With a
+   * completion sink the host takes messages from the reports instead.
    */
   size_t (*batch_error)(FerryPluginInstance *instance,
                         FerryPluginBatch *batch,
@@ -396,9 +421,26 @@ typedef struct FerryPluginApi {
                         char *buffer,
                         size_t capacity);
   /**
-   * Frees a batch that has no pending request.
+   * Frees a batch that has no pending request. With a completion sink the host calls it
+   * once every request was reported, never from inside the callback, but possibly on another
+   * thread while the call that reported the last request is still returning: that report
+   * is the plugin's last use of the batch.
    */
   void (*free_batch)(FerryPluginInstance *instance, FerryPluginBatch *batch);
+  /**
+   * ABI 1.1, optional: offers the instance a completion sink. The host calls it at most once
+   * per instance, right after `create` and before any other call on the instance.
+   *
+   * Answering [`FERRY_OK`] accepts it: from then on the plugin reports every request of
+   * every batch of the instance through `sink(ctx, ...)` (see [`FerryCompletionFn`]), the
+   * host runs no polling thread for the instance and never calls `poll` or `batch_error`;
+   * `cancel` and `free_batch` keep their meaning. Any other answer (or a null entry, or a
+   * table that ends before it) leaves the instance polled, as in ABI 1.0.
+   *
+   * `sink` and `ctx` stay valid until `destroy` returns; the plugin never calls `sink` after
+   * that, nor for a batch whose `submit` failed (none of its requests started).
+   */
+  int32_t (*set_completion_sink)(FerryPluginInstance *instance, FerryCompletionFn sink, void *ctx);
 } FerryPluginApi;
 
 /**

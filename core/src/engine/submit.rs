@@ -73,7 +73,7 @@ impl TransferEngine {
         }
 
         let (batch, mut all) =
-            Batch::from_leases(requests, leases, segments.clone()).map_err(|(i, e)| request_error(i, e))?;
+            Batch::from_leases(requests, leases, segments.clone(), None).map_err(|(i, e)| request_error(i, e))?;
         if segments.len() == 1 {
             segments[0].transport().submit(&segments[0], all);
         } else {

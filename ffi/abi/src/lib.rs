@@ -4,7 +4,9 @@
 //!
 //! - the **transport-plugin ABI**: a shared library named `libferry_transport_<protocol>.so`
 //!   exports [`FERRY_PLUGIN_ENTRY_SYMBOL`], which returns a [`FerryPluginApi`] table of
-//!   functions; the host passes [`FerryHostServices`] (a logging callback) to each instance;
+//!   functions; the host passes [`FerryHostServices`] (a logging callback) to each instance,
+//!   and, from ABI 1.1, may hand an instance a [`FerryCompletionFn`] through which the plugin
+//!   reports finished requests instead of being polled;
 //! - the **public C API** (`ffi/capi`), whose batch submit and poll use the same
 //!   [`FerryTransferRequest`] and [`FerryTransferStatus`].
 //!
@@ -18,6 +20,11 @@
 //! fields are appended to the end of [`FerryPluginApi`] or [`FerryHostServices`]; each struct
 //! starts with its `struct_size`, so a reader uses only the fields the writer's size covers.
 //!
+//! | minor | adds |
+//! |---|---|
+//! | 1.0 | the table up to `free_batch` ([`FERRY_PLUGIN_API_V1_0_SIZE`] bytes); the host polls |
+//! | 1.1 | [`FerryPluginApi::set_completion_sink`] ([`FERRY_PLUGIN_API_V1_1_SIZE`] bytes): the plugin reports completions through a host callback |
+//!
 //! This crate holds only types and constants; the C headers are generated from it by cbindgen.
 
 use std::ffi::{c_char, c_void};
@@ -25,7 +32,7 @@ use std::ffi::{c_char, c_void};
 /// Major version of the plugin ABI this crate describes.
 pub const FERRY_PLUGIN_ABI_MAJOR: u32 = 1;
 /// Minor version of the plugin ABI this crate describes.
-pub const FERRY_PLUGIN_ABI_MINOR: u32 = 0;
+pub const FERRY_PLUGIN_ABI_MINOR: u32 = 1;
 /// Name of the symbol every plugin exports (type [`FerryPluginEntryFn`]).
 pub const FERRY_PLUGIN_ENTRY_SYMBOL: &str = "ferry_transport_plugin_entry";
 /// Prefix of a plugin's file name: `libferry_transport_<protocol>.so`.
@@ -173,12 +180,34 @@ pub struct FerryPluginBatch {
 /// `key` and `json_value` (a JSON text) are NUL-terminated UTF-8, valid during the call.
 pub type FerryPublishFn = Option<unsafe extern "C" fn(ctx: *mut c_void, key: *const c_char, json_value: *const c_char)>;
 
+/// Completion callback (ABI 1.1), handed to an instance by
+/// [`FerryPluginApi::set_completion_sink`]: the plugin reports that request `index` of `batch`
+/// (the pointer `submit` stored in its `out`) is finished, with its final `status` (state
+/// [`FERRY_STATE_COMPLETED`], [`FERRY_STATE_FAILED`] or [`FERRY_STATE_CANCELLED`]) and, for a
+/// failure, `message` (a NUL-terminated UTF-8 description valid during the call, or null).
+///
+/// Called exactly once per request, from any thread, possibly from inside `submit` once `*out`
+/// holds the batch; the call is the plugin's promise that it touches the request's memory no
+/// more. It never blocks and never calls into the plugin, so the plugin may hold its own locks
+/// while calling it. A second report of a request, an index outside the batch, an unknown batch,
+/// a null `status` or a pending state are protocol errors: the host logs them and ignores the
+/// call.
+pub type FerryCompletionFn = Option<
+    unsafe extern "C" fn(
+        ctx: *mut c_void,
+        batch: *mut FerryPluginBatch,
+        index: usize,
+        status: *const FerryTransferStatus,
+        message: *const c_char,
+    ),
+>;
+
 /// The plugin's entry point, exported as [`FERRY_PLUGIN_ENTRY_SYMBOL`]. Receives the host's ABI
 /// version and returns the plugin's function table (static, never freed), or null if the plugin
 /// cannot serve this host.
 pub type FerryPluginEntryFn = unsafe extern "C" fn(host_abi_major: u32, host_abi_minor: u32) -> *const FerryPluginApi;
 
-/// A plugin's function table (ABI 1.0).
+/// A plugin's function table (ABI 1.1: the ABI 1.0 table, then `set_completion_sink`).
 ///
 /// Every function returns [`FERRY_OK`] or a `FERRY_E_*` code unless stated otherwise, may be
 /// called from any thread, and must not unwind (the Rust SDK catches panics and answers
@@ -259,7 +288,8 @@ pub struct FerryPluginApi {
         ) -> i32,
     >,
     /// Writes the state of each of the batch's `count` requests to `statuses` and returns how
-    /// many are still pending (>= 0), or a `FERRY_E_*` code.
+    /// many are still pending (>= 0), or a `FERRY_E_*` code. Not called on the batches of an
+    /// instance that accepted a completion sink (see `set_completion_sink`).
     pub poll: Option<
         unsafe extern "C" fn(
             instance: *mut FerryPluginInstance,
@@ -269,12 +299,13 @@ pub struct FerryPluginApi {
         ) -> i32,
     >,
     /// Asks the plugin to stop the batch's pending requests; should not block. A request the
-    /// plugin can no longer stop stays [`FERRY_STATE_PENDING`] in `poll` until the plugin
-    /// touches its memory no more; the host keeps polling, and frees the batch only once `poll`
-    /// reports nothing pending.
+    /// plugin can no longer stop stays [`FERRY_STATE_PENDING`] in `poll` (or unreported, with a
+    /// completion sink) until the plugin touches its memory no more; the host keeps the memory
+    /// until then, and frees the batch only once nothing is pending.
     pub cancel: Option<unsafe extern "C" fn(instance: *mut FerryPluginInstance, batch: *mut FerryPluginBatch)>,
     /// Copies the error message of request `index` (NUL-terminated, truncated to `capacity`)
-    /// into `buffer` and returns its full length in bytes without the NUL (0 when none).
+    /// into `buffer` and returns its full length in bytes without the NUL (0 when none). With a
+    /// completion sink the host takes messages from the reports instead.
     pub batch_error: Option<
         unsafe extern "C" fn(
             instance: *mut FerryPluginInstance,
@@ -284,8 +315,25 @@ pub struct FerryPluginApi {
             capacity: usize,
         ) -> usize,
     >,
-    /// Frees a batch that has no pending request.
+    /// Frees a batch that has no pending request. With a completion sink the host calls it
+    /// once every request was reported, never from inside the callback, but possibly on another
+    /// thread while the call that reported the last request is still returning: that report
+    /// is the plugin's last use of the batch.
     pub free_batch: Option<unsafe extern "C" fn(instance: *mut FerryPluginInstance, batch: *mut FerryPluginBatch)>,
+    /// ABI 1.1, optional: offers the instance a completion sink. The host calls it at most once
+    /// per instance, right after `create` and before any other call on the instance.
+    ///
+    /// Answering [`FERRY_OK`] accepts it: from then on the plugin reports every request of
+    /// every batch of the instance through `sink(ctx, ...)` (see [`FerryCompletionFn`]), the
+    /// host runs no polling thread for the instance and never calls `poll` or `batch_error`;
+    /// `cancel` and `free_batch` keep their meaning. Any other answer (or a null entry, or a
+    /// table that ends before it) leaves the instance polled, as in ABI 1.0.
+    ///
+    /// `sink` and `ctx` stay valid until `destroy` returns; the plugin never calls `sink` after
+    /// that, nor for a batch whose `submit` failed (none of its requests started).
+    pub set_completion_sink: Option<
+        unsafe extern "C" fn(instance: *mut FerryPluginInstance, sink: FerryCompletionFn, ctx: *mut c_void) -> i32,
+    >,
 }
 
 // SAFETY: the table holds only function pointers and a pointer to a static string; the plugin
@@ -294,8 +342,14 @@ unsafe impl Send for FerryPluginApi {}
 // SAFETY: as above; the table is immutable once returned.
 unsafe impl Sync for FerryPluginApi {}
 
-/// Size of the ABI 1.0 [`FerryPluginApi`]: the least `struct_size` a 1.x plugin may declare.
-pub const FERRY_PLUGIN_API_V1_0_SIZE: u64 = std::mem::size_of::<FerryPluginApi>() as u64;
+/// Size of the ABI 1.0 [`FerryPluginApi`] (up to `free_batch`): the least `struct_size` a 1.x
+/// plugin may declare.
+pub const FERRY_PLUGIN_API_V1_0_SIZE: u64 = std::mem::offset_of!(FerryPluginApi, set_completion_sink) as u64;
+
+/// Size of the ABI 1.1 [`FerryPluginApi`] (up to `set_completion_sink`): a table at least this
+/// large has the entry.
+pub const FERRY_PLUGIN_API_V1_1_SIZE: u64 = (std::mem::offset_of!(FerryPluginApi, set_completion_sink)
+    + std::mem::size_of::<Option<unsafe extern "C" fn()>>()) as u64;
 
 #[cfg(test)]
 mod tests {
@@ -309,6 +363,8 @@ mod tests {
         assert_eq!(std::mem::offset_of!(FerryPluginApi, protocol), 16);
         assert_eq!(std::mem::offset_of!(FerryPluginApi, create), 32);
         assert_eq!(FERRY_PLUGIN_API_V1_0_SIZE, 32 + 13 * 8);
+        assert_eq!(FERRY_PLUGIN_API_V1_1_SIZE, FERRY_PLUGIN_API_V1_0_SIZE + 8);
+        assert_eq!(std::mem::size_of::<FerryPluginApi>() as u64, FERRY_PLUGIN_API_V1_1_SIZE);
         assert_eq!(std::mem::size_of::<FerryHostServices>(), 32);
     }
 }

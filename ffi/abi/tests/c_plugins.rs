@@ -1,7 +1,9 @@
 //! The C plugins under `ffi/plugins/c` are compiled against `ffi/include/ferry_abi.h` with the
 //! system C compiler (warnings are errors), loaded with `dlopen`, and checked: the working
-//! `memcpy_plugin.c` end to end through its table, the broken ones for exactly the defect each
-//! is meant to show the loader.
+//! `memcpy_plugin.c` end to end through its table, polled and with the completion callback of
+//! ABI 1.1, the broken ones for exactly the defect each is meant to show the loader. The
+//! plugins that build against the ABI 1.0 header too (`ffi/plugins/c/abi-1.0`) are checked to
+//! have the 1.0 table then.
 
 use std::collections::BTreeMap;
 use std::ffi::{CStr, CString, c_char, c_void};
@@ -21,12 +23,16 @@ fn repo() -> PathBuf {
 /// and the plain flags docs/plugins.md gives) and returns the path of the strict build, named
 /// as the host expects.
 fn compile(name: &str, protocol: &str) -> Result<PathBuf> {
+    compile_with(name, protocol, &repo().join("ffi/include"), &[])
+}
+
+/// [`compile`] against the header in `include`, with `extra` compiler arguments.
+fn compile_with(name: &str, protocol: &str, include: &Path, extra: &[String]) -> Result<PathBuf> {
     static BUILDS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
     let build = BUILDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("ferry-c-plugins-{}-{build}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let source = repo().join(format!("ffi/plugins/c/{name}.c"));
-    let include = repo().join("ffi/include");
     let strict = dir.join(format!("{FERRY_PLUGIN_FILE_PREFIX}{protocol}.so"));
     let builds: [(&[&str], PathBuf); 3] = [
         (&["-std=c11", "-Wall", "-Wextra", "-Werror", "-pedantic"], strict.clone()),
@@ -37,8 +43,9 @@ fn compile(name: &str, protocol: &str) -> Result<PathBuf> {
         let out = Command::new("cc")
             .args(["-shared", "-fPIC"])
             .args(flags)
+            .args(extra)
             .arg("-I")
-            .arg(&include)
+            .arg(include)
             .arg("-o")
             .arg(&output)
             .arg(&source)
@@ -216,8 +223,10 @@ fn the_c_memcpy_plugin_works_end_to_end() -> Result<()> {
     assert_eq!(exported(&path)?, [FERRY_PLUGIN_ENTRY_SYMBOL], "only the entry point is exported");
     let lib = open(&path)?;
     let api = table(&lib)?;
-    assert_eq!(api.struct_size, FERRY_PLUGIN_API_V1_0_SIZE);
-    assert_eq!(api.abi_major, FERRY_PLUGIN_ABI_MAJOR);
+    assert_eq!(api.struct_size, FERRY_PLUGIN_API_V1_1_SIZE);
+    assert_eq!((api.abi_major, api.abi_minor), (FERRY_PLUGIN_ABI_MAJOR, 1));
+    assert!(api.set_completion_sink.is_some(), "built against ABI 1.1: takes the completion callback");
+    // Not offered one here: the plugin is polled, as by a host of ABI 1.0.
     // SAFETY: a static NUL-terminated string.
     assert_eq!(unsafe { CStr::from_ptr(api.protocol) }, c"cmemcpy");
     assert_eq!(api.capabilities, FERRY_CAP_READ | FERRY_CAP_WRITE | FERRY_CAP_HOST_MEMORY);
@@ -361,7 +370,7 @@ fn the_broken_c_plugins_have_exactly_their_defect() -> Result<()> {
     let lib = open(&wrong)?;
     let api = table(&lib)?;
     assert_eq!(api.abi_major, FERRY_PLUGIN_ABI_MAJOR + 1);
-    assert_eq!(api.struct_size, FERRY_PLUGIN_API_V1_0_SIZE, "only the major version is wrong");
+    assert_eq!(api.struct_size, FERRY_PLUGIN_API_V1_1_SIZE, "only the major version is wrong");
     assert!(api.create.is_some() && api.free_batch.is_some());
     std::mem::forget(lib);
 
@@ -382,5 +391,121 @@ fn the_broken_c_plugins_have_exactly_their_defect() -> Result<()> {
     let missing = unsafe { lib.get::<FerryPluginEntryFn>(FERRY_PLUGIN_ENTRY_SYMBOL.as_bytes()) };
     assert!(missing.is_err(), "no entry symbol");
     std::mem::forget(lib);
+    Ok(())
+}
+
+/// What a host's completion callback received: (batch, index, status, message).
+type Reported = Mutex<Vec<(usize, usize, FerryTransferStatus, Option<String>)>>;
+
+unsafe extern "C" fn report(
+    ctx: *mut c_void,
+    batch: *mut FerryPluginBatch,
+    index: usize,
+    status: *const FerryTransferStatus,
+    message: *const c_char,
+) {
+    // SAFETY: `ctx` is the test's `Reported`, alive until the instance is destroyed; `status`
+    // and `message` (null or NUL-terminated) are valid during the call.
+    let (reported, status, message) = unsafe {
+        (
+            &*ctx.cast::<Reported>(),
+            *status,
+            (!message.is_null()).then(|| CStr::from_ptr(message).to_string_lossy().into_owned()),
+        )
+    };
+    reported.lock().unwrap().push((batch as usize, index, status, message));
+}
+
+#[test]
+fn the_c_memcpy_plugin_reports_every_request_through_the_completion_callback() -> Result<()> {
+    let lib = open(&compile("memcpy_plugin", "cmemcpy")?)?;
+    let api = table(&lib)?;
+    let set_sink = api.set_completion_sink.context("the ABI 1.1 build has set_completion_sink")?;
+    let host = FerryHostServices {
+        struct_size: std::mem::size_of::<FerryHostServices>() as u64,
+        abi_major: FERRY_PLUGIN_ABI_MAJOR,
+        abi_minor: FERRY_PLUGIN_ABI_MINOR,
+        ctx: std::ptr::null_mut(),
+        log: None,
+    };
+    let a = Instance::create(api, &host, "cb-a").map_err(|c| anyhow::anyhow!("create: {c}"))?;
+    let b = Instance::create(api, &host, "cb-b").map_err(|c| anyhow::anyhow!("create: {c}"))?;
+    let reported = Reported::default();
+    let ctx = (&reported as *const Reported).cast_mut().cast();
+    // SAFETY: a live instance, right after create; `reported` outlives it.
+    unsafe {
+        assert_eq!(set_sink(a.inst, None, ctx), FERRY_E_INVALID_ARGUMENT);
+        assert_eq!(set_sink(a.inst, Some(report), ctx), FERRY_OK);
+    }
+    let src: Vec<u8> = (0..256u32).map(|i| i as u8).collect();
+    let dst = vec![0u8; 256];
+    assert_eq!(a.register(&dst, c"cpu:0"), FERRY_OK);
+    assert_eq!(b.register(&src[..128], c"cpu:0"), FERRY_OK);
+    let id = b.publish()["cmemcpy_instance"].clone();
+    let target = a
+        .open(&format!(r#"{{"name":"cb-b","protocol":"cmemcpy","cmemcpy_instance":{id}}}"#))
+        .map_err(|c| anyhow::anyhow!("open_target: {c}"))?;
+    let requests = [read(&dst[..128], &src[..128], 128), read(&dst[128..], &src[128..], 128)];
+    let mut batch = std::ptr::null_mut();
+    // SAFETY: a live instance and target, a valid slice and out pointer.
+    let code = unsafe { (api.submit.unwrap())(a.inst, target, requests.as_ptr(), requests.len(), &mut batch) };
+    assert_eq!(code, FERRY_OK);
+    // Both were reported before submit returned, under the pointer it returned.
+    let seen = reported.lock().unwrap().clone();
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    assert!(seen.iter().all(|r| r.0 == batch as usize));
+    assert_eq!(
+        (seen[0].1, seen[0].2, seen[0].3.as_deref()),
+        (0, FerryTransferStatus { state: COMPLETED, code: FERRY_OK, transferred: 128 }, None)
+    );
+    assert_eq!(dst[..128], src[..128]);
+    assert_eq!((seen[1].1, seen[1].2.state, seen[1].2.code), (1, FAILED, FERRY_E_OUT_OF_BOUNDS));
+    assert!(seen[1].3.as_deref().is_some_and(|m| m.starts_with("remote range")), "{:?}", seen[1].3);
+    // SAFETY: every request was reported: the batch is freed once; then the rest is torn down.
+    unsafe { (api.free_batch.unwrap())(a.inst, batch) };
+    a.close(target);
+    a.destroy();
+    b.destroy();
+    assert_eq!(reported.lock().unwrap().len(), 2, "nothing more was reported");
+    std::mem::forget(lib);
+    Ok(())
+}
+
+/// `struct_size`, `abi_major`, `abi_minor` and `protocol` of a table: the fields every 1.x
+/// table has, read without assuming the table is as long as this crate's.
+fn table_head(lib: &Library) -> Result<(u64, u32, u32, String)> {
+    // SAFETY: the symbol has type `FerryPluginEntryFn` in every plugin.
+    let entry = unsafe { lib.get::<FerryPluginEntryFn>(FERRY_PLUGIN_ENTRY_SYMBOL.as_bytes()) }?;
+    // SAFETY: calling the entry with the host's version; it returns a static table or null.
+    let api = unsafe { entry(FERRY_PLUGIN_ABI_MAJOR, FERRY_PLUGIN_ABI_MINOR) };
+    ensure!(!api.is_null(), "the entry returned null");
+    // SAFETY: a table of any 1.x minor starts with these fields (the first 24 bytes), and its
+    // `protocol` is a static NUL-terminated string.
+    Ok(unsafe {
+        (
+            (&raw const (*api).struct_size).read(),
+            (&raw const (*api).abi_major).read(),
+            (&raw const (*api).abi_minor).read(),
+            CStr::from_ptr((&raw const (*api).protocol).read()).to_string_lossy().into_owned(),
+        )
+    })
+}
+
+#[test]
+fn c_plugins_built_against_the_abi_1_0_header_have_the_1_0_table() -> Result<()> {
+    let old = repo().join("ffi/plugins/c/abi-1.0");
+    for (name, protocol) in [("memcpy_plugin", "oldmemcpy"), ("lingering", "oldlinger")] {
+        let path = compile_with(name, protocol, &old, &[format!("-DPROTOCOL=\"{protocol}\"")])?;
+        let lib = open(&path)?;
+        let (size, major, minor, declared) = table_head(&lib)?;
+        assert_eq!((size, major, minor), (FERRY_PLUGIN_API_V1_0_SIZE, FERRY_PLUGIN_ABI_MAJOR, 0), "{name}");
+        assert_eq!(declared, protocol);
+        std::mem::forget(lib);
+        // The same source against the current header has the 1.1 table.
+        let lib = open(&compile_with(name, protocol, &repo().join("ffi/include"), &[])?)?;
+        let (size, _, minor, _) = table_head(&lib)?;
+        assert_eq!((size, minor), (FERRY_PLUGIN_API_V1_1_SIZE, FERRY_PLUGIN_ABI_MINOR), "{name}");
+        std::mem::forget(lib);
+    }
     Ok(())
 }

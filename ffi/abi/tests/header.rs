@@ -36,9 +36,14 @@ fn computed_defines() -> String {
         format!("{FERRY_PLUGIN_FILE_PREFIX:?}"),
     );
     define(
-        "Size of the ABI 1.0 FerryPluginApi: the least struct_size a 1.x plugin may declare.",
+        "Size of the ABI 1.0 FerryPluginApi (up to free_batch): the least struct_size a 1.x plugin may declare.",
         "FERRY_PLUGIN_API_V1_0_SIZE",
         FERRY_PLUGIN_API_V1_0_SIZE.to_string(),
+    );
+    define(
+        "Size of the ABI 1.1 FerryPluginApi (up to set_completion_sink): a table at least this large has the entry.",
+        "FERRY_PLUGIN_API_V1_1_SIZE",
+        FERRY_PLUGIN_API_V1_1_SIZE.to_string(),
     );
     s
 }
@@ -116,6 +121,7 @@ fn header_declares_the_whole_abi() -> Result<()> {
         "FERRY_PLUGIN_ENTRY_SYMBOL",
         "FERRY_PLUGIN_FILE_PREFIX",
         "FERRY_PLUGIN_API_V1_0_SIZE",
+        "FERRY_PLUGIN_API_V1_1_SIZE",
         "FERRY_OK",
         "FERRY_E_PEER_UNREACHABLE",
         "FERRY_E_NOT_FOUND",
@@ -162,6 +168,7 @@ fn header_declares_the_whole_abi() -> Result<()> {
         "typedef struct FerryPluginBatch FerryPluginBatch;",
         "typedef void (*FerryLogFn)(",
         "typedef void (*FerryPublishFn)(",
+        "typedef void (*FerryCompletionFn)(",
         "(*FerryPluginEntryFn)(",
     ] {
         ensure!(h.contains(ty), "declaration `{ty}` missing from the header");
@@ -187,6 +194,8 @@ fn c_sees_the_rust_layout_and_constants() -> Result<()> {
     check("sizeof(FerryHostServices)", size_of::<FerryHostServices>() as u64);
     check("sizeof(FerryPluginApi)", size_of::<FerryPluginApi>() as u64);
     check("FERRY_PLUGIN_API_V1_0_SIZE", FERRY_PLUGIN_API_V1_0_SIZE);
+    check("FERRY_PLUGIN_API_V1_1_SIZE", FERRY_PLUGIN_API_V1_1_SIZE);
+    check("FERRY_PLUGIN_ABI_MINOR", u64::from(FERRY_PLUGIN_ABI_MINOR));
     check("offsetof(FerryTransferRequest, length)", offset_of!(FerryTransferRequest, length) as u64);
     check("offsetof(FerryTransferStatus, transferred)", offset_of!(FerryTransferStatus, transferred) as u64);
     check("offsetof(FerryHostServices, log)", offset_of!(FerryHostServices, log) as u64);
@@ -198,6 +207,7 @@ fn c_sees_the_rust_layout_and_constants() -> Result<()> {
         ("submit", offset_of!(FerryPluginApi, submit)),
         ("poll", offset_of!(FerryPluginApi, poll)),
         ("free_batch", offset_of!(FerryPluginApi, free_batch)),
+        ("set_completion_sink", offset_of!(FerryPluginApi, set_completion_sink)),
     ] {
         check(&format!("offsetof(FerryPluginApi, {field})"), offset as u64);
     }

@@ -15,12 +15,20 @@
 //! # let _ = registry;
 //! ```
 //!
-//! Completion: a plugin's batch is polled once right after `submit` (a synchronous plugin is
-//! finished then, with no thread hop); batches still pending are polled by one completion
-//! thread per plugin instance, which also cancels batches the caller cancelled or that passed
-//! the transfer timeout.
+//! Completion: a plugin built against ABI 1.1 that accepts the host's completion callback
+//! (`set_completion_sink`) reports each finished request straight into the engine's
+//! `Submission`; no thread polls it. A batch it has not finished inside `submit` gets a
+//! watchdog task on the engine's runtime, which asks the plugin to cancel when the caller
+//! cancels or the transfer timeout passes, and frees the plugin batch once every request was
+//! reported. Any other plugin (ABI 1.0, or one that declines the callback) is polled: its batch
+//! is polled once right after `submit` (a synchronous plugin is finished then, with no thread
+//! hop); batches still pending are polled by one completion thread per plugin instance (named
+//! [`POLL_THREAD_PREFIX`]`<protocol>`), which also cancels batches the caller cancelled or
+//! that passed the transfer timeout. Either way a request the plugin still reports pending (or
+//! has not reported) keeps its memory leased, whatever the caller was told.
 
 mod loader;
+mod push;
 mod transport;
 
 use std::sync::Arc;
@@ -31,7 +39,7 @@ pub use loader::{
     LoadedPlugin, PLUGIN_DIR_ENV, already_loaded, find_plugin, is_plugin_protocol_name, load_plugin, plugin_file_name,
     search_path,
 };
-pub use transport::{PluginTransport, PluginTransportFactory};
+pub use transport::{POLL_THREAD_PREFIX, PluginTransport, PluginTransportFactory};
 
 /// The [`TransportSource`] that loads plugins on demand: the config's `plugins` entries first,
 /// then each directory of `FERRY_PLUGIN_DIR`.

@@ -35,7 +35,8 @@ impl LoadedPlugin {
         self.protocol
     }
 
-    /// Its function table (copied; fields past the plugin's `struct_size` are null).
+    /// Its function table (copied; fields past the plugin's `struct_size` are null: a 1.0
+    /// plugin has no `set_completion_sink`).
     pub fn api(&self) -> &FerryPluginApi {
         &self.api
     }
@@ -156,9 +157,7 @@ pub fn load_plugin(path: &Path, protocol: &str) -> Result<Arc<LoadedPlugin>> {
             ),
         ));
     }
-    // SAFETY: the plugin declared a table of at least `FERRY_PLUGIN_API_V1_0_SIZE` bytes, which
-    // is the whole struct this host knows; later minors only append.
-    let api: FerryPluginApi = unsafe { std::ptr::read_unaligned(api_ptr) };
+    let api = read_table(api_ptr, size);
     let missing: Vec<&str> = [
         ("create", api.create.is_none()),
         ("destroy", api.destroy.is_none()),
@@ -196,6 +195,22 @@ pub fn load_plugin(path: &Path, protocol: &str) -> Result<Arc<LoadedPlugin>> {
     tracing::info!(protocol = plugin.protocol, path = %plugin.path.display(), abi = %format!("{major}.{minor}"), "transport plugin loaded");
     table.insert(key, plugin.clone());
     Ok(plugin)
+}
+
+/// Copies the plugin's table: the first `min(size, size_of::<FerryPluginApi>())` bytes, the
+/// rest null. A 1.0 plugin's table ends before the fields later minors appended; a newer
+/// plugin's may go on past the ones this host knows.
+fn read_table(api_ptr: *const FerryPluginApi, size: u64) -> FerryPluginApi {
+    let known = std::mem::size_of::<FerryPluginApi>();
+    let len = usize::try_from(size).map_or(known, |s| s.min(known));
+    let mut api = std::mem::MaybeUninit::<FerryPluginApi>::zeroed();
+    // SAFETY: the plugin declared a table of `size` readable bytes (its `struct_size`), and
+    // `len <= size`; the destination is a local of `known >= len` bytes, not overlapping it.
+    unsafe { std::ptr::copy_nonoverlapping(api_ptr.cast::<u8>(), api.as_mut_ptr().cast::<u8>(), len) };
+    // SAFETY: every field of `FerryPluginApi` is an integer, a raw pointer or an `Option` of a
+    // function pointer, for which all-zero bytes (the fields not copied) and any bytes the
+    // plugin wrote are valid values.
+    unsafe { api.assume_init() }
 }
 
 #[cfg(test)]

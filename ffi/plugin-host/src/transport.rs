@@ -2,7 +2,7 @@
 
 use std::collections::VecDeque;
 use std::ffi::{CStr, CString, c_char, c_void};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
 use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::time::{Duration, Instant};
 
@@ -15,11 +15,17 @@ use ferry_abi::{
     FerryPluginTarget, FerryTransferRequest, FerryTransferStatus,
 };
 use ferry_core::{
-    Capabilities, Error, ErrorKind, Opcode, OpenSegment, Region, Result, SegmentDescriptor, Submission, Transport,
-    TransportContext, TransportFactory,
+    Batch, Capabilities, Error, ErrorKind, Opcode, OpenSegment, Region, Result, SegmentDescriptor, Submission,
+    Transport, TransportContext, TransportFactory,
 };
+use tokio::sync::Notify;
 
 use crate::loader::LoadedPlugin;
+use crate::push::{CompletionSink, Pushed, Submitted, host_complete, request_failure};
+
+/// Prefix of the name of the completion thread the host runs for each instance of a plugin it
+/// polls (`ferry-poll-<protocol>`; the kernel keeps the first 15 bytes of a thread's name).
+pub const POLL_THREAD_PREFIX: &str = "ferry-poll-";
 
 /// Creates transports from a loaded plugin.
 #[derive(Debug, Clone)]
@@ -121,7 +127,7 @@ impl TransportFactory for PluginTransportFactory {
                 format!("plugin `{}`: create reported success but returned no instance", self.plugin.protocol()),
             ));
         }
-        let shared = Arc::new(Shared {
+        let mut shared = Shared {
             plugin: self.plugin.clone(),
             api,
             instance: InstancePtr(instance),
@@ -129,14 +135,37 @@ impl TransportFactory for PluginTransportFactory {
             targets: Mutex::new(Vec::new()),
             queue: Mutex::new(VecDeque::new()),
             wake: Condvar::new(),
+            pushes: false,
+            sink: Box::new(CompletionSink::new(self.plugin.protocol())),
+            runtime: ctx.runtime.clone(),
             stopping: AtomicBool::new(false),
             timeout: ctx.config.transfer_timeout(),
-        });
-        let poller = shared.clone();
-        std::thread::Builder::new()
-            .name(format!("ferry-plugin-{}", self.plugin.protocol()))
-            .spawn(move || poller.poll_loop())
-            .map_err(|e| Error::new(ErrorKind::Plugin, "cannot start the plugin's completion thread").with_source(e))?;
+        };
+        // ABI 1.1: offer the completion sink; a plugin that takes it is not polled.
+        if let Some(offer) = api.set_completion_sink {
+            // SAFETY: a live instance, right after `create` and before any other call on it;
+            // the sink's context is boxed in `shared`, which is dropped only after `destroy`.
+            let code = unsafe { offer(instance, Some(host_complete), shared.sink.as_ctx()) };
+            if code == FERRY_OK {
+                shared.pushes = true;
+            } else {
+                tracing::info!(
+                    plugin = self.plugin.protocol(),
+                    code,
+                    "the plugin declined the completion callback; its batches are polled"
+                );
+            }
+        }
+        let shared = Arc::new(shared);
+        if !shared.pushes {
+            let poller = shared.clone();
+            std::thread::Builder::new()
+                .name(format!("{POLL_THREAD_PREFIX}{}", self.plugin.protocol()))
+                .spawn(move || poller.poll_loop())
+                .map_err(|e| {
+                    Error::new(ErrorKind::Plugin, "cannot start the plugin's completion thread").with_source(e)
+                })?;
+        }
         Ok(Arc::new(PluginTransport { shared }))
     }
 }
@@ -179,8 +208,17 @@ struct Shared {
     _host: Box<HostServicesBox>,
     /// Plugin targets by the host segment they were opened for.
     targets: Mutex<Vec<(Weak<OpenSegment>, TargetPtr)>>,
+    /// Batches the completion thread polls (a polled instance's).
     queue: Mutex<VecDeque<Outstanding>>,
     wake: Condvar,
+    /// The plugin accepted the completion sink: it reports its batches' completions to `sink`,
+    /// and no thread polls it.
+    pushes: bool,
+    /// The completion callback's context and the batches it reports on. Boxed (its address is
+    /// the plugin's `ctx`) and dropped after `destroy` returned.
+    sink: Box<CompletionSink>,
+    /// The engine's runtime, where a reported batch's watchdog runs.
+    runtime: tokio::runtime::Handle,
     stopping: AtomicBool,
     timeout: Duration,
 }
@@ -264,6 +302,62 @@ impl Shared {
         }
     }
 
+    /// Asks the plugin to stop a batch that reports its completions.
+    fn cancel_pushed(&self, pbatch: BatchPtr) {
+        if let Some(cancel) = self.api.cancel {
+            // SAFETY: a live batch of this instance: its watchdog, the caller, frees it only
+            // after this call returned.
+            unsafe { cancel(self.instance.0, pbatch.0) };
+        }
+    }
+
+    /// Frees a plugin batch every request of which was reported (or polled finished).
+    fn free_plugin_batch(&self, pbatch: BatchPtr) {
+        if let Some(free) = self.api.free_batch {
+            // SAFETY: a batch of this instance with nothing pending, freed once: the sink forgot
+            // it, so no other path frees it.
+            unsafe { free(self.instance.0, pbatch.0) };
+        }
+    }
+
+    /// The watchdog of a batch that reports its completions, a task on the engine's runtime (no
+    /// thread): waits for the plugin's reports. When the caller cancels the batch, or its
+    /// deadline passes, first, it asks the plugin (once) to stop, after showing the caller the
+    /// timeout at once; then it waits, without a deadline, until the plugin reported every
+    /// request (their memory stays leased until then). Last, it frees the plugin batch.
+    ///
+    /// `deadline` is `None` when the transfer timeout is too large to add to the current time.
+    async fn watch(
+        self: Arc<Self>,
+        id: u64,
+        pbatch: BatchPtr,
+        batch: Batch,
+        done: Arc<Notify>,
+        deadline: Option<Instant>,
+    ) {
+        let left = deadline.map_or(Duration::MAX, |d| d.saturating_duration_since(Instant::now()));
+        let timed_out = tokio::select! {
+            () = self.sink.finished(id, &done) => false,
+            // Returns early only when every outcome of the batch is known: the caller cancelled
+            // it (outcomes shown, requests not released), or the plugin finished.
+            waited = batch.wait(left) => waited.is_err(),
+        };
+        if !self.sink.is_finished(id) {
+            if timed_out {
+                let e = Error::timeout(format!(
+                    "plugin `{}`: requests not finished within {:?}",
+                    self.protocol(),
+                    self.timeout
+                ));
+                self.sink.report_unfinished(id, &e);
+            }
+            self.cancel_pushed(pbatch);
+            self.sink.finished(id, &done).await;
+        }
+        self.sink.forget(id, pbatch.0);
+        self.free_plugin_batch(pbatch);
+    }
+
     /// Reports each request's outcome (releasing it) and frees the plugin batch. Only called
     /// once the plugin reported no request pending. An outcome recorded earlier (a timeout,
     /// the caller's cancel) stays; `complete` only releases then.
@@ -289,21 +383,17 @@ impl Shared {
     }
 
     fn request_error(&self, out: &Outstanding, k: usize, code: i32) -> Error {
-        let kind = ErrorKind::from_code(code).unwrap_or(ErrorKind::Transport);
-        let mut message = String::new();
+        let mut message = None;
         if let Some(describe) = self.api.batch_error {
             let mut buf = vec![0u8; 512];
             // SAFETY: a live batch of this instance; `buf` has `buf.len()` writable bytes.
             let n = unsafe { describe(self.instance.0, out.pbatch.0, k, buf.as_mut_ptr().cast(), buf.len()) };
             if n > 0 {
                 let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
-                message = String::from_utf8_lossy(&buf[..end]).into_owned();
+                message = Some(String::from_utf8_lossy(&buf[..end]).into_owned());
             }
         }
-        if message.is_empty() {
-            message = format!("request failed with code {code}");
-        }
-        Error::new(kind, format!("plugin `{}`: {message}", self.protocol()))
+        request_failure(self.protocol(), code, message)
     }
 
     /// The completion thread: polls outstanding batches, asks the plugin to cancel those the
@@ -364,8 +454,14 @@ impl Shared {
 
 impl Drop for Shared {
     fn drop(&mut self) {
-        // The last reference: the transport is gone and the completion thread has exited, so no
-        // call on the instance can follow.
+        // The last reference: the transport is gone and the completion thread (or every
+        // watchdog) has exited, so no call on the instance can follow. Batches left in the sink
+        // had their watchdog dropped with the engine's runtime: the finished ones are freed
+        // now, the others when `destroy` has stopped the plugin from touching their memory.
+        let (finished, unfinished) = self.sink.drain();
+        for pbatch in finished {
+            self.free_plugin_batch(BatchPtr(pbatch));
+        }
         let targets = std::mem::take(self.targets.get_mut().unwrap_or_else(|p| p.into_inner()));
         for (_, t) in targets {
             if let Some(close) = self.api.close_target {
@@ -377,6 +473,8 @@ impl Drop for Shared {
             // SAFETY: the instance is destroyed once, after every other call on it.
             unsafe { destroy(self.instance.0) };
         }
+        // Completed as lost (and released) only now.
+        drop(unfinished);
     }
 }
 
@@ -392,6 +490,13 @@ impl std::fmt::Debug for PluginTransport {
 }
 
 impl PluginTransport {
+    /// True when the plugin reports its completions through the host's callback (ABI 1.1): no
+    /// thread polls it. False for a plugin that is polled (built against ABI 1.0, or one that
+    /// declined the callback).
+    pub fn pushes_completions(&self) -> bool {
+        self.shared.pushes
+    }
+
     /// Hands `submission` to the plugin; on an error the plugin has not taken it and it comes
     /// back with the error.
     fn try_submit(
@@ -429,6 +534,9 @@ impl PluginTransport {
         let Some(submit) = shared.api.submit else {
             return Err(Box::new((status_error(&shared.plugin, "submit", ferry_abi::FERRY_E_PLUGIN), submission)));
         };
+        if shared.pushes {
+            return self.submit_pushed(submit, target, ptarget, &requests, submission);
+        }
         let mut pbatch: *mut FerryPluginBatch = std::ptr::null_mut();
         // SAFETY: valid instance and target; `requests` holds `len` requests the engine checked
         // against registered memory (local) and the target's descriptor (remote).
@@ -461,9 +569,76 @@ impl PluginTransport {
     }
 }
 
+/// The plugin's `submit` function.
+type SubmitFn = unsafe extern "C" fn(
+    *mut FerryPluginInstance,
+    *mut FerryPluginTarget,
+    *const FerryTransferRequest,
+    usize,
+    *mut *mut FerryPluginBatch,
+) -> i32;
+
+impl PluginTransport {
+    /// `try_submit` for a plugin that reports its completions: the batch is recorded in the
+    /// sink before `submit` runs (a report may come from inside it); a batch finished by the
+    /// time `submit` returned is freed at once, any other gets a watchdog task.
+    fn submit_pushed(
+        &self,
+        submit: SubmitFn,
+        target: &Arc<OpenSegment>,
+        ptarget: TargetPtr,
+        requests: &[FerryTransferRequest],
+        submission: Submission,
+    ) -> std::result::Result<(), Box<(Error, Submission)>> {
+        let shared = &self.shared;
+        let n = submission.len();
+        let batch = submission.batch();
+        let slot = Arc::new(AtomicPtr::new(std::ptr::null_mut()));
+        let done = Arc::new(Notify::new());
+        let id = shared.sink.begin_submit(Pushed {
+            slot: slot.clone(),
+            indices: submission.indices().to_vec(),
+            submission,
+            reported: vec![false; n],
+            remaining: n,
+            done: done.clone(),
+            _segment: target.clone(),
+        });
+        // SAFETY: valid instance and target; `requests` holds `len` requests the engine checked
+        // against registered memory (local) and the target's descriptor (remote); `slot` (the
+        // `out` pointer) is a live `AtomicPtr`, which has the layout of a pointer.
+        let code = unsafe { submit(shared.instance.0, ptarget.0, requests.as_ptr(), requests.len(), slot.as_ptr()) };
+        let pbatch = slot.load(Ordering::Acquire);
+        if code != FERRY_OK || pbatch.is_null() {
+            let e = if code != FERRY_OK {
+                status_error(&shared.plugin, "submit", code)
+            } else {
+                Error::new(
+                    ErrorKind::Plugin,
+                    format!("plugin `{}`: submit reported success but returned no batch", shared.protocol()),
+                )
+            };
+            return match shared.sink.submit_failed(id) {
+                Some(submission) => Err(Box::new((e, submission))),
+                None => Ok(()),
+            };
+        }
+        match shared.sink.submitted(id, pbatch) {
+            // A synchronous plugin is done already: nothing waits, no task is spawned.
+            Submitted::Finished => shared.free_plugin_batch(BatchPtr(pbatch)),
+            Submitted::Pending => {
+                let deadline = Instant::now().checked_add(shared.timeout);
+                shared.runtime.spawn(shared.clone().watch(id, BatchPtr(pbatch), batch, done, deadline));
+            }
+        }
+        Ok(())
+    }
+}
+
 impl Drop for PluginTransport {
     fn drop(&mut self) {
-        // The completion thread drains what is left, then exits and drops the last reference.
+        // The completion thread (or, for a plugin that reports, each batch's watchdog) finishes
+        // what is left, and the last of them drops the last reference.
         self.shared.stopping.store(true, Ordering::Release);
         self.shared.wake.notify_all();
     }

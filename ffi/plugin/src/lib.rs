@@ -23,11 +23,17 @@
 //!
 //! A request is reported pending until the transport *released* it
 //! ([`Batch::is_released`](ferry_core::Batch::is_released)), so a host never frees memory a
-//! plugin may still touch; `cancel` returns only once every request of the batch was released.
+//! plugin may still touch; `cancel` asks the transport to stop and returns at once.
+//!
+//! Completions reach the host one of two ways, chosen by the host, with no change to the
+//! transport: a host of ABI 1.1 offers a completion callback (`set_completion_sink`), which the
+//! table accepts; each request is then reported to the host the moment the transport released
+//! it, and the host polls nothing. A host of ABI 1.0 offers none and polls (`poll`), as before.
 //!
 //! `docs/plugins.md` in the repository describes the whole contract, and how to write a plugin
 //! in C.
 
+mod completion;
 mod log;
 mod shim;
 
@@ -88,7 +94,7 @@ pub const fn capability_bits(caps: Capabilities) -> u32 {
     bits
 }
 
-/// The ABI 1.0 function table of plugin `P`: every entry is a shim of this crate.
+/// The function table (ABI 1.1) of plugin `P`: every entry is a shim of this crate.
 pub const fn plugin_api<P: PluginDefinition>() -> FerryPluginApi {
     FerryPluginApi {
         struct_size: std::mem::size_of::<FerryPluginApi>() as u64,
@@ -110,6 +116,7 @@ pub const fn plugin_api<P: PluginDefinition>() -> FerryPluginApi {
         cancel: Some(shim::cancel),
         batch_error: Some(shim::batch_error),
         free_batch: Some(shim::free_batch),
+        set_completion_sink: Some(shim::set_completion_sink),
     }
 }
 

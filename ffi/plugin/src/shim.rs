@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 use ferry_abi::{
     FERRY_E_CANCELLED, FERRY_E_INTERNAL, FERRY_LOG_ERROR, FERRY_LOG_INFO, FERRY_LOG_WARN, FERRY_OK, FERRY_OPCODE_READ,
     FERRY_OPCODE_WRITE, FERRY_STATE_CANCELLED, FERRY_STATE_COMPLETED, FERRY_STATE_FAILED, FERRY_STATE_PENDING,
-    FerryHostServices, FerryPluginBatch, FerryPluginInstance, FerryPluginTarget, FerryPublishFn, FerryTransferRequest,
-    FerryTransferStatus,
+    FerryCompletionFn, FerryHostServices, FerryPluginBatch, FerryPluginInstance, FerryPluginTarget, FerryPublishFn,
+    FerryTransferRequest, FerryTransferStatus,
 };
 use ferry_core::{
     Batch, Config, Error, ErrorKind, Location, MemoryRegistry, Opcode, OpenSegment, Region, RequestStatus,
@@ -25,6 +25,7 @@ use ferry_core::{
 use serde_json::{Map, Value};
 
 use crate::PluginDefinition;
+use crate::completion::{BatchReports, HostSink};
 use crate::log::{self, HostLog};
 
 type Result<T, E = Error> = std::result::Result<T, E>;
@@ -62,6 +63,8 @@ pub(crate) struct Instance {
     protocol: &'static str,
     segment_name: String,
     host: Arc<HostLog>,
+    /// The host's completion callback, when it offered one (ABI 1.1).
+    completions: Arc<HostSink>,
     transport: Arc<dyn Transport>,
     /// The plugin-side mirror of the host's registrations.
     memory: Arc<MemoryRegistry>,
@@ -422,6 +425,7 @@ pub(crate) unsafe extern "C" fn create<P: PluginDefinition>(
             protocol,
             segment_name: segment_name.to_owned(),
             host: host_log.clone(),
+            completions: Arc::default(),
             transport,
             memory,
             config,
@@ -454,8 +458,16 @@ pub(crate) unsafe extern "C" fn destroy(instance: *mut FerryPluginInstance) {
         // SAFETY: a live instance (ABI contract).
         let inst = unsafe { instance_ref(instance) }?;
         call.bind_instance(inst);
-        // Whatever happens below, the host's callback is not used after `destroy` returns.
+        // Whatever happens below, the host's callbacks are not used after `destroy` returns.
         call.revoke_after = Some(inst.host.clone());
+        struct Revoke(Arc<HostSink>);
+        impl Drop for Revoke {
+            fn drop(&mut self) {
+                self.0.revoke();
+            }
+        }
+        // Revoked last: requests the teardown releases are still reported.
+        let _revoke = Revoke(inst.completions.clone());
         inst.stop();
         // SAFETY: `create` made this pointer with `Box::into_raw`; the host makes no call on
         // the instance after this one, so nothing else refers to it.
@@ -716,21 +728,63 @@ pub(crate) unsafe extern "C" fn submit(
             })
             .collect();
         // Leases keep every local region registered until the transport released its requests.
-        let (batch, submission) = Batch::lease(&inst.memory, &requests, vec![segment.clone()])
-            .map_err(|(i, e)| e.context(format!("request {i}: {}; nothing was submitted", e.message())))?;
-        {
+        // With the host's completion sink, each release is reported to it (ABI 1.1).
+        let reports = inst.completions.is_active().then(|| BatchReports::new(inst.completions.clone()));
+        let leased = match &reports {
+            Some(reports) => {
+                let reports = reports.clone();
+                Batch::lease_observed(&inst.memory, &requests, vec![segment.clone()], move |batch, i| {
+                    reports.released(batch, i)
+                })
+            }
+            None => Batch::lease(&inst.memory, &requests, vec![segment.clone()]),
+        };
+        let (batch, submission) =
+            leased.map_err(|(i, e)| e.context(format!("request {i}: {}; nothing was submitted", e.message())))?;
+        let handle = batch.clone();
+        let raw = Box::into_raw(Box::new(PluginBatch { magic: BATCH_MAGIC, batch }));
+        // Stored before the transport sees a request: the host matches reports made inside
+        // `submit` through `*out`.
+        // SAFETY: `out` is non-null and points to writable storage for a pointer (ABI contract).
+        unsafe { out.write(raw.cast()) };
+        let submitted = catch_unwind(AssertUnwindSafe(|| {
             let _rt = inst.runtime.get().enter();
             inst.transport.submit(segment, submission);
+        }));
+        if let Err(panic) = submitted {
+            // The submission was dropped while unwinding (its requests are released, and were
+            // not reported): the host gets the failure, not the batch.
+            // SAFETY: `raw` was made by `Box::into_raw` above and is freed once, here; the host
+            // uses `*out` only when `submit` succeeds.
+            drop(unsafe { Box::from_raw(raw) });
+            // SAFETY: as above, `out` is writable.
+            unsafe { out.write(std::ptr::null_mut()) };
+            std::panic::resume_unwind(panic);
         }
-        let boxed = Box::new(PluginBatch { magic: BATCH_MAGIC, batch });
-        // SAFETY: `out` is non-null and points to writable storage for a pointer (ABI contract).
-        unsafe { out.write(Box::into_raw(boxed).cast()) };
+        if let Some(reports) = reports {
+            reports.publish(raw.cast(), &handle);
+        }
         Ok(())
     })
 }
 
+/// `set_completion_sink`: see [`ferry_abi::FerryPluginApi::set_completion_sink`]. Accepted once
+/// per instance; batches submitted afterwards are reported to the host, none is polled.
+pub(crate) unsafe extern "C" fn set_completion_sink(
+    instance: *mut FerryPluginInstance,
+    sink: FerryCompletionFn,
+    ctx: *mut c_void,
+) -> i32 {
+    status("set_completion_sink", |call| {
+        // SAFETY: a live instance (ABI contract).
+        let inst = unsafe { instance_ref(instance) }?;
+        call.bind_instance(inst);
+        inst.completions.accept(sink, ctx)
+    })
+}
+
 /// The state of request `i` as the ABI reports it: pending until the transport released it.
-fn status_of(batch: &Batch, i: usize) -> FerryTransferStatus {
+pub(crate) fn status_of(batch: &Batch, i: usize) -> FerryTransferStatus {
     let pending = FerryTransferStatus { state: FERRY_STATE_PENDING, code: FERRY_OK, transferred: 0 };
     if !batch.is_released(i) {
         return pending;
@@ -798,7 +852,7 @@ pub(crate) unsafe extern "C" fn cancel(instance: *mut FerryPluginInstance, batch
 }
 
 /// The message of `e` followed by its causes.
-fn error_text(e: &Error) -> String {
+pub(crate) fn error_text(e: &Error) -> String {
     let mut text = e.message().to_owned();
     let mut cause = std::error::Error::source(e);
     while let Some(c) = cause {

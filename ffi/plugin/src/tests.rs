@@ -373,8 +373,9 @@ fn entry_checks_the_major_version_and_the_table_describes_the_plugin() {
     assert!(ferry_transport_plugin_entry(0, 0).is_null());
     assert!(!ferry_transport_plugin_entry(FERRY_PLUGIN_ABI_MAJOR, FERRY_PLUGIN_ABI_MINOR + 7).is_null());
     let api = api();
-    assert_eq!(api.struct_size, FERRY_PLUGIN_API_V1_0_SIZE);
+    assert_eq!(api.struct_size, FERRY_PLUGIN_API_V1_1_SIZE);
     assert_eq!((api.abi_major, api.abi_minor), (FERRY_PLUGIN_ABI_MAJOR, FERRY_PLUGIN_ABI_MINOR));
+    assert!(api.set_completion_sink.is_some(), "the table takes the host's completion callback");
     // SAFETY: the table's protocol is a static NUL-terminated string.
     assert_eq!(unsafe { CStr::from_ptr(api.protocol) }, c"shimtest");
     assert_eq!(api.capabilities, FERRY_CAP_READ | FERRY_CAP_WRITE | FERRY_CAP_HOST_MEMORY);
@@ -751,4 +752,149 @@ async fn the_shims_work_from_inside_a_runtime() {
     assert_eq!(f.unregister(addr(&local), 64), FERRY_OK);
     f.close(target);
     f.destroy();
+}
+
+/// One report: (batch, index, status, message).
+type Report = (usize, usize, FerryTransferStatus, Option<String>);
+
+/// A host's completion callback: records every report.
+#[derive(Default)]
+struct Reports {
+    seen: Mutex<Vec<Report>>,
+}
+
+impl Reports {
+    fn of(&self, batch: *mut FerryPluginBatch) -> Vec<(usize, FerryTransferStatus, Option<String>)> {
+        let seen = self.seen.lock().unwrap();
+        seen.iter().filter(|r| r.0 == batch as usize).map(|r| (r.1, r.2, r.3.clone())).collect()
+    }
+
+    fn wait_for(&self, batch: *mut FerryPluginBatch, n: usize) -> Vec<(usize, FerryTransferStatus, Option<String>)> {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while self.of(batch).len() < n {
+            assert!(Instant::now() < deadline, "{n} report(s) expected, got {:?}", self.of(batch));
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        self.of(batch)
+    }
+}
+
+unsafe extern "C" fn report(
+    ctx: *mut c_void,
+    batch: *mut FerryPluginBatch,
+    index: usize,
+    status: *const FerryTransferStatus,
+    message: *const c_char,
+) {
+    // SAFETY: `ctx` is the test's `Reports`, alive until the instance is destroyed; `status`
+    // and `message` (null or NUL-terminated) are valid during the call (the ABI's contract).
+    let (reports, status, message) = unsafe {
+        (
+            &*ctx.cast::<Reports>(),
+            *status,
+            (!message.is_null()).then(|| CStr::from_ptr(message).to_string_lossy().into_owned()),
+        )
+    };
+    reports.seen.lock().unwrap().push((batch as usize, index, status, message));
+}
+
+impl Fixture {
+    fn set_sink(&self, reports: &Reports) -> i32 {
+        // SAFETY: a live instance; `reports` outlives it in every test.
+        unsafe {
+            (self.api.set_completion_sink.unwrap())(
+                self.inst,
+                Some(report),
+                (reports as *const Reports).cast_mut().cast(),
+            )
+        }
+    }
+}
+
+#[test]
+fn with_the_hosts_completion_sink_every_request_is_reported_once_as_it_is_released() {
+    let reports = Reports::default();
+    let mut f = Fixture::new("sink-a");
+    assert_eq!(f.set_sink(&reports), FERRY_OK);
+    assert_eq!(f.set_sink(&reports), FERRY_E_ALREADY_EXISTS, "offered once per instance");
+    let local = vec![0u8; 256];
+    let remote: Vec<u8> = (0..256u32).map(|i| i as u8).collect();
+    assert_eq!(f.register(addr(&local), 256, "cpu:0"), FERRY_OK);
+
+    // A synchronous transport: both requests are reported inside `submit`, under the pointer
+    // it returns.
+    let copy = f.open("peer", "copy");
+    let (code, batch) = f.submit(
+        copy,
+        &[req(FERRY_OPCODE_READ, &local[..64], &remote[..64]), req(FERRY_OPCODE_READ, &local[64..], &remote[64..])],
+    );
+    assert_eq!(code, FERRY_OK);
+    let done = FerryTransferStatus { state: FERRY_STATE_COMPLETED, code: FERRY_OK, transferred: 64 };
+    assert_eq!(reports.of(batch), [(0, done, None), (1, FerryTransferStatus { transferred: 192, ..done }, None)]);
+    assert_eq!(local, remote);
+    f.free(batch);
+
+    // A failure carries its message.
+    let failing = f.open("peer", "fail");
+    let (code, batch) = f.submit(failing, &[req(FERRY_OPCODE_READ, &local[..8], &remote[..8])]);
+    assert_eq!(code, FERRY_OK);
+    let failed = reports.of(batch);
+    assert_eq!(failed.len(), 1);
+    assert_eq!((failed[0].1.state, failed[0].1.code), (FERRY_STATE_FAILED, FERRY_E_PEER_UNREACHABLE));
+    assert_eq!(failed[0].2.as_deref(), Some("peer gone: reset by peer"));
+    f.free(batch);
+
+    // An asynchronous one: reported when the transport completes, not before.
+    let (code, later) = f.try_open(r#"{"name":"peer","protocol":"shimtest","mode":"async","gate":"sink-a"}"#);
+    assert_eq!(code, FERRY_OK);
+    let (code, batch) = f.submit(later, &[req(FERRY_OPCODE_WRITE, &local[..16], &remote[..16])]);
+    assert_eq!(code, FERRY_OK);
+    std::thread::sleep(Duration::from_millis(20));
+    assert!(reports.of(batch).is_empty(), "nothing is finished yet");
+    OPEN_GATES.lock().unwrap().push("sink-a".into());
+    assert_eq!(reports.wait_for(batch, 1)[0].1.state, FERRY_STATE_COMPLETED);
+    f.free(batch);
+
+    // A cancelled request is reported only once the transport let go of its memory.
+    let hold = f.open("peer", "hold");
+    let (code, batch) = f.submit(hold, &[req(FERRY_OPCODE_READ, &local[..8], &remote[..8])]);
+    assert_eq!(code, FERRY_OK);
+    let cancelled_at = Instant::now();
+    f.cancel(batch);
+    let seen = reports.wait_for(batch, 1);
+    assert!(cancelled_at.elapsed() >= Duration::from_millis(35), "reported before it was released");
+    assert_eq!((seen[0].1.state, seen[0].1.code), (FERRY_STATE_CANCELLED, FERRY_E_CANCELLED));
+    f.free(batch);
+
+    // A submit that fails reports nothing.
+    let exploding = f.open("peer", "panic");
+    let before = reports.seen.lock().unwrap().len();
+    let (code, batch) = f.submit(exploding, &[req(FERRY_OPCODE_READ, &local[..8], &remote[..8])]);
+    assert_eq!((code, batch), (FERRY_E_INTERNAL, std::ptr::null_mut()));
+    assert_eq!(reports.seen.lock().unwrap().len(), before, "no report for a batch the host never got");
+
+    let all = reports.seen.lock().unwrap().clone();
+    assert!(all.iter().all(|r| r.2.state != FERRY_STATE_PENDING), "reports give final states");
+    for t in [copy, failing, later, hold, exploding] {
+        f.close(t);
+    }
+    assert_eq!(f.unregister(addr(&local), 256), FERRY_OK, "every request was released");
+    f.destroy();
+    assert_eq!(reports.seen.lock().unwrap().len(), all.len());
+}
+
+#[test]
+fn without_a_completion_sink_batches_are_polled_and_nothing_is_reported() {
+    // A host of ABI 1.0 never offers a sink: `poll` is the only way completions are seen.
+    let f = Fixture::new("nosink-a");
+    let local = vec![0u8; 32];
+    let remote = vec![4u8; 32];
+    assert_eq!(f.register(addr(&local), 32, "cpu:0"), FERRY_OK);
+    let target = f.open("peer", "copy");
+    let (code, batch) = f.submit(target, &[req(FERRY_OPCODE_READ, &local, &remote)]);
+    assert_eq!(code, FERRY_OK);
+    assert_eq!(f.wait(batch, 1)[0].state, FERRY_STATE_COMPLETED);
+    assert_eq!(local, remote);
+    f.free(batch);
+    f.close(target);
 }

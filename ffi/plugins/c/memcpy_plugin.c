@@ -8,13 +8,20 @@
  *   cc -shared -fPIC -Wall -Werror -I ffi/include \
  *      -o libferry_transport_cmemcpy.so ffi/plugins/c/memcpy_plugin.c
  *
+ * The same source builds against the ABI 1.0 header (-I ffi/plugins/c/abi-1.0): the code for
+ * the completion callback of ABI 1.1 is compiled only when the header declares it, so the
+ * tests can load both builds and check that a plugin built against 1.0 is still polled.
+ * -DPROTOCOL='"name"' builds a copy serving another protocol (one library per protocol is
+ * loaded per process).
+ *
  * Design, kept deliberately simple:
  * - every instance is listed in one process-wide table, by segment name;
  * - one mutex guards that table and every instance's list of registered regions, and is held
  *   while bytes are copied: a peer can then neither unregister its memory nor go away in the
  *   middle of a copy. (A fast plugin would use finer locks; correctness is the point here.)
  * - requests finish inside submit(), so poll() always reports 0 pending and cancel() has
- *   nothing to stop.
+ *   nothing to stop; with the host's completion callback (ABI 1.1), submit() reports each
+ *   request to it before returning, and the host polls nothing.
  * Only this file's entry point is exported: every other function is static.
  */
 #define _POSIX_C_SOURCE 200809L
@@ -28,7 +35,9 @@
 
 #include "ferry_abi.h"
 
+#ifndef PROTOCOL
 #define PROTOCOL "cmemcpy"
+#endif
 /* Descriptor field with the publishing instance's id (a restarted peer is recognised). */
 #define INSTANCE_FIELD "cmemcpy_instance"
 
@@ -48,6 +57,10 @@ struct FerryPluginInstance {
     size_t region_capacity;
     bool listed;         /* in the table; guarded by table_lock */
     struct FerryPluginInstance *next;
+#if FERRY_PLUGIN_ABI_MINOR >= 1
+    FerryCompletionFn sink; /* the host's completion callback (NULL: the host polls) */
+    void *sink_ctx;
+#endif
 };
 
 struct FerryPluginTarget {
@@ -517,6 +530,13 @@ static int32_t cm_submit(FerryPluginInstance *inst, FerryPluginTarget *target, c
     }
     pthread_mutex_unlock(&table_lock);
     *out = batch;
+#if FERRY_PLUGIN_ABI_MINOR >= 1
+    /* Every request is finished and *out holds the batch: report them now. The host frees the
+       batch only once the last report was made and submit returned. */
+    if (inst->sink)
+        for (size_t i = 0; i < count; i++)
+            inst->sink(inst->sink_ctx, batch, i, &batch->statuses[i], batch->errors[i]);
+#endif
     return FERRY_OK;
 }
 
@@ -551,6 +571,17 @@ static void cm_free_batch(FerryPluginInstance *inst, FerryPluginBatch *batch) {
     free_batch(batch);
 }
 
+#if FERRY_PLUGIN_ABI_MINOR >= 1
+/* ABI 1.1: the host offers its completion callback right after create, before any other call
+   on the instance (so no lock is needed). Accepting it means reporting every request. */
+static int32_t cm_set_completion_sink(FerryPluginInstance *inst, FerryCompletionFn sink, void *ctx) {
+    if (!inst || !sink) return FERRY_E_INVALID_ARGUMENT;
+    inst->sink = sink;
+    inst->sink_ctx = ctx;
+    return FERRY_OK;
+}
+#endif
+
 static const FerryPluginApi api = {
     .struct_size = sizeof(FerryPluginApi),
     .abi_major = FERRY_PLUGIN_ABI_MAJOR,
@@ -571,6 +602,9 @@ static const FerryPluginApi api = {
     .cancel = cm_cancel,
     .batch_error = cm_batch_error,
     .free_batch = cm_free_batch,
+#if FERRY_PLUGIN_ABI_MINOR >= 1
+    .set_completion_sink = cm_set_completion_sink,
+#endif
 };
 
 /* The one exported symbol (FerryPluginEntryFn). */
