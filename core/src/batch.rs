@@ -2,13 +2,14 @@
 //! cancel), and the transport's [`Submission`] (the requests it was handed, each with its leased
 //! local span, which it completes exactly once — or its drop does).
 
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::memory::{Region, RegionLease};
 use crate::segment::OpenSegment;
+pub use crate::segment::SegmentHandle;
 
 /// Direction of a transfer, numbered as in Mooncake.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -17,34 +18,6 @@ pub enum Opcode {
     Read = 0,
     /// Copy from local memory into the target segment (push).
     Write = 1,
-}
-
-/// Handle of an opened segment (see `TransferEngine::open_segment`). Stable for the engine's
-/// lifetime, across descriptor refreshes.
-///
-/// Not made from an integer: handles come from `open_segment` (or [`fresh`](Self::fresh), for
-/// a host of its own segments), each unique in the process, so one engine's handle is never
-/// another's. Bindings that pass integers (C, Python) turn them back with
-/// `TransferEngine::segment_handle`, which checks that the segment is open.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct SegmentHandle(u64);
-
-impl SegmentHandle {
-    /// A new handle, unique in this process (never 0).
-    pub fn fresh() -> Self {
-        static NEXT: AtomicU64 = AtomicU64::new(1);
-        Self(NEXT.fetch_add(1, Ordering::Relaxed))
-    }
-
-    /// Its number, for bindings that pass handles as integers.
-    pub fn raw(self) -> u64 {
-        self.0
-    }
-
-    /// The handle numbered `raw`, for the engine's checked lookup (never handed out unchecked).
-    pub(crate) fn from_raw(raw: u64) -> Self {
-        Self(raw)
-    }
 }
 
 /// One transfer: `length` bytes between local address `source` and the target segment's

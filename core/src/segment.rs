@@ -1,13 +1,44 @@
-//! An opened segment: a peer's descriptor as this engine last read it, the transport chosen to
-//! reach it, and the remote bounds check.
+//! An opened segment: its handle, a peer's descriptor as this engine last read it, what the
+//! serving transport opened for it, and the remote bounds check. The engine keeps the serving
+//! transport beside it; transports receive it as the target of a submission.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use crate::batch::SegmentHandle;
 use crate::descriptor::SegmentDescriptor;
 use crate::error::{Error, Result};
-use crate::transport::{PeerHandle, Transport};
+
+/// Handle of an opened segment (see `TransferEngine::open_segment`). Stable for the engine's
+/// lifetime, across descriptor refreshes.
+///
+/// Not made from an integer: handles come from `open_segment` (or [`fresh`](Self::fresh), for
+/// a host of its own segments), each unique in the process, so one engine's handle is never
+/// another's. Bindings that pass integers (C, Python) turn them back with
+/// `TransferEngine::segment_handle`, which checks that the segment is open.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SegmentHandle(u64);
+
+impl SegmentHandle {
+    /// A new handle, unique in this process (never 0).
+    pub fn fresh() -> Self {
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        Self(NEXT.fetch_add(1, Ordering::Relaxed))
+    }
+
+    /// Its number, for bindings that pass handles as integers.
+    pub fn raw(self) -> u64 {
+        self.0
+    }
+
+    /// The handle numbered `raw`, for the engine's checked lookup (never handed out unchecked).
+    pub(crate) fn from_raw(raw: u64) -> Self {
+        Self(raw)
+    }
+}
+
+/// What a transport keeps for one opened peer segment ([`Transport::open`]); the transport
+/// downcasts it back with [`OpenSegment::peer`].
+pub type PeerHandle = Arc<dyn std::any::Any + Send + Sync>;
 
 /// A segment this engine has opened. Immutable once built; a refresh replaces it (same handle).
 pub struct OpenSegment {
@@ -15,7 +46,8 @@ pub struct OpenSegment {
     descriptor: SegmentDescriptor,
     /// Buffers as sorted, non-wrapping `(start, end)` pairs for binary search.
     ranges: Vec<(u64, u64)>,
-    transport: Arc<dyn Transport>,
+    /// The protocol of the transport that serves it.
+    protocol: String,
     /// What the transport opened for this descriptor, or why it could not.
     peer: std::result::Result<PeerHandle, Error>,
     stale: AtomicBool,
@@ -26,19 +58,19 @@ impl std::fmt::Debug for OpenSegment {
         f.debug_struct("OpenSegment")
             .field("handle", &self.handle)
             .field("name", &self.descriptor.name)
-            .field("transport", &self.transport.protocol())
+            .field("protocol", &self.protocol)
             .field("buffers", &self.ranges.len())
             .finish()
     }
 }
 
 impl OpenSegment {
-    /// Wraps a (validated) descriptor, the transport that reaches it and what the transport
-    /// opened for it ([`Transport::open`]).
+    /// Wraps a (validated) descriptor, the protocol of the transport that reaches it and what
+    /// that transport opened for it ([`Transport::open`](crate::Transport::open)).
     pub fn new(
         handle: SegmentHandle,
         descriptor: SegmentDescriptor,
-        transport: Arc<dyn Transport>,
+        protocol: impl Into<String>,
         peer: std::result::Result<PeerHandle, Error>,
     ) -> Self {
         let mut ranges: Vec<(u64, u64)> = descriptor
@@ -48,7 +80,7 @@ impl OpenSegment {
             .map(|b| (b.addr, b.addr.saturating_add(b.length)))
             .collect();
         ranges.sort_unstable();
-        Self { handle, descriptor, ranges, transport, peer, stale: AtomicBool::new(false) }
+        Self { handle, descriptor, ranges, protocol: protocol.into(), peer, stale: AtomicBool::new(false) }
     }
 
     /// The handle callers use.
@@ -66,15 +98,9 @@ impl OpenSegment {
         &self.descriptor
     }
 
-    /// The transport that serves this segment (the engine's; not handed out: its methods may
-    /// register memory the engine no longer vouches for).
-    pub(crate) fn transport(&self) -> &Arc<dyn Transport> {
-        &self.transport
-    }
-
     /// The protocol of the transport that serves this segment.
     pub fn protocol(&self) -> &str {
-        self.transport.protocol()
+        &self.protocol
     }
 
     /// What the serving transport opened for this descriptor, as its own type `T`: the error

@@ -14,6 +14,7 @@ use crate::memory::{MemoryRegistry, Region};
 use crate::options::{OptionSpec, OptionValue};
 use crate::resolver::{Environment, ResolverChain};
 use crate::segment::OpenSegment;
+pub use crate::segment::PeerHandle;
 
 /// What a transport can do (queried by the engine and by `ferry doctor`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -52,10 +53,6 @@ pub struct TransportContext {
     /// `None` where no metadata service is at hand (tests, plugin hosts).
     pub descriptors: Option<Arc<dyn DescriptorSource>>,
 }
-
-/// What a transport keeps for one opened peer segment ([`Transport::open`]); the transport
-/// downcasts it back with [`OpenSegment::peer`].
-pub type PeerHandle = Arc<dyn std::any::Any + Send + Sync>;
 
 /// Reads segment descriptors from the engine's metadata service, uncached.
 #[async_trait]

@@ -37,7 +37,7 @@ pub use blocks::{BlockBatch, KvLayoutId};
 pub use builder::EngineBuilder;
 pub use publication::REPUBLISH_CHECK;
 use publication::keep_published;
-use segments::{MetadataDescriptors, SegmentTable, watch_segments};
+use segments::{MetadataDescriptors, Route, SegmentTable, watch_segments};
 
 struct EngineInner {
     name: String,

@@ -6,7 +6,23 @@ use super::*;
 #[derive(Default)]
 pub(super) struct SegmentTable {
     by_name: HashMap<String, SegmentHandle>,
-    by_handle: HashMap<SegmentHandle, Arc<OpenSegment>>,
+    by_handle: HashMap<SegmentHandle, Route>,
+}
+
+/// An open segment and the transport that serves it (the engine's: transports see only the
+/// segment, and callers neither, so no caller can reach a transport's methods).
+#[derive(Clone)]
+pub(super) struct Route {
+    pub(super) segment: Arc<OpenSegment>,
+    pub(super) transport: Arc<dyn Transport>,
+}
+
+impl std::ops::Deref for Route {
+    type Target = OpenSegment;
+
+    fn deref(&self) -> &OpenSegment {
+        &self.segment
+    }
 }
 
 pub(super) async fn watch_segments(engine: Weak<EngineInner>, mut rx: tokio::sync::mpsc::Receiver<WatchEvent>) {
@@ -115,7 +131,7 @@ impl EngineInner {
     }
 
     /// Fetches `name` and stores it under its existing handle or a new one.
-    pub(super) async fn load_segment(&self, name: &str) -> Result<Arc<OpenSegment>> {
+    pub(super) async fn load_segment(&self, name: &str) -> Result<Route> {
         let desc = self.fetch(name).await?;
         if desc.name != name {
             return Err(Error::invalid(format!(
@@ -135,12 +151,13 @@ impl EngineInner {
                 h
             }
         };
-        let seg = Arc::new(OpenSegment::new(handle, desc, transport, peer));
-        table.by_handle.insert(handle, seg.clone());
-        Ok(seg)
+        let segment = Arc::new(OpenSegment::new(handle, desc, transport.protocol(), peer));
+        let route = Route { segment, transport };
+        table.by_handle.insert(handle, route.clone());
+        Ok(route)
     }
 
-    pub(super) fn cached(&self, handle: SegmentHandle) -> Result<Arc<OpenSegment>> {
+    pub(super) fn cached(&self, handle: SegmentHandle) -> Result<Route> {
         let table = self.segments.read().unwrap_or_else(|p| p.into_inner());
         table
             .by_handle
@@ -150,7 +167,7 @@ impl EngineInner {
     }
 
     /// The cached segment, refreshed first when it was marked stale.
-    pub(super) async fn segment_for_use(&self, handle: SegmentHandle) -> Result<Arc<OpenSegment>> {
+    pub(super) async fn segment_for_use(&self, handle: SegmentHandle) -> Result<Route> {
         let seg = self.cached(handle)?;
         if seg.is_stale() {
             return match self.load_segment(seg.name()).await {
@@ -203,7 +220,7 @@ impl TransferEngine {
 
     /// The opened segment behind `handle`.
     pub fn segment(&self, handle: SegmentHandle) -> Result<Arc<OpenSegment>> {
-        self.inner.cached(handle)
+        self.inner.cached(handle).map(|route| route.segment)
     }
 
     /// The handle of an open segment numbered `raw` ([`SegmentHandle::raw`]), for bindings that

@@ -32,7 +32,7 @@ impl TransferEngine {
             .map_err(|(i, e)| request_error(i, e))?;
 
         // Distinct target segments, in first-use order (usually one).
-        let mut segments: Vec<Arc<OpenSegment>> = Vec::with_capacity(1);
+        let mut segments: Vec<Route> = Vec::with_capacity(1);
         let mut slot_of: Vec<u32> = Vec::with_capacity(requests.len());
         for r in requests {
             let slot = match segments.iter().position(|s| s.handle() == r.target) {
@@ -46,7 +46,7 @@ impl TransferEngine {
         }
         let mut refreshed = vec![false; segments.len()];
         'validate: loop {
-            let caps: Vec<_> = segments.iter().map(|s| s.transport().capabilities()).collect();
+            let caps: Vec<_> = segments.iter().map(|s| s.transport.capabilities()).collect();
             for (i, r) in requests.iter().enumerate() {
                 let slot = slot_of[i] as usize;
                 let seg = &segments[slot];
@@ -56,7 +56,7 @@ impl TransferEngine {
                         i,
                         Error::new(
                             ErrorKind::Unsupported,
-                            format!("transport `{}` cannot {:?}", seg.transport().protocol(), r.opcode),
+                            format!("transport `{}` cannot {:?}", seg.transport.protocol(), r.opcode),
                         ),
                     ));
                 }
@@ -72,14 +72,15 @@ impl TransferEngine {
             break;
         }
 
+        let targets = segments.iter().map(|r| r.segment.clone()).collect();
         let (batch, mut all) =
-            Batch::from_leases(requests, leases, segments.clone(), None).map_err(|(i, e)| request_error(i, e))?;
+            Batch::from_leases(requests, leases, targets, None).map_err(|(i, e)| request_error(i, e))?;
         if segments.len() == 1 {
-            segments[0].transport().submit(&segments[0], all);
+            segments[0].transport.submit(&segments[0].segment, all);
         } else {
-            for (slot, seg) in segments.iter().enumerate() {
+            for (slot, route) in segments.iter().enumerate() {
                 let mine: Submission = all.take(|i, _| slot_of[i as usize] as usize == slot);
-                seg.transport().submit(seg, mine);
+                route.transport.submit(&route.segment, mine);
             }
         }
         Ok(batch)

@@ -640,7 +640,7 @@ pub(crate) unsafe extern "C" fn open_target(
         // The transport opens the peer once, here (its error is kept for the target's submits).
         let (transport, opened) = (inst.transport.clone(), desc.clone());
         let peer = inst.block_on(async move { transport.open(&opened).await })?;
-        let segment = Arc::new(OpenSegment::new(handle, desc, inst.transport.clone(), peer));
+        let segment = Arc::new(OpenSegment::new(handle, desc, inst.transport.protocol(), peer));
         let target = Box::new(Target { magic: TARGET_MAGIC, segment });
         // SAFETY: `out` is non-null and points to writable storage for a pointer (ABI contract).
         unsafe { out.write(Box::into_raw(target).cast()) };

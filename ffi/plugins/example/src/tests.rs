@@ -102,7 +102,7 @@ async fn copies_both_ways_and_checks_the_live_registry() {
     let desc = b.descriptor("direct-b");
     assert_eq!(desc.extra[INSTANCE_FIELD], b.instance.as_str(), "publish adds the instance id");
     let peer = a.transport.open(&desc).await;
-    let target = Arc::new(OpenSegment::new(SegmentHandle::fresh(), desc.clone(), a.transport.clone(), peer));
+    let target = Arc::new(OpenSegment::new(SegmentHandle::fresh(), desc.clone(), a.transport.protocol(), peer));
     assert!(a.transport.serves(&desc));
 
     let batch = a.submit(&target, Opcode::Read, addr(&dst), addr(&src), 8192);
@@ -166,14 +166,14 @@ async fn one_live_instance_per_segment_name_and_stale_descriptors_are_recognised
     let dst = vec![0u8; 64];
     reader.register(&dst, Location::Cpu(0));
     let peer = reader.transport.open(&old_desc).await;
-    let stale = Arc::new(OpenSegment::new(SegmentHandle::fresh(), old_desc, reader.transport.clone(), peer));
+    let stale = Arc::new(OpenSegment::new(SegmentHandle::fresh(), old_desc, reader.transport.protocol(), peer));
     let batch = reader.submit(&stale, Opcode::Read, addr(&dst), addr(&src), 64);
     let (kind, message) = failure(&batch);
     assert_eq!(kind, ErrorKind::PeerUnreachable);
     assert!(message.contains("restarted"), "{message}");
     let fresh_desc = second.descriptor("names-a");
     let peer = reader.transport.open(&fresh_desc).await;
-    let fresh = Arc::new(OpenSegment::new(SegmentHandle::fresh(), fresh_desc, reader.transport.clone(), peer));
+    let fresh = Arc::new(OpenSegment::new(SegmentHandle::fresh(), fresh_desc, reader.transport.protocol(), peer));
     assert!(reader.submit(&fresh, Opcode::Read, addr(&dst), addr(&src), 64).status().is_success());
     assert_eq!(dst, src);
 }
