@@ -22,6 +22,11 @@
 //! descriptor and config formats, segment names ([`SegmentName`]), options declared by
 //! transports ([`OptionSpec`]), and one [`Error`] type with stable [`ErrorKind`]s.
 //!
+//! The crate root re-exports what engine users and transport, store and resolver authors
+//! name; what the engine uses internally (the built-in resolver links and their order, the
+//! KV-block planner, the descriptor field that carries published KV layouts) stays in its
+//! module ([`resolver`], [`kv`]).
+//!
 //! Most users depend on the `ferry` facade crate instead, which pre-installs the transports
 //! compiled in.
 #![deny(unsafe_code)]
@@ -51,22 +56,21 @@ pub use config::{BasePort, ByteSize, Config, ConfigStyle, FieldSource, MetadataS
 pub use control::{ControlChannel, NoControlChannel, Notification};
 pub use descriptor::{BufferDesc, MetadataKeys, RankInfo, RpcMeta, SegmentDescriptor};
 pub use engine::{BlockBatch, EngineBuilder, KvLayoutId, TransferEngine};
+pub use environment::Environment;
 pub use error::{Error, ErrorKind, Result};
 pub use host_memory::{HOST_ALIGNMENT, HostAllocation};
-pub use kv::{
-    BlockRun, BlockSlice, BlockTransfer, KV_LAYOUTS_FIELD, KvLayout, KvRegion, layer_regions, plan_block_transfer,
-    published_kv_layout, published_kv_layout_names,
-};
-pub use memory::{Location, MemoryRegistry, Region, RegionLease, RegisteredMemory};
+pub use kv::{BlockRun, BlockSlice, BlockTransfer, KvLayout, KvRegion, layer_regions};
+pub use memory::{Location, MemoryRegistry, Region, RegisteredMemory};
 pub use metadata::{
     ControlChannelFactory, InProcessMetadata, MetadataConnection, MetadataFactory, MetadataRegistry, MetadataStore,
     WatchEvent,
 };
 pub use options::{OptionSpec, OptionValue, Setting};
+// The built-in resolver links (`ExplicitResolver`, ...) and their order stay in
+// [`resolver`]: users name links in the config, and write their own with these.
 pub use resolver::{
-    Answer, BUILTIN_RESOLVER_ORDER, Environment, ExplicitResolver, HostnameResolver, Identity, IdentityField,
-    PortOffsetResolver, Resolution, ResolveQuery, ResolveTarget, ResolverChain, ResolverContext, ResolverFactory,
-    ResolverRegistry, SegmentResolver,
+    Answer, Identity, IdentityField, Resolution, ResolveQuery, ResolveTarget, ResolverChain, ResolverContext,
+    ResolverFactory, ResolverRegistry, SegmentResolver,
 };
 pub use segment::OpenSegment;
 pub use segment_name::{DEVICE_ID_LIMIT, SegmentName, SegmentNameError};

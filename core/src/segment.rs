@@ -36,7 +36,7 @@ impl SegmentHandle {
     }
 }
 
-/// What a transport keeps for one opened peer segment ([`Transport::open`]); the transport
+/// What a transport keeps for one opened peer segment ([`Transport::open`](crate::Transport::open)); the transport
 /// downcasts it back with [`OpenSegment::peer`].
 pub type PeerHandle = Arc<dyn std::any::Any + Send + Sync>;
 
