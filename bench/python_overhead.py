@@ -18,7 +18,7 @@ Cases (each: p50, p90, p99 and mean microseconds per call, calls per second):
                             interpreter, two engines of one process (TCP loopback: Mooncake has
                             no same-process path)
 
-Prints one JSON object. Install the package first (`pip install ./ffi/python`, release build).
+Prints one JSON object. Install the package first (`pip install ./ffi/bindings/python`, release build).
 
 Usage: python bench/python_overhead.py [--iterations N] [--warmup N] [--size BYTES]
                                        [--no-cross-process] [--mooncake-python PATH]

@@ -18,7 +18,7 @@ done
 MC=$PWD/.venv-mooncake/bin
 FERRY_PY=$PWD/.venv-ferry/bin/python
 "$MC/python" -c 'import mooncake.engine' || { echo "error: .venv-mooncake lacks the wheel" >&2; exit 1; }
-"$FERRY_PY" -c 'import ferry' || { echo "error: .venv-ferry lacks ferry (pip install ./ffi/python)" >&2; exit 1; }
+"$FERRY_PY" -c 'import ferry' || { echo "error: .venv-ferry lacks ferry (pip install ./ffi/bindings/python)" >&2; exit 1; }
 
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/ferry-mooncake-ci.XXXXXX")
 PIDS=()

@@ -46,7 +46,7 @@ if ! "$VENV/bin/python" -c 'import mooncake.engine' >/dev/null 2>&1; then
 fi
 export FERRY_MOONCAKE_PYTHON="$PWD/$VENV/bin/python"
 # Mooncake's NPU wheel (its ascend_direct transport, on HIXL) for the HIXL interop tests
-# (ffi/python/tests/test_ascend_direct_interop.py), run on the emulated CANN and HIXL. It provides
+# (ffi/bindings/python/tests/test_ascend_direct_interop.py), run on the emulated CANN and HIXL. It provides
 # the same `mooncake` package as the wheel above, hence a venv of its own. Pinned: the emulator
 # exports what this version imports. PyPI has it only as cp311 and cp312, manylinux_2_35 x86_64, so
 # the venv is made with the first of python3, python3.12, python3.11 that is 3.11 or 3.12. Its
@@ -148,13 +148,13 @@ say "tests"
 # roles on the wheel's own `mooncake_http_metadata_server` (tests/test_mooncake_ci.py), the calls
 # of vLLM, SGLang and vllm-ascend, and `python -m ferry.alias` in throw-away venvs (python3-venv
 # above). FERRY_CARGO_PROFILE=debug reuses the build above.
-say "python: pip install ./ffi/python, pytest"
+say "python: pip install ./ffi/bindings/python, pytest"
 PYVENV=.venv-ferry
 if [ ! -x "$PYVENV/bin/python" ]; then
     python3 -m venv "$PYVENV"
 fi
 "$PYVENV/bin/pip" install -q --upgrade pytest
-FERRY_CARGO_PROFILE=debug "$PYVENV/bin/pip" install -q --force-reinstall --no-deps ./ffi/python
-FERRY_BIN="$PWD/target/debug/ferry" "$PYVENV/bin/python" -m pytest -q ffi/python/tests || status=1
+FERRY_CARGO_PROFILE=debug "$PYVENV/bin/pip" install -q --force-reinstall --no-deps ./ffi/bindings/python
+FERRY_BIN="$PWD/target/debug/ferry" "$PYVENV/bin/python" -m pytest -q ffi/bindings/python/tests || status=1
 
 exit $status

@@ -51,7 +51,7 @@ fn scratch(name: &str) -> PathBuf {
     dir
 }
 
-/// Compiles `ffi/plugins/c/<source>` into `dir/<file>` with the system C compiler.
+/// Compiles `ffi/plugin/examples/c/<source>` into `dir/<file>` with the system C compiler.
 fn compile_c_plugin(source: &str, dir: &Path, file: &str) -> Result<PathBuf> {
     compile_c_plugin_with(source, dir, file, &repo().join("ffi/include"), &[])
 }
@@ -64,7 +64,7 @@ fn compile_abi_1_0_plugin(source: &str, dir: &Path, protocol: &str) -> Result<Pa
         source,
         dir,
         &file,
-        &repo().join("ffi/plugins/c/abi-1.0"),
+        &repo().join("ffi/plugin/examples/c/abi-1.0"),
         &[format!("-DPROTOCOL=\"{protocol}\"")],
     )
 }
@@ -77,7 +77,7 @@ fn compile_c_plugin_with(source: &str, dir: &Path, file: &str, include: &Path, e
         .args(extra)
         .arg("-I")
         .arg(include)
-        .arg(repo().join("ffi/plugins/c").join(source))
+        .arg(repo().join("ffi/plugin/examples/c").join(source))
         .arg("-o")
         .arg(&out)
         .arg("-lpthread")
