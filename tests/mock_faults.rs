@@ -39,7 +39,7 @@ mock! {
         fn capabilities(&self) -> Capabilities;
         fn serves(&self, target: &SegmentDescriptor) -> bool;
         fn publish(&self, descriptor: &mut SegmentDescriptor);
-        async fn register_memory(&self, region: &ferry::Region) -> ferry::Result<()>;
+        async fn register_memory(&self, region: &ferry::Region, promise: ferry::MemoryPromise) -> ferry::Result<()>;
         async fn unregister_memory(&self, region: &ferry::Region) -> ferry::Result<()>;
         async fn open(&self, target: &SegmentDescriptor) -> ferry::Result<ferry::PeerHandle>;
         fn submit(&self, target: &Arc<OpenSegment>, submission: Submission);
@@ -127,7 +127,7 @@ async fn a_failed_publication_fails_the_build_and_rolls_back_registration() {
     });
     let mut wire = MockWire::new();
     wire_basics(&mut wire);
-    wire.expect_register_memory().times(1).returning(|_| Ok(()));
+    wire.expect_register_memory().times(1).returning(|_, _| Ok(()));
     wire.expect_unregister_memory().times(1).returning(|_| Ok(()));
     let e = engine_with(wire, Arc::new(meta)).await.unwrap();
     let buf = Buffer::zeroed(64);
@@ -141,7 +141,7 @@ async fn a_transport_refusing_registration_rolls_it_back() {
     let mut wire = MockWire::new();
     wire_basics(&mut wire);
     wire.expect_register_memory()
-        .returning(|r| if r.len() > 100 { Err(Error::transport("cannot pin that much")) } else { Ok(()) });
+        .returning(|r, _| if r.len() > 100 { Err(Error::transport("cannot pin that much")) } else { Ok(()) });
     wire.expect_unregister_memory().times(1).returning(|_| Ok(()));
     let e = engine_with(wire, InProcessMetadata::new()).await.unwrap();
     let (a, b) = (Buffer::zeroed(64), Buffer::zeroed(4096));
@@ -162,7 +162,7 @@ async fn submit_errors_fail_every_request_and_peer_loss_refreshes_the_descriptor
     let calls = Arc::new(AtomicUsize::new(0));
     let mut wire = MockWire::new();
     wire_basics(&mut wire);
-    wire.expect_register_memory().returning(|_| Ok(()));
+    wire.expect_register_memory().returning(|_, _| Ok(()));
     let c = calls.clone();
     wire.expect_submit().returning(move |_, submission| match c.fetch_add(1, Ordering::SeqCst) {
         0 => submission.fail_all(&Error::transport("queue full")),
@@ -209,7 +209,7 @@ async fn a_transport_that_never_completes_times_out_and_can_be_cancelled() {
     MetadataStore::put(&*meta, "mooncake/ram/peer", &peer_descriptor(remote, 4096)).await.unwrap();
     let mut wire = MockWire::new();
     wire_basics(&mut wire);
-    wire.expect_register_memory().returning(|_| Ok(()));
+    wire.expect_register_memory().returning(|_, _| Ok(()));
     // Accepts, then goes silent (it keeps the requests: they stay leased).
     let silent: Arc<std::sync::Mutex<Vec<Submission>>> = Arc::default();
     let keep = silent.clone();
@@ -252,7 +252,7 @@ async fn a_transport_that_drops_its_requests_fails_them_instead_of_hanging() {
     MetadataStore::put(&*meta, "mooncake/ram/peer", &peer_descriptor(remote, 4096)).await.unwrap();
     let mut wire = MockWire::new();
     wire_basics(&mut wire);
-    wire.expect_register_memory().returning(|_| Ok(()));
+    wire.expect_register_memory().returning(|_, _| Ok(()));
     wire.expect_unregister_memory().returning(|_| Ok(()));
     wire.expect_submit().returning(|_, s| drop(s));
     let e = engine_with(wire, meta).await.unwrap();
@@ -319,7 +319,7 @@ async fn a_transport_that_cannot_let_go_of_memory_keeps_it_registered() {
     let mut wire = MockWire::new();
     wire_basics(&mut wire);
     let r = registered.clone();
-    wire.expect_register_memory().returning(move |_| {
+    wire.expect_register_memory().returning(move |_, _| {
         r.fetch_add(1, Ordering::SeqCst);
         Ok(())
     });
@@ -357,7 +357,7 @@ async fn a_peer_is_opened_once_per_descriptor_and_its_error_reaches_each_submit(
     let opens = Arc::new(AtomicUsize::new(0));
     let mut wire = MockWire::new();
     w_basics_without_open(&mut wire);
-    wire.expect_register_memory().returning(|_| Ok(()));
+    wire.expect_register_memory().returning(|_, _| Ok(()));
     let o = opens.clone();
     wire.expect_open().returning(move |d| match o.fetch_add(1, Ordering::SeqCst) {
         0 => Err(Error::invalid(format!("segment `{}` publishes no route (first descriptor)", d.name))),

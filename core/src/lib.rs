@@ -75,6 +75,6 @@ pub use resolver::{
 pub use segment::OpenSegment;
 pub use segment_name::{DEVICE_ID_LIMIT, SegmentName, SegmentNameError};
 pub use transport::{
-    Capabilities, DescriptorSource, PeerHandle, Transport, TransportContext, TransportFactory, TransportRegistry,
-    TransportSource,
+    Capabilities, DescriptorSource, MemoryPromise, PeerHandle, Transport, TransportContext, TransportFactory,
+    TransportRegistry, TransportSource,
 };

@@ -33,6 +33,31 @@ pub struct Capabilities {
     pub cross_process: bool,
 }
 
+/// The promise a [`Transport::register_memory`] call comes with: the region's memory stays valid
+/// for reads and writes by any thread (and no Rust reference into it is held while transfers
+/// may touch it) until the transport's [`unregister_memory`](Transport::unregister_memory) for
+/// it returned `Ok`, or its [`shutdown`](Transport::shutdown) returned. A transport may rely on
+/// it to expose the region to peers meanwhile, and must stop touching it by then.
+///
+/// Not `Clone`: one promise per call. Only [`new`](Self::new), an `unsafe fn`, makes one.
+#[derive(Debug)]
+pub struct MemoryPromise(());
+
+impl MemoryPromise {
+    /// Makes the promise.
+    ///
+    /// # Safety
+    /// The caller guarantees what the type documents for the region it passes this promise
+    /// with: the engine does (its callers promised as much to
+    /// [`TransferEngine::register_memory`](crate::TransferEngine::register_memory), and it
+    /// unregisters a region only after every transport let go of it), and so does a plugin
+    /// SDK relaying its host's registration under the plugin ABI's contract.
+    #[allow(unsafe_code)]
+    pub unsafe fn new() -> Self {
+        Self(())
+    }
+}
+
 /// What a transport is given when the engine creates it.
 #[derive(Clone)]
 pub struct TransportContext {
@@ -121,8 +146,31 @@ pub trait Transport: Send + Sync + 'static {
 
     /// Called after a region is added to the engine's registry; an error rolls the
     /// registration back.
-    async fn register_memory(&self, region: &Region) -> Result<()> {
-        let _ = region;
+    ///
+    /// Only the engine calls it: a transport may expose the region to peers (HCCL binds it for
+    /// one-sided access) until `unregister_memory`, so safe code must not hand it a region
+    /// whose memory its owner may free meanwhile — a copy from
+    /// [`TransferEngine::memory`](crate::TransferEngine::memory), for one:
+    ///
+    /// ```compile_fail
+    /// # async fn f(engine: &ferry_core::TransferEngine, transport: &dyn ferry_core::Transport) {
+    /// let region = engine.memory().regions().remove(0);
+    /// transport.register_memory(&region).await.unwrap();
+    /// # }
+    /// ```
+    ///
+    /// The call takes a [`MemoryPromise`], which only `unsafe` code makes (the engine keeps
+    /// it for its callers, who made it to
+    /// [`TransferEngine::register_memory`](crate::TransferEngine::register_memory)):
+    ///
+    /// ```compile_fail
+    /// # async fn f(engine: &ferry_core::TransferEngine, transport: &dyn ferry_core::Transport) {
+    /// let region = engine.memory().regions().remove(0);
+    /// transport.register_memory(&region, ferry_core::MemoryPromise::new()).await.unwrap();
+    /// # }
+    /// ```
+    async fn register_memory(&self, region: &Region, promise: MemoryPromise) -> Result<()> {
+        let _ = (region, promise);
         Ok(())
     }
 

@@ -30,7 +30,7 @@ use crate::metadata::{MetadataConnection, MetadataRegistry, MetadataStore, Watch
 use crate::resolver::{Environment, Resolution, ResolveQuery, ResolverChain, ResolverRegistry};
 use crate::segment::OpenSegment;
 use crate::segment_name::SegmentName;
-use crate::transport::{Transport, TransportContext, TransportRegistry, no_transport_for};
+use crate::transport::{MemoryPromise, Transport, TransportContext, TransportRegistry, no_transport_for};
 
 use blocks::RegisteredLayout;
 pub use blocks::{BlockBatch, KvLayoutId};

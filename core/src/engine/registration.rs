@@ -3,6 +3,20 @@
 
 use super::*;
 
+/// The [`MemoryPromise`] the engine gives its transports for a region of its registry.
+pub(super) fn engine_promise() -> MemoryPromise {
+    // SAFETY: every region in the engine's registry was registered under
+    // `TransferEngine::register_memory`'s contract (valid until unregistered from the engine),
+    // and the engine's unregistration succeeds only once every transport's `unregister_memory`
+    // for the region returned `Ok` (a refusal re-registers it and tells the caller not to free
+    // it); `shutdown` lets the memory go only after every transport's `shutdown` returned. So
+    // the memory outlives every transport's use of it.
+    #[allow(unsafe_code)]
+    unsafe {
+        MemoryPromise::new()
+    }
+}
+
 impl TransferEngine {
     /// Registers `[addr, addr + len)` at `location` and republishes the descriptor. From now on
     /// local requests may use the range, and peers may read and write it.
@@ -87,7 +101,7 @@ impl TransferEngine {
         let transports = self.inner.transports();
         for (i, region) in regions.iter().enumerate() {
             for (t_idx, t) in transports.iter().enumerate() {
-                if let Err(e) = t.register_memory(region).await {
+                if let Err(e) = t.register_memory(region, engine_promise()).await {
                     for t in &transports[..t_idx] {
                         let _ = t.unregister_memory(region).await;
                     }
@@ -146,7 +160,7 @@ impl TransferEngine {
             (e.context(format!("{}; restoring the registration failed: {}", failure.message(), e.message())), false)
         })?;
         for (r, t_idx) in detached {
-            if let Err(e) = transports[t_idx].register_memory(&restored[r]).await {
+            if let Err(e) = transports[t_idx].register_memory(&restored[r], engine_promise()).await {
                 tracing::error!(addr = restored[r].addr(), transport = transports[t_idx].protocol(), error = %e, "re-registering memory after a failed unregister failed");
             }
         }

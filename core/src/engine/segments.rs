@@ -103,7 +103,7 @@ impl EngineInner {
         }
         let regions = self.memory.regions();
         for (i, region) in regions.iter().enumerate() {
-            if let Err(e) = transport.register_memory(region).await {
+            if let Err(e) = transport.register_memory(region, registration::engine_promise()).await {
                 for r in &regions[..i] {
                     let _ = transport.unregister_memory(r).await;
                 }

@@ -67,9 +67,9 @@ use ferry_ascend_identity::{AscendBackend, AscendOptions};
 use ferry_ascend_runtime::{AclQueries, AscendError, DeviceThread, GlobalMem, HostBuffer, MemKind, PointerKind};
 use ferry_ascend_sys::{Library, SearchPath};
 use ferry_core::{
-    Capabilities, Config, Environment, Error, ErrorKind, HostAllocation, Location, MemoryRegistry, OpenSegment,
-    OptionSpec, OptionValue, PeerHandle, RankInfo, Region, Resolution, ResolveQuery, Result, SegmentDescriptor,
-    SegmentName, Submission, Transport, TransportContext, TransportFactory,
+    Capabilities, Config, Environment, Error, ErrorKind, HostAllocation, Location, MemoryPromise, MemoryRegistry,
+    OpenSegment, OptionSpec, OptionValue, PeerHandle, RankInfo, Region, Resolution, ResolveQuery, Result,
+    SegmentDescriptor, SegmentName, Submission, Transport, TransportContext, TransportFactory,
 };
 use tokio::sync::watch;
 
@@ -971,7 +971,7 @@ impl Transport for HcclTransport {
         }
     }
 
-    async fn register_memory(&self, region: &Region) -> Result<()> {
+    async fn register_memory(&self, region: &Region, _promise: MemoryPromise) -> Result<()> {
         let placement = self.place(region).await?;
         let (addr, len) = (region.addr(), region.len());
         if placement == Placement::Device

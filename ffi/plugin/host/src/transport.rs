@@ -15,8 +15,8 @@ use ferry_abi::{
     FerryPluginTarget, FerryTransferRequest, FerryTransferStatus,
 };
 use ferry_core::{
-    Batch, Capabilities, Error, ErrorKind, Opcode, OpenSegment, Region, Result, SegmentDescriptor, Submission,
-    Transport, TransportContext, TransportFactory,
+    Batch, Capabilities, Error, ErrorKind, MemoryPromise, Opcode, OpenSegment, Region, Result, SegmentDescriptor,
+    Submission, Transport, TransportContext, TransportFactory,
 };
 use tokio::sync::Notify;
 
@@ -719,11 +719,12 @@ impl Transport for PluginTransport {
         }
     }
 
-    async fn register_memory(&self, region: &Region) -> Result<()> {
+    async fn register_memory(&self, region: &Region, _promise: MemoryPromise) -> Result<()> {
         let Some(register) = self.shared.api.register_memory else { return Ok(()) };
         let location = CString::new(region.location().to_string()).unwrap_or_default();
         // SAFETY: valid instance and string; the region stays registered (and valid) until the
-        // matching `unregister_memory`, which is what the plugin is told.
+        // matching `unregister_memory` (the `MemoryPromise` this call came with), which is what
+        // the plugin is told.
         let code = unsafe { register(self.shared.instance.0, region.addr(), region.len(), location.as_ptr()) };
         if code != FERRY_OK {
             return Err(status_error(&self.shared.plugin, "register_memory", code));

@@ -19,8 +19,8 @@ use ferry_abi::{
     FerryTransferRequest, FerryTransferStatus,
 };
 use ferry_core::{
-    Batch, Config, Error, ErrorKind, Location, MemoryRegistry, Opcode, OpenSegment, Region, RequestStatus,
-    ResolverChain, SegmentDescriptor, SegmentHandle, TransferRequest, Transport, TransportContext,
+    Batch, Config, Error, ErrorKind, Location, MemoryPromise, MemoryRegistry, Opcode, OpenSegment, Region,
+    RequestStatus, ResolverChain, SegmentDescriptor, SegmentHandle, TransferRequest, Transport, TransportContext,
 };
 use serde_json::{Map, Value};
 
@@ -557,7 +557,11 @@ pub(crate) unsafe extern "C" fn register_memory(
         // registration returned.
         let mut rollback = Rollback { memory: &inst.memory, addr: Some(addr), call: &*call };
         let transport = inst.transport.clone();
-        inst.block_on(async move { transport.register_memory(&region).await })??;
+        // SAFETY: the host's promise, relayed (see the registration above): the memory stays
+        // valid until the host calls `unregister_memory` for it, which reaches the transport's
+        // `unregister_memory` first, or until `destroy`, which shuts the transport down first.
+        let promise = unsafe { MemoryPromise::new() };
+        inst.block_on(async move { transport.register_memory(&region, promise).await })??;
         rollback.addr = None;
         Ok(())
     })

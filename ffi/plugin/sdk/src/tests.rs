@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use ferry_abi::*;
 use ferry_core::{
-    Capabilities, Error, ErrorKind, Location, Opcode, OpenSegment, Region, Result, SegmentDescriptor, Submission,
-    Transport, TransportContext, TransportFactory,
+    Capabilities, Error, ErrorKind, Location, MemoryPromise, Opcode, OpenSegment, Region, Result, SegmentDescriptor,
+    Submission, Transport, TransportContext, TransportFactory,
 };
 
 const PROTOCOL: &str = "shimtest";
@@ -78,7 +78,7 @@ impl Transport for TestTransport {
         descriptor.extra.insert("tcp_data_port".into(), 4242.into());
     }
 
-    async fn register_memory(&self, region: &Region) -> Result<()> {
+    async fn register_memory(&self, region: &Region, _promise: MemoryPromise) -> Result<()> {
         match region.location() {
             Location::Cuda(_) => Err(Error::new(ErrorKind::Unsupported, "shimtest moves no CUDA memory")),
             Location::Npu(99) => panic!("shimtest register exploded"),
