@@ -6,18 +6,18 @@
 //! repository (`scripts/test.sh` installs it). Without it these tests fail, loudly: they are not
 //! skipped.
 
-// Test buffers are `common::Buffer`s that outlive the engines they are registered with.
+// Test buffers are `ferry_test_support::Buffer`s that outlive the engines they are registered with.
 #![allow(clippy::undocumented_unsafe_blocks)]
-
-mod common;
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::Duration;
 
-use common::{Buffer, p2p_tcp_engine, pattern, pattern_buffer};
 use ferry::{Location, Opcode, TransferRequest};
+use ferry_test_support::{
+    Buffer, await_notification, free_port, p2p_tcp_engine, pattern, pattern_buffer, read_across, tcp_engine_on,
+};
 
 const SIZES: [u64; 7] = [1, 7, 4096, 65_537, 1 << 20, 8 << 20, 64 << 20];
 const T: Duration = Duration::from_secs(30);
@@ -273,17 +273,17 @@ async fn ferry_engines_work_against_mooncakes_own_http_metadata_server() {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let a = common::tcp_engine_on(&url, "127.0.0.1:40101").await;
-    let b = common::tcp_engine_on(&url, "127.0.0.1:40102").await;
+    let a = tcp_engine_on(&url, "127.0.0.1:40101").await;
+    let b = tcp_engine_on(&url, "127.0.0.1:40102").await;
     // Registration republishes the descriptor (not the rpc entry, which Mooncake's Python server
     // refuses to accept twice).
-    common::read_across(&a, &b).await;
+    read_across(&a, &b).await;
     b.shutdown().await.unwrap();
     // `a` "crashes" (no clean shutdown: its entries stay) and restarts under the same name: the
     // Python server refuses the second PUT of its rpc entry, which now names another RPC port;
     // the stale entry is replaced.
     drop(a);
-    let again = common::tcp_engine_on(&url, "127.0.0.1:40101").await;
+    let again = tcp_engine_on(&url, "127.0.0.1:40101").await;
     let entry = c.get(format!("{url}?key=mooncake/rpc_meta/127.0.0.1:40101")).send().await.unwrap();
     let entry: serde_json::Value = serde_json::from_slice(&entry.bytes().await.unwrap()).unwrap();
     assert_eq!(entry["rpc_port"], again.rpc_port().unwrap(), "{entry}");
@@ -306,8 +306,8 @@ async fn notifications_cross_both_ways_with_mooncake_on_an_http_metadata_server(
     .await
     .unwrap();
     let (segment, addr) = (mc.1["segment"].as_str().unwrap().to_owned(), mc.1["addr"].as_u64().unwrap());
-    let name = format!("127.0.0.1:{}", common::free_port());
-    let ferry = common::tcp_engine_on(&url, &name).await;
+    let name = format!("127.0.0.1:{}", free_port());
+    let ferry = tcp_engine_on(&url, &name).await;
     let buf = pattern_buffer(1 << 20, 11);
     unsafe { ferry.register_memory(buf.addr(), buf.len(), Location::Cpu(0)).await }.unwrap();
 
@@ -339,7 +339,7 @@ async fn notifications_cross_both_ways_with_mooncake_on_an_http_metadata_server(
         mc.0.line()
     });
     assert_eq!(rc, "0", "Mooncake's transfer_sync with a notification");
-    let note = common::await_notification(&ferry, "decode-done:7").await;
+    let note = await_notification(&ferry, "decode-done:7").await;
     assert_eq!(note.name, "mooncake", "the name Mooncake's sender put in its notification");
     // Mooncake sent the start of its buffer, which holds what Ferry wrote there above (pattern
     // 11 from offset 0), over Ferry's own pattern at 4096.

@@ -8,19 +8,17 @@
 //! `cargo build -p ferry-transport-example -p ferry-transport-panicky`.
 //! The C plugins are compiled here with the system `cc`.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
 
 use anyhow::{Context, Result, bail, ensure};
-use common::Buffer;
 use ferry::{
     Config, EngineBuilder, ErrorKind, Location, Opcode, SegmentDescriptor, TransferEngine, TransferRequest,
     TransportRegistry,
 };
 use ferry_plugin_host::PluginSource;
+use ferry_test_support::Buffer;
 
 /// The cargo target directory of this build (`target/<profile>`).
 fn target_dir() -> PathBuf {
