@@ -2,9 +2,9 @@
 //! (`mooncake-transfer-engine-non-cuda`), through P2PHANDSHAKE and the TCP data protocol, both
 //! directions, sizes from 1 byte to 64 MiB, every byte verified.
 //!
-//! The Python with the wheel is `$FERRY_MOONCAKE_PYTHON`, else `.venv-mooncake/bin/python` in the
-//! repository (`scripts/test.sh` installs it). Without it these tests fail, loudly: they are not
-//! skipped.
+//! The Python with the wheel is `$FERRY_MOONCAKE_PYTHON`, else `.venv-mooncake/bin/python` at the
+//! workspace root (`scripts/test.sh` installs it). Without it these tests fail, loudly: they are
+//! not skipped. The Mooncake side runs this crate's `tests/interop/mooncake_peer.py`.
 
 // Test buffers are `ferry_test_support::Buffer`s that outlive the engines they are registered with.
 #![allow(clippy::undocumented_unsafe_blocks)]
@@ -17,6 +17,7 @@ use std::time::Duration;
 use ferry::{Location, Opcode, TransferRequest};
 use ferry_test_support::{
     Buffer, await_notification, free_port, p2p_tcp_engine, pattern, pattern_buffer, read_across, tcp_engine_on,
+    workspace_root,
 };
 
 const SIZES: [u64; 7] = [1, 7, 4096, 65_537, 1 << 20, 8 << 20, 64 << 20];
@@ -25,7 +26,7 @@ const T: Duration = Duration::from_secs(30);
 fn mooncake_python() -> PathBuf {
     let candidate = std::env::var_os("FERRY_MOONCAKE_PYTHON")
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".venv-mooncake/bin/python"));
+        .unwrap_or_else(|| workspace_root().join(".venv-mooncake/bin/python"));
     let ok = Command::new(&candidate)
         .args(["-c", "import mooncake.engine"])
         .stdout(Stdio::null())
@@ -34,7 +35,7 @@ fn mooncake_python() -> PathBuf {
         .is_ok_and(|s| s.success());
     assert!(
         ok,
-        "\n\n*** Mooncake interop cannot run: {} cannot import mooncake.engine.\n*** Install the wheel: \
+        "\n\n*** Mooncake interop cannot run: {} cannot import mooncake.engine.\n*** Install the wheel at the workspace root: \
          python3 -m venv .venv-mooncake && .venv-mooncake/bin/pip install mooncake-transfer-engine-non-cuda \
          (plus Debian libibverbs1 libnuma1 librdmacm1), or point FERRY_MOONCAKE_PYTHON at a Python that has it.\n",
         candidate.display()
