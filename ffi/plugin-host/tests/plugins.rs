@@ -37,8 +37,9 @@ fn built_plugin(crate_lib: &str) -> Result<PathBuf> {
     Ok(path)
 }
 
+/// The workspace root, where the C plugins and the headers are.
 fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+    ferry_test_support::workspace_root()
 }
 
 /// A fresh directory under the target dir.
