@@ -1,5 +1,5 @@
 //! A prefill or decode process on the `ascend` transport, used by the HCCL integration tests
-//! (`tests/hccl_transfer.rs`) and handy for trying a deployment by hand.
+//! (`transports/hccl/tests/hccl_transfer.rs`) and handy for trying a deployment by hand.
 //!
 //! ```text
 //! ascend_peer prefill [--host-memory|--plain-host-memory] [--any-location] [--regions N]

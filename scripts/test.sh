@@ -21,8 +21,8 @@ else
     RUNNER=(cargo test --workspace --all-features --no-fail-fast)
 fi
 
-# Mooncake's wheel, for the interop tests (tests/interop_mooncake.rs). If it cannot be installed
-# those tests fail and say why; nothing is skipped.
+# Mooncake's wheel, for the interop tests (transports/tcp/tests/interop_mooncake.rs). If it cannot
+# be installed those tests fail and say why; nothing is skipped.
 need_debs=()
 # protoc builds the etcd client; etcd and Redis serve the metadata tests. The Mooncake wheels link
 # libcurl.so.4 (the OpenSSL flavour, libcurl4) besides libibverbs and libnuma.

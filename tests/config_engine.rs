@@ -1,11 +1,9 @@
 //! Engines built from mooncake.json files: what works, and the errors a bad file gets.
 
-mod common;
-
 use std::path::PathBuf;
 
-use common::builder;
 use ferry::{Config, ErrorKind, InProcessMetadata};
+use ferry_test_support::builder;
 
 fn write(name: &str, text: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("ferry-config-test-{}", std::process::id()));

@@ -1,16 +1,14 @@
 //! The KV-block API end to end: only the named blocks move, adjacent blocks merge into one
 //! request, and failures are reported per block.
 
-// Test buffers are `common::Buffer`s that outlive the engines they are registered with.
+// Test buffers are `ferry_test_support::Buffer`s that outlive the engines they are registered with.
 #![allow(clippy::undocumented_unsafe_blocks)]
-
-mod common;
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{Buffer, builder, pair};
 use ferry::{BlockSlice, BlockTransfer, ErrorKind, InProcessMetadata, KvLayout, Location};
+use ferry_test_support::{Buffer, builder, pair};
 
 const BLOCKS: u32 = 32;
 const BLOCK_LEN: u64 = 256;

@@ -4,10 +4,8 @@
 //! party's store, which has no channel code, included); the HTTP server's answers to bad
 //! requests.
 
-// Test buffers are `common::Buffer`s that outlive the engines they are registered with.
+// Test buffers are `ferry_test_support::Buffer`s that outlive the engines they are registered with.
 #![allow(clippy::undocumented_unsafe_blocks)]
-
-mod common;
 
 use std::sync::Arc;
 
@@ -15,6 +13,7 @@ use ferry::{ErrorKind, InProcessMetadata, MetadataStore};
 use ferry_metadata_http::HttpMetadata;
 use ferry_metadata_http::server::{Limits, serve};
 use ferry_metadata_http::store::Store;
+use ferry_test_support::{free_port, notify_across, read_across, tcp_engine_on, tcp_only};
 
 /// A `ferry metadata-server` on a loopback port; stops when the returned sender drops.
 async fn http_server(store: Store, limits: Limits) -> (String, tokio::sync::oneshot::Sender<()>) {
@@ -71,12 +70,12 @@ async fn http_backend_keeps_the_contract() {
 
 /// Two engines on `url` find each other and move data.
 async fn engines_meet(url: &str) {
-    let a = common::tcp_engine_on(url, "127.0.0.1:40001").await;
-    let b = common::tcp_engine_on(url, "127.0.0.1:40002").await;
+    let a = tcp_engine_on(url, "127.0.0.1:40001").await;
+    let b = tcp_engine_on(url, "127.0.0.1:40002").await;
     assert_eq!(a.metadata_backend(), "http");
-    common::read_across(&a, &b).await;
-    common::notify_across(&a, &b, "a to b").await;
-    common::notify_across(&b, &a, "b to a").await;
+    read_across(&a, &b).await;
+    notify_across(&a, &b, "a to b").await;
+    notify_across(&b, &a, "b to a").await;
     a.shutdown().await.unwrap();
     let m = HttpMetadata::new(url).unwrap();
     assert_eq!(m.get("mooncake/ram/127.0.0.1:40001").await.unwrap(), None, "a clean shutdown unpublishes");
@@ -114,7 +113,7 @@ async fn the_rpc_entry_names_the_handshake_listener_which_is_freed_at_shutdown()
     // Without `rpc_port` the listener takes a free port in 15000..17000, whether the name has a
     // port or not (as a Mooncake engine on a store does), and the rpc entry says which.
     for name in ["127.0.0.1", "127.0.0.1:40011"] {
-        let a = common::tcp_engine_on(&url, name).await;
+        let a = tcp_engine_on(&url, name).await;
         let rpc = rpc_entry(&url, name).await;
         let port = rpc["rpc_port"].as_u64().unwrap() as u16;
         assert!((15000..17000).contains(&port) && rpc["ip_or_host_name"] == "127.0.0.1", "{name}: {rpc}");
@@ -124,7 +123,7 @@ async fn the_rpc_entry_names_the_handshake_listener_which_is_freed_at_shutdown()
     }
     // With `rpc_port`, that port. Once shut down it is free at once: an engine of the same name
     // starts again in the same process.
-    let port = common::free_port();
+    let port = free_port();
     let name = "127.0.0.1:40012";
     let b = engine_with_rpc_port(&url, name, port).await.unwrap();
     assert_eq!(rpc_entry(&url, name).await["rpc_port"], port);
@@ -354,7 +353,7 @@ async fn a_third_party_store_gets_notifications_through_the_generic_listener() {
     let engine = async |name: &str| {
         let mut metadata = ferry::default_metadata();
         metadata.install(Arc::new(ThirdPartyFactory(shared.clone())));
-        let b = ferry::builder().config(third_party_config(name)).transports(common::tcp_only());
+        let b = ferry::builder().config(third_party_config(name)).transports(tcp_only());
         b.metadata_registry(metadata).build().await.unwrap()
     };
     let a = engine("127.0.0.1:40041").await;
@@ -364,16 +363,16 @@ async fn a_third_party_store_gets_notifications_through_the_generic_listener() {
     let rpc = shared.get("mooncake/rpc_meta/127.0.0.1:40041").await.unwrap().unwrap();
     let rpc: ferry::RpcMeta = serde_json::from_slice(&rpc).unwrap();
     assert!(a.rpc_port() == Some(rpc.rpc_port) && (15000..17000).contains(&rpc.rpc_port), "{rpc:?}");
-    common::read_across(&a, &b).await;
-    common::notify_across(&a, &b, "a to b through a third party's store").await;
-    common::notify_across(&b, &a, "b to a through a third party's store").await;
+    read_across(&a, &b).await;
+    notify_across(&a, &b, "a to b through a third party's store").await;
+    notify_across(&b, &a, "b to a through a third party's store").await;
     a.probe(b.segment_name()).await.unwrap();
 
     // Given to the builder directly, the store has no channel unless one is given with it.
     let store: Arc<dyn MetadataStore> = Arc::new(ThirdParty(shared.clone()));
     let alone = ferry::builder()
         .config(third_party_config("127.0.0.1:40043"))
-        .transports(common::tcp_only())
+        .transports(tcp_only())
         .metadata(store.clone())
         .build()
         .await
@@ -387,14 +386,14 @@ async fn a_third_party_store_gets_notifications_through_the_generic_listener() {
     let channel = ferry::default_metadata().channel_beside(&store, &cfg).await.unwrap();
     let given = ferry::builder()
         .config(cfg)
-        .transports(common::tcp_only())
+        .transports(tcp_only())
         .metadata(store)
         .control_channel(channel)
         .build()
         .await
         .unwrap();
-    common::notify_across(&given, &a, "from an engine given the store and its channel").await;
-    common::notify_across(&a, &given, "to an engine given the store and its channel").await;
+    notify_across(&given, &a, "from an engine given the store and its channel").await;
+    notify_across(&a, &given, "to an engine given the store and its channel").await;
 
     for e in [given, b, a] {
         e.shutdown().await.unwrap();
@@ -453,7 +452,7 @@ async fn the_server_refuses_a_second_engines_rpc_meta_but_accepts_the_identical_
 async fn a_second_engine_cannot_take_a_live_engines_name_but_replaces_a_dead_ones() {
     let (url, _stop) = http_server(Store::in_memory(), Limits::default()).await;
     let name = "127.0.0.1:40021";
-    let a = common::tcp_engine_on(&url, name).await;
+    let a = tcp_engine_on(&url, name).await;
     let cfg = ferry::Config::from_json_str(
         &format!(r#"{{"local_hostname": "{name}", "metadata_server": "{url}", "protocol": "tcp"}}"#),
         None,
@@ -466,7 +465,7 @@ async fn a_second_engine_cannot_take_a_live_engines_name_but_replaces_a_dead_one
     a.shutdown().await.unwrap();
     // A crashed engine's entry (its listener gone) is replaced.
     let m = HttpMetadata::new(&url).unwrap();
-    let dead = common::free_port();
+    let dead = free_port();
     let stale = format!(r#"{{"ip_or_host_name":"127.0.0.1","rpc_port":{dead}}}"#);
     m.put(&format!("mooncake/rpc_meta/{name}"), stale.as_bytes()).await.unwrap();
     let b = ferry::builder().config(cfg).build().await.unwrap();
@@ -477,8 +476,8 @@ async fn a_second_engine_cannot_take_a_live_engines_name_but_replaces_a_dead_one
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_probe_reaches_a_live_peer_on_a_store_and_names_an_unknown_one() {
     let (url, _stop) = http_server(Store::in_memory(), Limits::default()).await;
-    let a = common::tcp_engine_on(&url, "127.0.0.1:40031").await;
-    let b = common::tcp_engine_on(&url, "127.0.0.1:40032").await;
+    let a = tcp_engine_on(&url, "127.0.0.1:40031").await;
+    let b = tcp_engine_on(&url, "127.0.0.1:40032").await;
     a.probe("127.0.0.1:40032").await.unwrap();
     let e = a.probe("unreachable_peer:9").await.unwrap_err();
     assert_eq!(e.kind(), ErrorKind::NotFound, "{e}");

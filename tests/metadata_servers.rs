@@ -6,18 +6,16 @@
 //! The contract tests use the servers `scripts/test.sh` starts (`FERRY_TEST_REDIS`,
 //! `FERRY_TEST_ETCD`) and start private ones otherwise; restart tests always use private ones.
 
-// Test buffers are `common::Buffer`s that outlive the engines they are registered with.
+// Test buffers are `ferry_test_support::Buffer`s that outlive the engines they are registered with.
 #![allow(clippy::undocumented_unsafe_blocks)]
-
-mod common;
 
 use std::time::{Duration, Instant};
 
-use common::servers::Server;
-use common::{Buffer, pattern_buffer};
 use ferry::{Location, MetadataStore, Opcode, TransferEngine, TransferRequest};
 use ferry_metadata_etcd::EtcdMetadata;
 use ferry_metadata_redis::RedisMetadata;
+use ferry_test_support::servers::Server;
+use ferry_test_support::{Buffer, notify_across, pattern_buffer, read_across, tcp_engine_on};
 
 /// The contract (same as tests/metadata_contract.rs, which cannot be shared across test crates
 /// without a library of its own).
@@ -72,7 +70,7 @@ async fn etcd_backend_keeps_the_contract() {
 }
 
 async fn engine(metadata: &str, name: &str) -> TransferEngine {
-    common::tcp_engine_on(metadata, name).await
+    tcp_engine_on(metadata, name).await
 }
 
 async fn read_all(from: &TransferEngine, peer: ferry::SegmentHandle, src: &Buffer, dst: &Buffer) -> ferry::Result<()> {
@@ -93,9 +91,9 @@ async fn engines_meet_through_redis_and_etcd() {
     for (i, url) in [redis, etcd].into_iter().enumerate() {
         let a = engine(&url, &format!("127.0.0.1:{}", 41000 + i * 10)).await;
         let b = engine(&url, &format!("127.0.0.1:{}", 41001 + i * 10)).await;
-        common::read_across(&a, &b).await;
-        common::notify_across(&a, &b, &format!("a to b over {url}")).await;
-        common::notify_across(&b, &a, &format!("b to a over {url}")).await;
+        read_across(&a, &b).await;
+        notify_across(&a, &b, &format!("a to b over {url}")).await;
+        notify_across(&b, &a, &format!("b to a over {url}")).await;
         b.shutdown().await.unwrap();
         a.shutdown().await.unwrap();
     }

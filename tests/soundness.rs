@@ -5,13 +5,11 @@
 //! may the region be unregistered (and freed). The caller-facing batch can be waited on, polled
 //! and cancelled, nothing else: it cannot release a request the transport still holds.
 
-mod common;
-
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{Buffer, tcp_only};
 use ferry::{InProcessMetadata, Location, MetadataStore, Opcode, SegmentDescriptor, TransferRequest};
+use ferry_test_support::{Buffer, tcp_only};
 use ferry_transport_tcp::TcpEndpoint;
 
 /// A tcp "peer" that accepts connections and never answers: a read to it stays in flight in the

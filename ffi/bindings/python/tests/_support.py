@@ -26,7 +26,7 @@ _BASE = bytes(range(251))
 
 
 def pattern(offset: int, length: int, seed: int) -> bytes:
-    """Byte k of a patterned buffer is (k + seed) % 251 (as in tests/interop/mooncake_peer.py)."""
+    """Byte k of a patterned buffer is (k + seed) % 251 (as in transports/tcp/tests/interop/mooncake_peer.py)."""
     start = (offset + seed) % 251
     reps = (start + length) // 251 + 1
     return (_BASE * reps)[start : start + length]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from _support import REPO, Child, alias_python, ferry_site, make_venv, mooncake_python
 
-MOONCAKE_PEER = REPO / "tests" / "interop" / "mooncake_peer.py"
+MOONCAKE_PEER = REPO / "transports" / "tcp" / "tests" / "interop" / "mooncake_peer.py"
 
 
 def run(python: Path, *args: str) -> subprocess.CompletedProcess:

@@ -13,7 +13,7 @@ from ferry import KvLayout, TransferNotify, TransferOpcode
 
 from _support import PEERS, REPO, Child, ferry_bin, fetch_descriptor, mooncake_python, pattern, python_child, wait_until
 
-MOONCAKE_PEER = REPO / "tests" / "interop" / "mooncake_peer.py"
+MOONCAKE_PEER = REPO / "transports" / "tcp" / "tests" / "interop" / "mooncake_peer.py"
 
 
 def test_two_python_processes(make_engine, host_buffer, child_factory):
@@ -196,7 +196,7 @@ def test_mooncake_wheel_reads_and_writes_a_ferry_python_engine(make_engine, chil
 
 
 def test_a_script_written_for_mooncake_runs_on_ferry(tmp_path, child_factory):
-    """tests/interop/mooncake_peer.py with only its import changed serves as a Ferry target that
+    """transports/tcp/tests/interop/mooncake_peer.py with only its import changed serves as a Ferry target that
     Mooncake's own copy of the script (in the wheel's Python) reads, checks and writes."""
     source = MOONCAKE_PEER.read_text()
     old = "from mooncake.engine import TransferEngine"

@@ -1,17 +1,15 @@
 //! The TCP transport and the P2P handshake between Ferry engines over real loopback sockets,
 //! and the bad input and faults the target must survive.
 
-// Test buffers are `common::Buffer`s that outlive the engines they are registered with.
+// Test buffers are `ferry_test_support::Buffer`s that outlive the engines they are registered with.
 #![allow(clippy::undocumented_unsafe_blocks)]
-
-mod common;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{Buffer, p2p_tcp_engine, pattern, pattern_buffer, tcp_only};
 use ferry::{ErrorKind, InProcessMetadata, Location, MetadataStore, Opcode, SegmentDescriptor, TransferRequest};
 use ferry_metadata_p2p::frame::{FrameType, encode, read_frame};
+use ferry_test_support::{Buffer, p2p_tcp_engine, pattern, pattern_buffer, tcp_only};
 use ferry_transport_tcp::TcpEndpoint;
 use ferry_transport_tcp::wire::{Header, STATUS_LEN, Status};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

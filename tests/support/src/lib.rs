@@ -1,11 +1,32 @@
-//! Helpers shared by the integration tests.
-#![allow(dead_code, unreachable_pub)]
+//! Helpers shared by Ferry's integration tests: the facade's own (`tests/` at the workspace
+//! root) and each transport's (`transports/*/tests/`, `ffi/plugin/host/tests/`).
+//!
+//! - [`Buffer`]: heap memory a test registers with an engine, with [`pattern`] and
+//!   [`pattern_buffer`] for contents a peer can check byte for byte.
+//! - Engines: [`builder`], [`pair`] and [`connected`] on a private in-process metadata store;
+//!   [`tcp_only`], [`p2p_tcp_engine`] and [`tcp_engine_on`] for engines whose bytes cross sockets.
+//! - Checks between two engines: [`read_across`], [`notify_across`], [`await_notification`].
+//! - [`servers`]: real etcd and Redis processes on free loopback ports.
+//! - [`workspace_root`] and [`free_port`].
+//!
+//! The crate is not published. It depends on the `ferry` facade with the `local`, `null`, `tcp`
+//! and `p2p` features; its `etcd` feature turns on the facade's `etcd` too.
 
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 pub mod servers;
 
 use ferry::{EngineBuilder, InProcessMetadata, MetadataStore, TransferEngine};
+
+/// The workspace's root directory (where `Cargo.lock`, `.venv-mooncake` and `ffi/` are), for
+/// tests that read files of another crate or the repository.
+pub fn workspace_root() -> PathBuf {
+    // This crate is `tests/support` under the root.
+    let root =
+        Path::new(env!("CARGO_MANIFEST_DIR")).parent().and_then(Path::parent).expect("tests/support has two parents");
+    root.to_path_buf()
+}
 
 /// A loopback port nothing listens on (free when this returns; good enough for tests).
 pub fn free_port() -> u16 {
@@ -19,6 +40,7 @@ pub struct Buffer {
 }
 
 impl Buffer {
+    /// `len` bytes of a pattern derived from `seed` (byte `i` is `i * 31 + seed`, wrapping).
     pub fn filled(len: usize, seed: u8) -> Self {
         Self::from(
             std::iter::repeat_n(0u8, len)
@@ -27,6 +49,7 @@ impl Buffer {
                 .collect(),
         )
     }
+    /// `len` zero bytes.
     pub fn zeroed(len: usize) -> Self {
         Self::from(vec![0; len])
     }
@@ -35,11 +58,17 @@ impl Buffer {
         let addr = data.as_mut_ptr() as u64;
         Self { data, addr }
     }
+    /// The address to register and to name in transfer requests.
     pub fn addr(&self) -> u64 {
         self.addr
     }
+    /// The length in bytes.
     pub fn len(&self) -> u64 {
         self.data.len() as u64
+    }
+    /// Whether the buffer holds no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.data.is_empty()
     }
     /// Reads the current contents (the engine writes through raw pointers).
     pub fn bytes(&self) -> &[u8] {
@@ -53,12 +82,14 @@ pub fn builder(meta: &Arc<InProcessMetadata>) -> EngineBuilder {
     ferry::builder().transports(all_transports()).metadata(meta.clone() as Arc<dyn MetadataStore>)
 }
 
+/// Every transport of the facade's build, with `local` and `null` always among them.
 pub fn all_transports() -> ferry::TransportRegistry {
     ferry::default_transports()
-        .with(Arc::new(ferry_transport_local::LocalTransportFactory))
-        .with(Arc::new(ferry_transport_null::NullTransportFactory))
+        .with(Arc::new(ferry::transports::local::LocalTransportFactory))
+        .with(Arc::new(ferry::transports::null::NullTransportFactory))
 }
 
+/// Two engines on `meta` from [`builder`], segments `prefill` and `decode`.
 pub async fn pair(meta: &Arc<InProcessMetadata>) -> (TransferEngine, TransferEngine) {
     let a = builder(meta).segment_name("prefill").build().await.unwrap();
     let b = builder(meta).segment_name("decode").build().await.unwrap();
@@ -68,13 +99,20 @@ pub async fn pair(meta: &Arc<InProcessMetadata>) -> (TransferEngine, TransferEng
 /// Two engines with one buffer each (prefill's filled, decode's zeroed) and decode's handle on
 /// prefill's segment.
 pub struct Connected {
+    /// The engine of segment `prefill`, owner of `src`.
     pub prefill: TransferEngine,
+    /// The engine of segment `decode`, owner of `dst`.
     pub decode: TransferEngine,
+    /// Prefill's buffer, [`Buffer::filled`] with seed 3.
     pub src: Buffer,
+    /// Decode's buffer, zeroed, registered as `Cpu(0)`.
     pub dst: Buffer,
+    /// Decode's handle on prefill's segment.
     pub peer: ferry::SegmentHandle,
 }
 
+/// [`Connected`] engines on `meta`, with buffers of `len` bytes; prefill's is registered at
+/// `src_location`.
 pub async fn connected(meta: &Arc<InProcessMetadata>, len: usize, src_location: ferry::Location) -> Connected {
     let (prefill, decode) = pair(meta).await;
     let src = Buffer::filled(len, 3);
@@ -89,7 +127,7 @@ pub async fn connected(meta: &Arc<InProcessMetadata>, len: usize, src_location: 
 
 /// A registry with only the TCP transport (no same-process shortcut), so bytes cross sockets.
 pub fn tcp_only() -> ferry::TransportRegistry {
-    ferry::TransportRegistry::new().with(Arc::new(ferry_transport_tcp::TcpTransportFactory))
+    ferry::TransportRegistry::new().with(Arc::new(ferry::transports::tcp::TcpTransportFactory))
 }
 
 /// An engine on P2P handshake metadata and the TCP transport only.
@@ -117,16 +155,15 @@ pub fn pattern_buffer(len: usize, seed: u64) -> Buffer {
 }
 
 /// An engine named `name` on the metadata service `url`, TCP only, with every metadata store of
-/// this build (etcd included) and the facade's control channel beside it.
+/// the facade's build (etcd with this crate's `etcd` feature) and the facade's control channel
+/// beside it.
 pub async fn tcp_engine_on(url: &str, name: &str) -> TransferEngine {
     let cfg = ferry::Config::from_json_str(
         &format!(r#"{{"local_hostname": "{name}", "metadata_server": "{url}", "protocol": "tcp", "transfer_timeout_ms": 5000}}"#),
         None,
     )
     .unwrap();
-    let mut metadata = ferry::default_metadata();
-    metadata.install(Arc::new(ferry_metadata_etcd::EtcdMetadataFactory));
-    ferry::builder().config(cfg).transports(tcp_only()).metadata_registry(metadata).build().await.unwrap()
+    ferry::builder().config(cfg).transports(tcp_only()).build().await.unwrap()
 }
 
 /// `b` finds `a` through their metadata service and reads 1 MiB of it, checked byte for byte.

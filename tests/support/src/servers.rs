@@ -7,11 +7,12 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::free_port;
+use crate::free_port;
 
 /// A server process, killed when dropped.
 pub struct Server {
     child: Option<Child>,
+    /// The loopback port it listens on (the same across [`Server::stop`] and [`Server::start`]).
     pub port: u16,
     dir: PathBuf,
     kind: &'static str,

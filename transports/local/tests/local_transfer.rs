@@ -1,23 +1,20 @@
 //! Engines in one process moving data through the `local` transport, and the bad inputs that
 //! must be refused before a byte moves.
 
-// Test buffers are `common::Buffer`s that outlive the engines they are registered with.
+// Test buffers are `ferry_test_support::Buffer`s that outlive the engines they are registered with.
 #![allow(clippy::undocumented_unsafe_blocks)]
-
-mod common;
 
 use std::time::Duration;
 
-use common::{Buffer, builder, connected, pair};
 use ferry::{ErrorKind, InProcessMetadata, Location, Opcode, SegmentDescriptor, TransferRequest};
+use ferry_test_support::{Buffer, Connected, builder, connected, pair};
 
 const T: Duration = Duration::from_secs(5);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn read_and_write_between_two_engines() {
     let meta = InProcessMetadata::new();
-    let common::Connected { prefill: _prefill, decode, src, dst, peer } =
-        connected(&meta, 1 << 20, Location::Cpu(0)).await;
+    let Connected { prefill: _prefill, decode, src, dst, peer } = connected(&meta, 1 << 20, Location::Cpu(0)).await;
     assert_eq!(decode.segment(peer).unwrap().protocol(), "local");
     // Read the second half of prefill's buffer into the first half of ours.
     let half = src.len() / 2;
@@ -77,8 +74,7 @@ async fn an_engine_reaches_its_own_segment_by_memcpy() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_requests_are_refused_before_any_byte_moves() {
     let meta = InProcessMetadata::new();
-    let common::Connected { prefill: _prefill, decode, src, dst, peer } =
-        connected(&meta, 4096, Location::Cpu(0)).await;
+    let Connected { prefill: _prefill, decode, src, dst, peer } = connected(&meta, 4096, Location::Cpu(0)).await;
     let req = |source, target_offset, length| TransferRequest {
         opcode: Opcode::Read,
         source,
@@ -145,14 +141,9 @@ async fn the_owners_live_registry_is_checked_again() {
         }
     }
     let meta: std::sync::Arc<dyn ferry::MetadataStore> = std::sync::Arc::new(NoWatch(InProcessMetadata::new()));
-    let prefill = common::builder(&InProcessMetadata::new())
-        .metadata(meta.clone())
-        .segment_name("prefill")
-        .build()
-        .await
-        .unwrap();
-    let decode =
-        common::builder(&InProcessMetadata::new()).metadata(meta).segment_name("decode").build().await.unwrap();
+    let prefill =
+        builder(&InProcessMetadata::new()).metadata(meta.clone()).segment_name("prefill").build().await.unwrap();
+    let decode = builder(&InProcessMetadata::new()).metadata(meta).segment_name("decode").build().await.unwrap();
     let (src, dst) = (Buffer::filled(4096, 3), Buffer::zeroed(4096));
     unsafe { prefill.register_memory(src.addr(), src.len(), Location::Cpu(0)).await }.unwrap();
     unsafe { decode.register_memory(dst.addr(), dst.len(), Location::Cpu(0)).await }.unwrap();
@@ -203,7 +194,7 @@ async fn the_descriptor_cache_refreshes_when_the_peer_grows() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dropped_peer_is_unreachable_and_device_memory_is_refused() {
     let meta = InProcessMetadata::new();
-    let common::Connected { prefill, decode, src, dst, peer } = connected(&meta, 4096, Location::Npu(0)).await;
+    let Connected { prefill, decode, src, dst, peer } = connected(&meta, 4096, Location::Npu(0)).await;
     let req = TransferRequest {
         opcode: Opcode::Read,
         source: dst.addr(),
@@ -286,7 +277,7 @@ async fn blocking_calls_inside_a_runtime_are_an_error_not_a_panic() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_shutdown_no_peer_reaches_the_memory_and_finished_batches_do_not_hold_it() {
     let meta = InProcessMetadata::new();
-    let common::Connected { prefill, decode, src, dst, peer } = connected(&meta, 4096, Location::Cpu(0)).await;
+    let Connected { prefill, decode, src, dst, peer } = connected(&meta, 4096, Location::Cpu(0)).await;
     // decode keeps a finished batch: its transport released every request, so it does not keep
     // decode's memory registered.
     let read64 = TransferRequest {

@@ -1,22 +1,20 @@
 //! Error paths that real components cannot produce on demand, injected with mockall doubles of
 //! the three core traits.
 
-// Test buffers are `common::Buffer`s that outlive the engines they are registered with.
+// Test buffers are `ferry_test_support::Buffer`s that outlive the engines they are registered with.
 #![allow(clippy::undocumented_unsafe_blocks)]
-
-mod common;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use common::Buffer;
 use ferry::{
     Capabilities, Error, ErrorKind, Identity, InProcessMetadata, Location, MetadataStore, Opcode, OpenSegment,
     ResolveQuery, ResolverChain, SegmentDescriptor, SegmentResolver, Submission, TransferRequest, Transport,
     TransportContext, TransportFactory, TransportRegistry, WatchEvent,
 };
+use ferry_test_support::{Buffer, builder};
 use mockall::mock;
 
 mock! {
@@ -295,7 +293,7 @@ async fn resolver_errors_name_the_resolver_and_answers_are_explained() {
     env.expect_resolve().returning(|_, _| Ok(Identity { physical_device: Some(5), ..Identity::default() }));
 
     let meta = InProcessMetadata::new();
-    let good = common::builder(&meta)
+    let good = builder(&meta)
         .segment_name("10.0.0.1:16000")
         .resolvers(ResolverChain::with_defaults().with(Arc::new(env)))
         .build()
@@ -306,7 +304,7 @@ async fn resolver_errors_name_the_resolver_and_answers_are_explained() {
     assert_eq!(r.identity.physical_device, Some(5));
     assert!(r.answers.iter().any(|a| a.resolver == "env" && a.value == "5"));
 
-    let bad = common::builder(&meta).resolvers(ResolverChain::new().with(Arc::new(broken))).build().await.unwrap();
+    let bad = builder(&meta).resolvers(ResolverChain::new().with(Arc::new(broken))).build().await.unwrap();
     let err = bad.resolve_local().await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Config);
     assert!(err.message().contains("resolver `rank-table`") && err.message().contains("initializing"), "{err}");

@@ -8,19 +8,17 @@
 //! `cargo build -p ferry-transport-example -p ferry-transport-panicky`.
 //! The C plugins are compiled here with the system `cc`.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
 
 use anyhow::{Context, Result, bail, ensure};
-use common::Buffer;
 use ferry::{
     Config, EngineBuilder, ErrorKind, Location, Opcode, SegmentDescriptor, TransferEngine, TransferRequest,
     TransportRegistry,
 };
 use ferry_plugin_host::PluginSource;
+use ferry_test_support::Buffer;
 
 /// The cargo target directory of this build (`target/<profile>`).
 fn target_dir() -> PathBuf {
@@ -39,8 +37,9 @@ fn built_plugin(crate_lib: &str) -> Result<PathBuf> {
     Ok(path)
 }
 
+/// The workspace root, where the C plugins and the headers are.
 fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+    ferry_test_support::workspace_root()
 }
 
 /// A fresh directory under the target dir.

@@ -2,22 +2,23 @@
 //! (`mooncake-transfer-engine-non-cuda`), through P2PHANDSHAKE and the TCP data protocol, both
 //! directions, sizes from 1 byte to 64 MiB, every byte verified.
 //!
-//! The Python with the wheel is `$FERRY_MOONCAKE_PYTHON`, else `.venv-mooncake/bin/python` in the
-//! repository (`scripts/test.sh` installs it). Without it these tests fail, loudly: they are not
-//! skipped.
+//! The Python with the wheel is `$FERRY_MOONCAKE_PYTHON`, else `.venv-mooncake/bin/python` at the
+//! workspace root (`scripts/test.sh` installs it). Without it these tests fail, loudly: they are
+//! not skipped. The Mooncake side runs this crate's `tests/interop/mooncake_peer.py`.
 
-// Test buffers are `common::Buffer`s that outlive the engines they are registered with.
+// Test buffers are `ferry_test_support::Buffer`s that outlive the engines they are registered with.
 #![allow(clippy::undocumented_unsafe_blocks)]
-
-mod common;
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::Duration;
 
-use common::{Buffer, p2p_tcp_engine, pattern, pattern_buffer};
 use ferry::{Location, Opcode, TransferRequest};
+use ferry_test_support::{
+    Buffer, await_notification, free_port, p2p_tcp_engine, pattern, pattern_buffer, read_across, tcp_engine_on,
+    workspace_root,
+};
 
 const SIZES: [u64; 7] = [1, 7, 4096, 65_537, 1 << 20, 8 << 20, 64 << 20];
 const T: Duration = Duration::from_secs(30);
@@ -25,7 +26,7 @@ const T: Duration = Duration::from_secs(30);
 fn mooncake_python() -> PathBuf {
     let candidate = std::env::var_os("FERRY_MOONCAKE_PYTHON")
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".venv-mooncake/bin/python"));
+        .unwrap_or_else(|| workspace_root().join(".venv-mooncake/bin/python"));
     let ok = Command::new(&candidate)
         .args(["-c", "import mooncake.engine"])
         .stdout(Stdio::null())
@@ -34,7 +35,7 @@ fn mooncake_python() -> PathBuf {
         .is_ok_and(|s| s.success());
     assert!(
         ok,
-        "\n\n*** Mooncake interop cannot run: {} cannot import mooncake.engine.\n*** Install the wheel: \
+        "\n\n*** Mooncake interop cannot run: {} cannot import mooncake.engine.\n*** Install the wheel at the workspace root: \
          python3 -m venv .venv-mooncake && .venv-mooncake/bin/pip install mooncake-transfer-engine-non-cuda \
          (plus Debian libibverbs1 libnuma1 librdmacm1), or point FERRY_MOONCAKE_PYTHON at a Python that has it.\n",
         candidate.display()
@@ -273,17 +274,17 @@ async fn ferry_engines_work_against_mooncakes_own_http_metadata_server() {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let a = common::tcp_engine_on(&url, "127.0.0.1:40101").await;
-    let b = common::tcp_engine_on(&url, "127.0.0.1:40102").await;
+    let a = tcp_engine_on(&url, "127.0.0.1:40101").await;
+    let b = tcp_engine_on(&url, "127.0.0.1:40102").await;
     // Registration republishes the descriptor (not the rpc entry, which Mooncake's Python server
     // refuses to accept twice).
-    common::read_across(&a, &b).await;
+    read_across(&a, &b).await;
     b.shutdown().await.unwrap();
     // `a` "crashes" (no clean shutdown: its entries stay) and restarts under the same name: the
     // Python server refuses the second PUT of its rpc entry, which now names another RPC port;
     // the stale entry is replaced.
     drop(a);
-    let again = common::tcp_engine_on(&url, "127.0.0.1:40101").await;
+    let again = tcp_engine_on(&url, "127.0.0.1:40101").await;
     let entry = c.get(format!("{url}?key=mooncake/rpc_meta/127.0.0.1:40101")).send().await.unwrap();
     let entry: serde_json::Value = serde_json::from_slice(&entry.bytes().await.unwrap()).unwrap();
     assert_eq!(entry["rpc_port"], again.rpc_port().unwrap(), "{entry}");
@@ -306,8 +307,8 @@ async fn notifications_cross_both_ways_with_mooncake_on_an_http_metadata_server(
     .await
     .unwrap();
     let (segment, addr) = (mc.1["segment"].as_str().unwrap().to_owned(), mc.1["addr"].as_u64().unwrap());
-    let name = format!("127.0.0.1:{}", common::free_port());
-    let ferry = common::tcp_engine_on(&url, &name).await;
+    let name = format!("127.0.0.1:{}", free_port());
+    let ferry = tcp_engine_on(&url, &name).await;
     let buf = pattern_buffer(1 << 20, 11);
     unsafe { ferry.register_memory(buf.addr(), buf.len(), Location::Cpu(0)).await }.unwrap();
 
@@ -339,7 +340,7 @@ async fn notifications_cross_both_ways_with_mooncake_on_an_http_metadata_server(
         mc.0.line()
     });
     assert_eq!(rc, "0", "Mooncake's transfer_sync with a notification");
-    let note = common::await_notification(&ferry, "decode-done:7").await;
+    let note = await_notification(&ferry, "decode-done:7").await;
     assert_eq!(note.name, "mooncake", "the name Mooncake's sender put in its notification");
     // Mooncake sent the start of its buffer, which holds what Ferry wrote there above (pattern
     // 11 from offset 0), over Ferry's own pattern at 4096.

@@ -10,7 +10,7 @@
 //! `FERRY_HCCL_ENGINES_ROLE`), so the emulator's environment (read once per process) is the
 //! test's own. The emulated CANN must be built (`cargo build -p ferry-cann-emu`). Each test's
 //! emulated devices live in its own loopback net `127.<net>.0.0/24`, nets 60-69 here
-//! (`tests/hccl_transfer.rs` uses 21-34, the Python tests 41-46 and the smoke test its own), so
+//! (`hccl_transfer.rs` beside this file uses 21-34, the Python tests 41-46 and the smoke test its own), so
 //! suites running at once never share a device endpoint.
 
 use std::sync::Arc;

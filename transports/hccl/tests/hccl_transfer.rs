@@ -6,8 +6,9 @@
 //! Every environment variable is set on the child processes only. The emulator must be built
 //! (`cargo build -p ferry-cann-emu`, and for the older-CANN case
 //! `cargo build -p ferry-cann-emu --no-default-features --target-dir target/cann-emu-legacy`),
-//! as must the peer (`cargo build --example ascend_peer`); a test names the command when one
-//! is missing.
+//! as must the peer, an example of the `ferry` facade (`cargo build -p ferry --example
+//! ascend_peer`), all from the workspace root into the target directory these tests run from; a
+//! test names the command when one is missing.
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
@@ -26,7 +27,7 @@ const SHUTDOWN: Duration = Duration::from_secs(3);
 fn peer_binary() -> PathBuf {
     let (target, profile) = target_dir().expect("the cargo target directory");
     let bin = target.join(profile).join("examples").join("ascend_peer");
-    assert!(bin.is_file(), "{} is missing: build it with `cargo build --example ascend_peer`", bin.display());
+    assert!(bin.is_file(), "{} is missing: build it with `cargo build -p ferry --example ascend_peer`", bin.display());
     bin
 }
 
