@@ -537,4 +537,26 @@ mod tests {
         assert!(err.message().contains("EngineBuilder::control_channel"), "{err}");
         e.shutdown().await.unwrap();
     }
+
+    #[tokio::test]
+    async fn an_engine_refuses_values_out_of_range_however_they_were_set() {
+        let factory = Arc::new(StillFactory::default());
+        let base = r#"{"local_hostname": "10.0.0.5:1", "protocol": "still"}"#;
+        let refused = |built: Result<TransferEngine>| match built {
+            Ok(_) => panic!("built"),
+            Err(e) => e,
+        };
+        let e = refused(builder(base, &factory).transfer_timeout(Duration::ZERO).build().await);
+        assert_eq!(e.kind(), ErrorKind::Config);
+        assert_eq!(e.message(), "`transfer_timeout_ms` set through the API: is 0; expected 1 to 86400000 milliseconds");
+        let e = refused(builder(base, &factory).local_rank(5000).build().await);
+        assert!(e.message().starts_with("`local_rank` set through the API: is 5000; expected 0 to 1023"), "{e}");
+        let mut b = builder(base, &factory);
+        b.config_mut().transfer_timeout_ms = Some(u64::MAX);
+        let e = refused(b.build().await);
+        assert!(
+            e.message().contains("field `transfer_timeout_ms`") && e.message().contains("expected 1 to 86400000"),
+            "{e}"
+        );
+    }
 }
