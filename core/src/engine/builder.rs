@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::config::FieldSource;
+use crate::options::OptionSpec;
 
 /// Builds a [`TransferEngine`] from a config or programmatically.
 #[must_use]
@@ -184,6 +185,18 @@ impl EngineBuilder {
         config.validate()?;
         let server = config.metadata()?;
         let primary_factory = self.transports.for_config(&config)?;
+        // Fields nothing in this engine reads are most often misspelt ones: say so, naming the
+        // nearest field that would be read.
+        let declared: Vec<&OptionSpec> = self
+            .transports
+            .options()
+            .into_iter()
+            .chain(primary_factory.options())
+            .chain(self.metadata_registry.options())
+            .collect();
+        for unknown in config.unknown_field_warnings(declared) {
+            tracing::warn!(field = unknown.key.as_str(), "{unknown}");
+        }
         // With `base_port`, this rank's port is part of the name from here on.
         let configured_name = config.fix_segment_name()?;
         let resolvers = match self.resolvers {
