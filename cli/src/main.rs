@@ -28,7 +28,8 @@ enum Command {
     /// (`--mode=target|initiator`, `--segment_id`, `--operation`, `--block_size`, ...).
     Bench(bench::BenchArgs),
     /// Serve Mooncake's HTTP metadata protocol (Mooncake engines can use it unchanged), with
-    /// idempotent re-publish, /health, and persistence across restarts with --data-dir.
+    /// idempotent re-publish, /health, and persistence across restarts with --data-dir. Listens
+    /// on 127.0.0.1:8080 unless told otherwise (`--addr 0.0.0.0:8080`: every interface).
     MetadataServer(metadata_server::ServerArgs),
     /// Validate a mooncake.json (FILE, else $MOONCAKE_CONFIG_PATH, else the embedded default)
     /// and print what Ferry resolved from it.
@@ -66,5 +67,24 @@ fn main() -> std::process::ExitCode {
             eprintln!("error: {e:#}");
             std::process::ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_metadata_server_listens_on_loopback_unless_told_otherwise() {
+        let Command::MetadataServer(args) = Cli::parse_from(["ferry", "metadata-server"]).command else {
+            panic!("parsed as another command")
+        };
+        assert_eq!(args.addr, "127.0.0.1:8080");
+        let Command::MetadataServer(args) =
+            Cli::parse_from(["ferry", "metadata-server", "--addr", "0.0.0.0:8080"]).command
+        else {
+            panic!("parsed as another command")
+        };
+        assert_eq!(args.addr, "0.0.0.0:8080");
     }
 }
