@@ -402,7 +402,15 @@ async fn read_responses(
         match read {
             Ok(Ok(outcome)) => done(job, seq, outcome).await,
             Ok(Err(e)) => {
-                let err = lost(&addr, "connection lost", e);
+                // A target closes the connection of a request it will not serve because its
+                // engine is shutting down (its status frame cannot say so).
+                let what = match e.kind() {
+                    std::io::ErrorKind::UnexpectedEof | std::io::ErrorKind::ConnectionReset => {
+                        "closed the connection without answering: the peer is shutting down (or its process ended)"
+                    }
+                    _ => "connection lost",
+                };
+                let err = lost(&addr, what, e);
                 done(job, seq, Err(err.duplicate())).await;
                 break err;
             }

@@ -5,6 +5,10 @@
 //! rejected v2 request gets status 1 and the connection keeps serving (a rejected WRITE's
 //! payload is drained when it is small enough, else the connection is closed). Malformed
 //! headers, slow or stalled peers and v1 rejections close the offending connection only.
+//!
+//! Once the engine is shutting down (its memory registry is closed), a request is answered by
+//! closing its connection: the status frame is Mooncake's and has no code for "shutting down",
+//! and status 1 would tell the initiator that the range is outside registered memory.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -40,6 +44,7 @@ pub(crate) struct TargetLimits {
 enum Close {
     Eof,
     Idle,
+    Shutdown,
     Protocol(String),
     Io(std::io::Error),
 }
@@ -49,6 +54,7 @@ impl std::fmt::Display for Close {
         match self {
             Close::Eof => f.write_str("peer closed the connection"),
             Close::Idle => f.write_str("idle timeout"),
+            Close::Shutdown => f.write_str("the engine is shutting down"),
             Close::Protocol(why) => write!(f, "protocol: {why}"),
             Close::Io(e) => write!(f, "i/o: {e}"),
         }
@@ -88,7 +94,7 @@ pub(crate) async fn serve(
                     let _permit = permit;
                     let outcome = serve_connection(stream, &memory, &limits).await;
                     match outcome {
-                        Close::Eof | Close::Idle => {
+                        Close::Eof | Close::Idle | Close::Shutdown => {
                             tracing::trace!(%peer, reason = %outcome, "tcp target: connection closed")
                         }
                         other => tracing::debug!(%peer, reason = %other, "tcp target: connection closed"),
@@ -145,7 +151,14 @@ async fn serve_request(
     h: Header,
     limits: &TargetLimits,
 ) -> Result<(), Close> {
-    let lease = if h.size == 0 { None } else { memory.lease(h.addr, h.size).ok() };
+    let lease = match h.size {
+        0 => None,
+        _ => match memory.lease(h.addr, h.size) {
+            Ok(lease) => Some(lease),
+            Err(e) if e.kind() == ferry_core::ErrorKind::Shutdown => return Err(Close::Shutdown),
+            Err(_) => None,
+        },
+    };
     let ok = Status::Ok.encode();
     match (h.opcode, lease) {
         (Opcode::Read, Some(region)) => {
