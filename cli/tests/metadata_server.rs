@@ -3,15 +3,9 @@
 
 use std::process::{Child, Command, Stdio};
 
-fn ferry() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_ferry"));
-    for (k, _) in std::env::vars() {
-        if k.starts_with("FERRY_") {
-            c.env_remove(k);
-        }
-    }
-    c
-}
+mod common;
+
+use common::ferry;
 
 /// A server process, killed when dropped.
 struct Server(Child, String);
