@@ -142,6 +142,35 @@ status=0
 say "tests"
 "${RUNNER[@]}" --locked || status=1
 
+# The fuzz targets of the decoders of untrusted input (fuzz/, see docs/testing.md), each for a
+# bounded time from its committed corpus (new inputs go to a scratch directory). They need a
+# nightly toolchain; without one the same decoders are still exercised by the property tests
+# above, on stable.
+FUZZ_SECONDS=${FERRY_FUZZ_SECONDS:-10}
+if ! rustup run nightly rustc --version >/dev/null 2>&1; then
+    say "fuzzing not run: no nightly toolchain (rustup toolchain install nightly); the decoders' property tests ran on stable"
+else
+    if ! cargo fuzz --version >/dev/null 2>&1; then
+        say "cargo install cargo-fuzz"
+        cargo install cargo-fuzz --locked >/dev/null || { echo "error: cargo-fuzz could not be installed" >&2; status=1; }
+    fi
+    if cargo fuzz --version >/dev/null 2>&1; then
+        say "fuzzing (${FUZZ_SECONDS} s per target)"
+        cargo +nightly fuzz build --sanitizer none --debug-assertions || status=1
+        for target in tcp_wire p2p_frame descriptor config; do
+            mkdir -p "$WORK/fuzz-$target"
+            if cargo +nightly fuzz run --sanitizer none --debug-assertions "$target" "$WORK/fuzz-$target" \
+                "fuzz/corpus/$target" -- -max_total_time="$FUZZ_SECONDS" >"$WORK/fuzz-$target.log" 2>&1; then
+                echo "$target: $(grep -E '^Done' "$WORK/fuzz-$target.log" || echo done)"
+            else
+                tail -n 40 "$WORK/fuzz-$target.log"
+                echo "error: fuzz target $target failed; the input is saved under fuzz/artifacts/$target" >&2
+                status=1
+            fi
+        done
+    fi
+fi
+
 # The Python package, installed the way README says (one pip command), then its pytest suite:
 # two Python processes over P2PHANDSHAKE, Python against the Rust `ferry` binary and against
 # Mooncake's wheel; Mooncake's CI check of its transfer engine with the wheel and Ferry in both

@@ -69,20 +69,21 @@ pub fn encode(kind: FrameType, payload: &[u8]) -> Vec<u8> {
 pub fn decode(buf: &[u8], max: u64) -> Result<Option<(Frame, usize)>, FrameError> {
     let Some(len) = buf.get(..8) else { return Ok(None) };
     let len = u64::from_le_bytes(len.try_into().expect("8 bytes"));
-    check_len(len, max)?;
-    let total = 8 + len as usize;
+    let total = check_len(len, max)?;
     let Some(body) = buf.get(8..total) else { return Ok(None) };
     Ok(Some((classify(body), total)))
 }
 
-fn check_len(len: u64, max: u64) -> Result<(), FrameError> {
+/// Checks a frame's length against `max`; returns the frame's size with its 8 length bytes.
+fn check_len(len: u64, max: u64) -> Result<usize, FrameError> {
     if len == 0 {
         return Err(FrameError::Empty);
     }
     if len > max {
         return Err(FrameError::TooLong(len, max));
     }
-    Ok(())
+    // A limit near `u64::MAX` lets through lengths no buffer of this address space can hold.
+    usize::try_from(len).ok().and_then(|n| n.checked_add(8)).ok_or(FrameError::TooLong(len, (usize::MAX - 8) as u64))
 }
 
 fn classify(body: &[u8]) -> Frame {
