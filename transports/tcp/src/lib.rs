@@ -5,8 +5,10 @@
 //! Mooncake initiators read and write Ferry targets.
 //!
 //! - **Target**: listens on `tcp_data_port` (published in the descriptor with `tcp_data_host`
-//!   and `tcp_proto_version: 2`), checks every request against the engine's registered memory
-//!   before touching a byte, answers v2 status frames, and serves v1 peers too.
+//!   and `tcp_proto_version: 2`), checks every request against the engine's registered memory before
+//!   touching a byte, answers v2 status frames, serves v1 peers too, and bounds what idle,
+//!   slow and numerous connections can hold ([`options::MAX_CONNECTIONS_PER_IP`], deadlines per
+//!   header and per request, a backoff when file descriptors run out).
 //! - **Initiator**: `tcp_lanes` persistent connections per peer (default 4), requests pipelined
 //!   on each, payloads moved between the socket and registered memory without intermediate
 //!   buffers (payloads up to 64 KiB are coalesced with their header into one write), a deadline
@@ -14,9 +16,10 @@
 //!   whose descriptor advertises `tcp_proto_version` < 2 (or none) are spoken to in v1.
 //!
 //! The transport owns its config fields ([`options`]: `tcp_lanes`, `tcp_data_port`,
-//! `tcp_io_threads`, declared to the engine through [`TcpTransportFactory`]) and its part of the
+//! `tcp_io_threads`, `tcp_max_connections_per_ip`, declared to the engine through [`TcpTransportFactory`]) and its part of the
 //! descriptor ([`TcpEndpoint`], a typed view over the descriptor's flat fields).
 
+mod conns;
 mod endpoint;
 mod initiator;
 mod io;
@@ -26,7 +29,7 @@ mod target;
 pub mod wire;
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -48,7 +51,8 @@ pub const PROTOCOL: &str = "tcp";
 pub const PROTO_VERSION: u32 = 2;
 /// A peer without requests for this long is forgotten when another one is added.
 pub const PEER_IDLE: Duration = Duration::from_secs(300);
-/// A target closes a connection idle for this long (initiators reconnect transparently).
+/// A target closes a connection that served no request inside registered memory for this long
+/// (initiators reconnect transparently).
 pub const TARGET_IDLE: Duration = Duration::from_secs(120);
 
 /// Factory for the `tcp` transport.
@@ -104,14 +108,14 @@ impl TcpTransport {
         let host =
             SegmentName::parse(&ctx.segment_name).map(SegmentName::into_host).unwrap_or_else(|| "127.0.0.1".to_owned());
         let port = options.port();
+        raise_open_file_limit();
         let listener = TcpListener::bind(("0.0.0.0", port)).await.map_err(|e| {
             Error::new(ferry_core::ErrorKind::Config, format!("tcp transport: cannot listen on 0.0.0.0:{port}"))
                 .with_source(e)
         })?;
-        let port = listener
-            .local_addr()
-            .map_err(|e| Error::transport("tcp transport: no local address").with_source(e))?
-            .port();
+        let bound =
+            listener.local_addr().map_err(|e| Error::transport("tcp transport: no local address").with_source(e))?;
+        let port = bound.port();
         let timeout = cfg.transfer_timeout();
         let limits = Arc::new(TargetLimits {
             idle: TARGET_IDLE,
@@ -119,6 +123,7 @@ impl TcpTransport {
             io: timeout,
             max_drain: 16 << 20,
             max_connections: 4096,
+            per_ip: options.connections_per_ip() as usize,
         });
         let (stop, stop_rx) = watch::channel(false);
         let server = ctx.runtime.spawn(target::serve(listener, ctx.memory.clone(), limits, stop_rx));
@@ -165,6 +170,23 @@ impl TcpTransport {
             .or_insert_with(|| Arc::new(Peer::start(addr, self.lanes, &self.io, self.stop.subscribe())))
             .clone())
     }
+}
+
+/// Raises this process's soft limit on open files to its hard limit, once: every connection
+/// of the data port takes a descriptor, and a soft limit of 1024 is soon reached by a busy
+/// target. Says what it did (or why not) once.
+fn raise_open_file_limit() {
+    static DONE: OnceLock<()> = OnceLock::new();
+    DONE.get_or_init(|| {
+        let before = rlimit::getrlimit(rlimit::Resource::NOFILE).map(|(soft, _)| soft);
+        match (before, rlimit::increase_nofile_limit(u64::MAX)) {
+            (Ok(before), Ok(now)) if now > before => {
+                tracing::info!(from = before, to = now, "tcp transport: raised the soft limit on open files")
+            }
+            (_, Ok(_)) => {}
+            (_, Err(e)) => tracing::warn!(error = %e, "tcp transport: could not raise the soft limit on open files"),
+        }
+    });
 }
 
 /// Threads that run the initiator's lanes, each a single-threaded runtime.
