@@ -1,9 +1,10 @@
 //! The target's table of live connections: a limit per remote IP address (the idlest connection
-//! of an address that reached it is closed to admit a new one).
+//! of an address that reached it is closed to admit a new one), and the lookup by remote address
+//! that a fence request ([`crate::fence`]) uses.
 //!
 //! Each connection has a [`Conn`]: whether it is in the middle of a request, when it last served
-//! one, and whether it was asked to stop. Its task reads those flags at the points where stopping
-//! is safe; nothing here touches a socket.
+//! one, and whether it was asked to stop (evicted, or fenced). Its task reads those flags at the
+//! points where stopping is safe; nothing here touches a socket.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -19,10 +20,13 @@ pub(crate) enum Stop {
     /// Its address has too many connections and it was the idlest: it closes when it next waits
     /// for a request with nothing received.
     Evicted,
+    /// Named by a fence request: it serves nothing more.
+    Fenced,
 }
 
 const LIVE: u8 = 0;
 const EVICTED: u8 = 1;
+const FENCED: u8 = 2;
 
 /// One live connection, as its task and the table see it.
 #[derive(Debug)]
@@ -35,17 +39,33 @@ pub(crate) struct Conn {
     /// table's epoch plus one (0: never).
     last_served: AtomicU64,
     stop: AtomicU8,
-    /// Wakes the task while it waits for a request.
+    /// Wakes the task while it waits for a request (eviction and fences).
     pub(crate) idle_wake: Notify,
+    /// Wakes the task while it copies a WRITE's payload into memory (fences only).
+    pub(crate) fence_wake: Notify,
+    /// Held while a WRITE's payload is copied into registered memory: a fence takes it to know
+    /// that no copy is under way.
+    pub(crate) copying: tokio::sync::Mutex<()>,
 }
 
 impl Conn {
+    /// The remote address.
+    pub(crate) fn peer(&self) -> SocketAddr {
+        self.peer
+    }
+
     /// Whether (and why) it was asked to stop.
     pub(crate) fn stop(&self) -> Option<Stop> {
         match self.stop.load(Ordering::SeqCst) {
             LIVE => None,
-            _ => Some(Stop::Evicted),
+            EVICTED => Some(Stop::Evicted),
+            _ => Some(Stop::Fenced),
         }
+    }
+
+    /// True once a fence named it.
+    pub(crate) fn fenced(&self) -> bool {
+        self.stop.load(Ordering::SeqCst) == FENCED
     }
 
     /// Marks the start (`true`) or end of a request inside registered memory.
@@ -56,6 +76,14 @@ impl Conn {
     /// An eviction found bytes of a request already waiting: the connection stays.
     pub(crate) fn decline_eviction(&self) {
         let _ = self.stop.compare_exchange(EVICTED, LIVE, Ordering::SeqCst, Ordering::SeqCst);
+    }
+
+    /// Marks it fenced and wakes its task wherever it waits. The caller then takes
+    /// [`copying`](Self::copying) to know that no copy into memory is under way.
+    pub(crate) fn fence(&self) {
+        self.stop.store(FENCED, Ordering::SeqCst);
+        self.idle_wake.notify_one();
+        self.fence_wake.notify_one();
     }
 
     fn evictable(&self) -> bool {
@@ -100,6 +128,11 @@ impl Admitted {
         let ms = self.table.epoch.elapsed().as_millis() as u64 + 1;
         self.conn.last_served.store(ms, Ordering::Relaxed);
     }
+
+    /// The table it belongs to.
+    pub(crate) fn table(&self) -> &ConnTable {
+        &self.table
+    }
 }
 
 impl Drop for Admitted {
@@ -141,6 +174,8 @@ impl ConnTable {
             last_served: AtomicU64::new(0),
             stop: AtomicU8::new(LIVE),
             idle_wake: Notify::new(),
+            fence_wake: Notify::new(),
+            copying: tokio::sync::Mutex::new(()),
         });
         let ip = peer.ip().to_canonical();
         let mut evicted = false;
@@ -165,6 +200,20 @@ impl ConnTable {
             );
         }
         Admitted { table: self.clone(), conn }
+    }
+
+    /// The live connections whose remote address is `peer`, except `except`.
+    pub(crate) fn find(&self, peer: SocketAddr, except: &Conn) -> Vec<Arc<Conn>> {
+        let map = self.by_ip.lock().unwrap_or_else(|p| p.into_inner());
+        let want = SocketAddr::new(peer.ip().to_canonical(), peer.port());
+        map.get(&want.ip())
+            .map(|list| {
+                list.iter()
+                    .filter(|c| c.id != except.id && SocketAddr::new(c.peer.ip().to_canonical(), c.peer.port()) == want)
+                    .cloned()
+                    .collect()
+            })
+            .unwrap_or_default()
     }
 
     /// Connections from `ip` (for tests and diagnostics).
@@ -243,6 +292,20 @@ mod tests {
         let b = table.admit(addr(2));
         assert!(a.conn().stop().is_none() && b.conn().stop().is_none());
         assert_eq!(table.count(addr(1).ip()), 2);
+    }
+
+    #[test]
+    fn fences_find_connections_by_remote_address() {
+        let table = ConnTable::new(8);
+        let a = table.admit(addr(1));
+        let fence = table.admit(addr(1)); // the same address again (a reused port)
+        let v6 = SocketAddr::new("::ffff:127.0.0.9".parse().unwrap(), 1);
+        let found = table.find(v6, fence.conn());
+        assert_eq!(found.len(), 1);
+        assert_eq!(found[0].peer(), a.conn().peer());
+        found[0].fence();
+        assert!(a.conn().fenced() && !a.conn().evict(), "a fenced connection stays fenced");
+        assert!(table.find(addr(2), fence.conn()).is_empty());
     }
 
     #[test]

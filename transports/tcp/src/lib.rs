@@ -4,8 +4,8 @@
 //! (reference `mooncake-wire.md` §5): a Ferry engine reads and writes Mooncake targets, and
 //! Mooncake initiators read and write Ferry targets.
 //!
-//! - **Target**: listens on `tcp_data_port` (published in the descriptor with `tcp_data_host`
-//!   and `tcp_proto_version: 2`), checks every request against the engine's registered memory before
+//! - **Target**: listens on `tcp_data_port` (published in the descriptor with `tcp_data_host`,
+//!   `tcp_proto_version: 2` and `ferry_tcp_fence: 1`), checks every request against the engine's registered memory before
 //!   touching a byte, answers v2 status frames, serves v1 peers too, and bounds what idle,
 //!   slow and numerous connections can hold ([`options::MAX_CONNECTIONS_PER_IP`], deadlines per
 //!   header and per request, a backoff when file descriptors run out).
@@ -13,7 +13,10 @@
 //!   on each, payloads moved between the socket and registered memory without intermediate
 //!   buffers (payloads up to 64 KiB are coalesced with their header into one write), a deadline
 //!   on every request, and a lost connection failing exactly the requests it carried. Peers
-//!   whose descriptor advertises `tcp_proto_version` < 2 (or none) are spoken to in v1.
+//!   whose descriptor advertises `tcp_proto_version` < 2 (or none) are spoken to in v1. A
+//!   connection that failed a WRITE is fenced before anything more goes to a peer that
+//!   advertises `ferry_tcp_fence` ([`fence`](crate::fence) module): a request that failed never
+//!   lands after a later one succeeded.
 //!
 //! The transport owns its config fields ([`options`]: `tcp_lanes`, `tcp_data_port`,
 //! `tcp_io_threads`, `tcp_max_connections_per_ip`, declared to the engine through [`TcpTransportFactory`]) and its part of the
@@ -21,6 +24,7 @@
 
 mod conns;
 mod endpoint;
+pub mod fence;
 mod initiator;
 mod io;
 mod memory;
@@ -54,6 +58,8 @@ pub const PEER_IDLE: Duration = Duration::from_secs(300);
 /// A target closes a connection that served no request inside registered memory for this long
 /// (initiators reconnect transparently).
 pub const TARGET_IDLE: Duration = Duration::from_secs(120);
+/// Version of Ferry's fence request this transport serves (published as `ferry_tcp_fence`).
+pub const FENCE_VERSION: u32 = 1;
 
 /// Factory for the `tcp` transport.
 #[derive(Debug, Default, Clone, Copy)]
@@ -148,7 +154,12 @@ impl TcpTransport {
 
     /// The endpoint this transport publishes.
     pub fn endpoint(&self) -> TcpEndpoint {
-        TcpEndpoint { host: Some(self.host.clone()), port: self.port, proto_version: Some(PROTO_VERSION) }
+        TcpEndpoint {
+            host: Some(self.host.clone()),
+            port: self.port,
+            proto_version: Some(PROTO_VERSION),
+            fence: Some(FENCE_VERSION),
+        }
     }
 
     /// The peer `d` describes: its address read from the descriptor, its lanes found or started.
@@ -158,7 +169,7 @@ impl TcpTransport {
         let host = endpoint
             .host_for(&d.name)
             .ok_or_else(|| Error::invalid(format!("segment `{}` publishes no tcp_data_host", d.name)))?;
-        let addr = PeerAddr { host, port: endpoint.port, v2: endpoint.version() >= 2 };
+        let addr = PeerAddr { host, port: endpoint.port, v2: endpoint.version() >= 2, fence: endpoint.fences() };
         let mut peers = self.peers.lock().unwrap_or_else(|p| p.into_inner());
         if !peers.contains_key(&addr) {
             // A new peer: forget the ones nobody used for a while (a peer restarted on another
@@ -308,7 +319,7 @@ mod tests {
     #[test]
     fn an_idle_peer_is_prunable_and_a_fresh_one_is_not() {
         let io = IoThreads::start(1).unwrap();
-        let addr = PeerAddr { host: "127.0.0.1".into(), port: 1, v2: true };
+        let addr = PeerAddr { host: "127.0.0.1".into(), port: 1, v2: true, fence: true };
         let (_stop, stop_rx) = tokio::sync::watch::channel(false);
         let peer = Peer::start(addr, 2, &io, stop_rx);
         assert!(peer.unused_for(Duration::ZERO), "no load, no use: prunable at once");

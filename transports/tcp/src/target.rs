@@ -1,5 +1,5 @@
 //! The target side: serves READ and WRITE requests from any initiator (Ferry or Mooncake)
-//! against this engine's registered memory.
+//! against this engine's registered memory, and Ferry's fence requests ([`crate::fence`]).
 //!
 //! Every request is checked against the memory registry before a byte is read or written. A
 //! rejected v2 request gets status 1 and the connection keeps serving (a rejected WRITE's
@@ -24,6 +24,7 @@ use tokio::task::JoinSet;
 use tokio::time::{Instant, timeout_at};
 
 use crate::conns::{Admitted, Conn, ConnTable, LogThrottle, Stop};
+use crate::fence;
 use crate::io::{InBuf, write_all_vectored};
 use crate::memory::{bytes, bytes_mut};
 use crate::wire::{HEADER_LEN, Header, Status};
@@ -59,6 +60,7 @@ enum Close {
     Eof,
     Idle,
     Evicted,
+    Fenced,
     Protocol(String),
     Io(std::io::Error),
 }
@@ -69,6 +71,7 @@ impl std::fmt::Display for Close {
             Close::Eof => f.write_str("peer closed the connection"),
             Close::Idle => f.write_str("idle timeout"),
             Close::Evicted => f.write_str("idle, closed for a new connection from the same address"),
+            Close::Fenced => f.write_str("fenced by its initiator"),
             Close::Protocol(why) => write!(f, "protocol: {why}"),
             Close::Io(e) => write!(f, "i/o: {e}"),
         }
@@ -119,7 +122,7 @@ pub(crate) async fn serve(
                     let _permit = permit;
                     let outcome = serve_connection(stream, &admitted, &memory, &limits).await;
                     match outcome {
-                        Close::Eof | Close::Idle | Close::Evicted => {
+                        Close::Eof | Close::Idle | Close::Evicted | Close::Fenced => {
                             tracing::trace!(%peer, reason = %outcome, "tcp target: connection closed")
                         }
                         other => tracing::debug!(%peer, reason = %other, "tcp target: connection closed"),
@@ -182,6 +185,7 @@ async fn serve_connection(
                         Ok(Err(e)) => return Close::Io(e),
                     },
                     () = conn.idle_wake.notified() => match conn.stop() {
+                        Some(Stop::Fenced) => return Close::Fenced,
                         // Evicted: close unless a request's first bytes are already here.
                         Some(Stop::Evicted) => match input.try_fill(&stream) {
                             Ok(0) => return Close::Eof,
@@ -203,10 +207,21 @@ async fn serve_connection(
                 }
             }
         };
+        if fence::is_fence(&hdr) {
+            let size = u64::from_le_bytes(hdr[..8].try_into().expect("8 bytes"));
+            let due = Instant::now() + limits.header;
+            match fence::serve(&mut stream, &mut input, size, admitted, due).await {
+                Ok(_) => continue, // not a request inside registered memory: the idle deadline stays
+                Err(e) => return Close::Protocol(format!("fence request: {e}")),
+            }
+        }
         let header = match Header::decode(&hdr) {
             Ok(h) => h,
             Err(e) => return Close::Protocol(e.to_string()),
         };
+        if conn.fenced() {
+            return Close::Fenced;
+        }
         let due = Instant::now() + limits.io;
         match timeout_at(due, serve_request(&mut stream, &mut input, memory, header, limits, conn)).await {
             Err(_) => return Close::Protocol(format!("request {header:?} not completed in {:?}", limits.io)),
@@ -246,7 +261,18 @@ async fn serve_request(
             let data = bytes_mut(&region, h.addr, h.size)
                 .ok_or_else(|| Close::Protocol("lease does not cover range".into()))?;
             conn.set_busy(true);
-            input.read_exact(stream, data).await?;
+            // The payload is copied into memory under `copying`, and the copy stops as soon as a
+            // fence names this connection: once a fence holds the lock, nothing more lands.
+            let copying = conn.copying.lock().await;
+            if conn.fenced() {
+                return Err(Close::Fenced);
+            }
+            tokio::select! {
+                biased;
+                copied = input.read_exact(stream, data) => copied?,
+                () = conn.fence_wake.notified() => return Err(Close::Fenced),
+            }
+            drop(copying);
             if h.v2 {
                 stream.write_all(&ok).await?;
             }
