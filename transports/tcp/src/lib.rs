@@ -4,8 +4,9 @@
 //! (reference `mooncake-wire.md` §5): a Ferry engine reads and writes Mooncake targets, and
 //! Mooncake initiators read and write Ferry targets.
 //!
-//! - **Target**: listens on `tcp_data_port` (published in the descriptor with `tcp_data_host`,
-//!   `tcp_proto_version: 2` and `ferry_tcp_fence: 1`), checks every request against the engine's registered memory before
+//! - **Target**: listens on `tcp_data_port` of the published host (`tcp_bind_address` chooses
+//!   another address), publishes it with `tcp_data_host`, `tcp_proto_version: 2` and
+//!   `ferry_tcp_fence: 1`, checks every request against the engine's registered memory before
 //!   touching a byte, answers v2 status frames, serves v1 peers too, and bounds what idle,
 //!   slow and numerous connections can hold ([`options::MAX_CONNECTIONS_PER_IP`], deadlines per
 //!   header and per request, a backoff when file descriptors run out).
@@ -19,8 +20,9 @@
 //!   lands after a later one succeeded.
 //!
 //! The transport owns its config fields ([`options`]: `tcp_lanes`, `tcp_data_port`,
-//! `tcp_io_threads`, `tcp_max_connections_per_ip`, declared to the engine through [`TcpTransportFactory`]) and its part of the
-//! descriptor ([`TcpEndpoint`], a typed view over the descriptor's flat fields).
+//! `tcp_io_threads`, `tcp_bind_address`, `tcp_max_connections_per_ip`, declared to the engine
+//! through [`TcpTransportFactory`]) and its part of the descriptor ([`TcpEndpoint`], a typed
+//! view over the descriptor's flat fields).
 
 mod conns;
 mod endpoint;
@@ -33,6 +35,7 @@ mod target;
 pub mod wire;
 
 use std::collections::HashMap;
+use std::net::{IpAddr, Ipv4Addr};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -115,10 +118,7 @@ impl TcpTransport {
             SegmentName::parse(&ctx.segment_name).map(SegmentName::into_host).unwrap_or_else(|| "127.0.0.1".to_owned());
         let port = options.port();
         raise_open_file_limit();
-        let listener = TcpListener::bind(("0.0.0.0", port)).await.map_err(|e| {
-            Error::new(ferry_core::ErrorKind::Config, format!("tcp transport: cannot listen on 0.0.0.0:{port}"))
-                .with_source(e)
-        })?;
+        let listener = listen(&options, &host, port).await?;
         let bound =
             listener.local_addr().map_err(|e| Error::transport("tcp transport: no local address").with_source(e))?;
         let port = bound.port();
@@ -133,7 +133,7 @@ impl TcpTransport {
         });
         let (stop, stop_rx) = watch::channel(false);
         let server = ctx.runtime.spawn(target::serve(listener, ctx.memory.clone(), limits, stop_rx));
-        tracing::info!(%host, port, "tcp transport listening");
+        tracing::info!(%host, port, %bound, "tcp transport listening");
         let lanes = options.lane_count();
         Ok(Self {
             host,
@@ -180,6 +180,44 @@ impl TcpTransport {
             .entry(addr.clone())
             .or_insert_with(|| Arc::new(Peer::start(addr, self.lanes, &self.io, self.stop.subscribe())))
             .clone())
+    }
+}
+
+/// The address the data port listens on, and why: `tcp_bind_address` when set, else the
+/// published host when it is an IP address, else every address (a name may resolve here to
+/// another address than the one peers reach, `/etc/hosts` often maps a host's name to
+/// 127.0.1.1).
+fn bind_address(options: &TcpOptions, host: &str) -> (IpAddr, &'static str) {
+    if let Some(s) = &options.bind_address {
+        return (s.value, "tcp_bind_address");
+    }
+    match host.parse::<IpAddr>() {
+        Ok(ip) => (ip, "the segment name's host"),
+        Err(_) => (IpAddr::V4(Ipv4Addr::UNSPECIFIED), "every address: the segment name's host is not an IP address"),
+    }
+}
+
+/// Binds the data port on [`bind_address`]. An address that cannot be bound (one that is not
+/// this host's) is an error naming the option, as it is for the P2P handshake listener, which
+/// follows the same rule.
+async fn listen(options: &TcpOptions, host: &str, port: u16) -> Result<TcpListener> {
+    let (ip, why) = bind_address(options, host);
+    match TcpListener::bind((ip, port)).await {
+        Ok(l) => {
+            if ip.is_unspecified() && options.bind_address.is_none() {
+                tracing::info!(%host, "tcp transport: listening on every address: {why}");
+            }
+            Ok(l)
+        }
+        Err(e) => Err(Error::new(
+            ferry_core::ErrorKind::Config,
+            format!(
+                "tcp transport: cannot listen on {} ({why}); set tcp_bind_address (FERRY_TCP_BIND_ADDRESS) to one \
+                 of this host's addresses, or 0.0.0.0 for all",
+                std::net::SocketAddr::new(ip, port)
+            ),
+        )
+        .with_source(e)),
     }
 }
 
@@ -315,6 +353,23 @@ impl Transport for TcpTransport {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_data_port_binds_the_published_host_unless_told_otherwise() {
+        let none = TcpOptions::default();
+        assert_eq!(bind_address(&none, "10.0.0.5").0, "10.0.0.5".parse::<IpAddr>().unwrap());
+        assert_eq!(bind_address(&none, "::1").0, "::1".parse::<IpAddr>().unwrap());
+        let (ip, why) = bind_address(&none, "node-7.cluster");
+        assert!(ip.is_unspecified() && why.contains("not an IP address"), "{why}");
+        let told = TcpOptions {
+            bind_address: Some(ferry_core::Setting {
+                value: "0.0.0.0".parse().unwrap(),
+                source: ferry_core::FieldSource::Env("FERRY_TCP_BIND_ADDRESS"),
+            }),
+            ..TcpOptions::default()
+        };
+        assert_eq!(bind_address(&told, "10.0.0.5"), ("0.0.0.0".parse().unwrap(), "tcp_bind_address"));
+    }
 
     #[test]
     fn an_idle_peer_is_prunable_and_a_fresh_one_is_not() {

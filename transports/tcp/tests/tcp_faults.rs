@@ -1,6 +1,7 @@
 //! Faults, floods and exposure of the TCP transport: a target stopped (SIGSTOP) while WRITEs are
 //! in flight and resumed after they were reported failed (fences), peers that answer late or not
-//! at all, connections that trickle, idle or flood, and a target out of file descriptors.
+//! at all, connections that trickle, idle or flood, a target out of file descriptors, and the
+//! address the data port listens on.
 //!
 //! A target that must be stopped or starved of descriptors is this test binary run again as a
 //! child with `FERRY_TCP_FAULTS_CHILD` set: its test `child_target_process` then runs a TCP
@@ -607,4 +608,41 @@ async fn a_target_out_of_descriptors_backs_off_and_recovers() {
     let local = Buffer::zeroed(4096);
     unsafe { e.register_memory(local.addr(), local.len(), Location::Cpu(0)).await }.unwrap();
     e.transfer(&[read(local.addr(), peer, target.buffer(), 4096)]).await.unwrap();
+}
+
+/// The data port listens on the segment name's host when it is an IP address: an engine named
+/// `127.0.0.1:…` is not reachable on 127.0.0.2. `tcp_bind_address` says otherwise, and a host
+/// given by name listens on every address.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_data_port_listens_on_the_published_host() {
+    let reachable_on = |port: u16, ip: &str| TcpStream::connect((ip, port)).is_ok();
+    let (e, _buf, port) = raw_target(Duration::from_secs(5), "").await;
+    assert!(reachable_on(port, "127.0.0.1"));
+    assert!(!reachable_on(port, "127.0.0.2"), "an engine named 127.0.0.1 listens on every address");
+    drop(e);
+    let (e, _buf, port) = raw_target(Duration::from_secs(5), r#", "tcp_bind_address": "0.0.0.0""#).await;
+    assert!(reachable_on(port, "127.0.0.2"), "tcp_bind_address 0.0.0.0: every address");
+    drop(e);
+    let named = ferry::builder()
+        .transports(tcp_only())
+        .protocol("tcp")
+        .segment_name("localhost:1")
+        .metadata(InProcessMetadata::new() as Arc<dyn MetadataStore>)
+        .build()
+        .await
+        .unwrap();
+    let ep = TcpEndpoint::from_descriptor(&named.local_descriptor()).unwrap().unwrap();
+    assert_eq!(ep.host.as_deref(), Some("localhost"));
+    assert!(reachable_on(ep.port, "127.0.0.2"), "a name: every address");
+    // A configured address that is not this host's is an error naming the option.
+    let cfg = ferry::Config::from_json_str(r#"{"protocol": "tcp", "tcp_bind_address": "192.0.2.1"}"#, None).unwrap();
+    let err = ferry::builder()
+        .config(cfg)
+        .transports(tcp_only())
+        .segment_name("127.0.0.1:1")
+        .metadata(InProcessMetadata::new() as Arc<dyn MetadataStore>)
+        .build()
+        .await
+        .unwrap_err();
+    assert!(err.message().contains("tcp_bind_address"), "{err}");
 }
