@@ -4,12 +4,12 @@
 //! A failed request may still be on its way: its bytes sit in socket buffers, or the target was
 //! stopped in the middle of copying them, and the target applies them whenever it resumes. So the
 //! initiator, before it completes a failed WRITE, marks the connection that carried it as fenced
-//! ([`PeerFence::mark`]) and drops it. Before it sends anything more to that peer, it sends a
+//! (`PeerFence::mark`) and drops it. Before it sends anything more to that peer, it sends a
 //! fence request on a fresh connection, naming the fenced connection by the address the target
 //! sees it from (the initiator's local `ip:port` of it), and waits for the answer
-//! ([`PeerFence::settle`]). The target marks that connection dead, waits until a WRITE copying
+//! (`PeerFence::settle`). The target marks that connection dead, waits until a WRITE copying
 //! into memory on it has stopped (the copy is cut short), answers, and serves nothing more on
-//! it ([`serve`]). A fence that is not answered within the next request's deadline fails that
+//! it (`serve`). A fence that is not answered within the next request's deadline fails that
 //! request instead.
 //!
 //! The fence request is Ferry's own: opcode byte [`FENCE_OPCODE`] with the v2 bit, `size` the
@@ -21,7 +21,7 @@
 //! host's connections). It is sent only to peers whose descriptor advertises `ferry_tcp_fence: 1`:
 //! Mooncake targets never see it.
 //!
-//! The per-request cost on the initiator is one atomic load ([`PeerFence::pending`]); on the
+//! The per-request cost on the initiator is one atomic load (`PeerFence::pending`); on the
 //! target, one uncontended lock per WRITE.
 
 use std::net::SocketAddr;

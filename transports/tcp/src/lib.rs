@@ -16,7 +16,7 @@
 //!   on every request, and a lost connection failing exactly the requests it carried. Peers
 //!   whose descriptor advertises `tcp_proto_version` < 2 (or none) are spoken to in v1. A
 //!   connection that failed a WRITE is fenced before anything more goes to a peer that
-//!   advertises `ferry_tcp_fence` ([`fence`](crate::fence) module): a request that failed never
+//!   advertises `ferry_tcp_fence` ([`fence`] module): a request that failed never
 //!   lands after a later one succeeded.
 //!
 //! The transport owns its config fields ([`options`]: `tcp_lanes`, `tcp_data_port`,
