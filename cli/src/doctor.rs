@@ -34,6 +34,10 @@ pub(crate) struct DoctorArgs {
     /// Also resolve the identity of this peer segment (`ip:port[:npu_N]`).
     #[arg(long)]
     peer: Option<String>,
+    /// Count every warning (a config field nothing in this build reads, most often a misspelt
+    /// one) as a problem: exit non-zero.
+    #[arg(long)]
+    strict: bool,
 }
 
 fn source(cfg: &Config, field: &str) -> String {
@@ -178,25 +182,30 @@ pub(crate) async fn run(args: DoctorArgs) -> Result<std::process::ExitCode> {
     let env = Environment::process();
     // Every option the transports of this build (and a plugin serving the protocol) declare,
     // as each transport reads it.
+    // Then the options of the metadata backends and the control channel built in.
     let factories: Vec<_> = transports.factories().chain(plugin.as_ref()).collect();
     let mut declared: Vec<&'static str> = Vec::new();
     let mut lines: Vec<String> = Vec::new();
-    for v in factories.iter().flat_map(|f| f.read_options(&cfg, &env)) {
+    let readings = factories.iter().flat_map(|f| f.read_options(&cfg, &env)).chain(metadata.read_options(&cfg, &env));
+    for v in readings {
         if !declared.contains(&v.spec.key) {
             declared.push(v.spec.key);
             lines.push(option_line(&cfg, &env, v, &mut problems));
         }
     }
     if !lines.is_empty() {
-        println!("options:          (declared by the transports built in)");
+        println!("options:          (declared by the transports and metadata backends built in)");
         for line in lines {
             println!("{line}");
         }
     }
-    let unknown = cfg.undeclared_fields(factories.iter().flat_map(|f| f.options()));
+    let specs = factories.iter().flat_map(|f| f.options()).chain(metadata.options());
+    let unknown = cfg.unknown_field_warnings(specs);
     if !unknown.is_empty() {
-        println!("unknown fields:   {} (kept, not used)", unknown.join(", "));
+        let keys: Vec<&str> = unknown.iter().map(|u| u.key.as_str()).collect();
+        println!("unknown fields:   {} (kept, not used)", keys.join(", "));
     }
+    let warnings: Vec<String> = unknown.iter().map(ToString::to_string).collect();
 
     match cfg.local_rank() {
         Some(r) => {
@@ -318,8 +327,17 @@ pub(crate) async fn run(args: DoctorArgs) -> Result<std::process::ExitCode> {
         Err(e) => problems.push(e.message().to_owned()),
     }
 
-    if problems.is_empty() {
+    if args.strict {
+        problems.extend(warnings.iter().map(|w| format!("{w} (an error with --strict)")));
+    }
+    if problems.is_empty() && (warnings.is_empty() || args.strict) {
         println!("status:           OK");
+        Ok(std::process::ExitCode::SUCCESS)
+    } else if problems.is_empty() {
+        println!("status:           OK, {} warning(s) (errors with --strict)", warnings.len());
+        for w in &warnings {
+            println!("  - warning: {w}");
+        }
         Ok(std::process::ExitCode::SUCCESS)
     } else {
         println!("status:           {} problem(s)", problems.len());

@@ -2,28 +2,12 @@
 
 use std::process::Command;
 
-fn ferry() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_ferry"));
-    c.env_remove("MOONCAKE_CONFIG_PATH").env_remove("LOCAL_RANK").env_remove("MC_FORCE_TCP");
-    for (k, _) in std::env::vars() {
-        let identity = ["ASCEND_RT_VISIBLE_DEVICES", "PHYSICAL_DEVICES", "ASCEND_NPU_PHY_ID"];
-        if k.starts_with("FERRY_")
-            || k == "MC_METADATA_CLUSTER_ID"
-            || k == "DISAGGREGATED_PREFILL_RANK_TABLE_PATH"
-            || identity.contains(&k.as_str())
-        {
-            c.env_remove(k);
-        }
-    }
-    c
-}
+mod common;
+
+use common::ferry;
 
 fn tmp(name: &str, text: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("ferry-cli-test-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let p = dir.join(name);
-    std::fs::write(&p, text).unwrap();
-    p
+    common::tmp_in("test", name, text)
 }
 
 #[test]

@@ -8,6 +8,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::ops::RangeInclusive;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -61,6 +62,34 @@ pub const FERRY_LOCAL_RANK_ENV: &str = "FERRY_LOCAL_RANK";
 pub const DEFAULT_PROTOCOL: &str = "tcp";
 /// Default per-transfer timeout.
 pub const DEFAULT_TRANSFER_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Accepted values of `transfer_timeout_ms` (and `FERRY_TRANSFER_TIMEOUT_MS`): 1 ms to 24 h. The
+/// field is Ferry's (Mooncake has no such field). 0 is refused rather than given a meaning: as a
+/// deadline it would fail every request before it starts, and "no deadline" would let a request
+/// to a peer that stopped answering, and `shutdown`'s wait for it, hang forever. The upper bound
+/// keeps every deadline computed from it representable.
+pub const TRANSFER_TIMEOUT_MS_RANGE: RangeInclusive<u64> = 1..=86_400_000;
+/// Accepted values of `base_port` (and `FERRY_BASE_PORT`), each role's: 1 to 65535 (0 would give
+/// rank 0 a random port and rank N port N). `base_port + local_rank` must not pass 65535 either.
+pub const BASE_PORT_RANGE: RangeInclusive<u16> = 1..=65535;
+/// Accepted values of `local_rank` (and `LOCAL_RANK`, `FERRY_LOCAL_RANK`): 0 to 1023, a rank
+/// among the processes of one node (a global rank given by mistake is refused rather than
+/// turned into a port or a device).
+pub const LOCAL_RANK_RANGE: RangeInclusive<u32> = 0..=1023;
+
+/// `value` inside `range`, else the message `is V; expected LO to HI UNIT` (the form every range
+/// error of the config takes, the declared options' included).
+pub fn check_range<T: PartialOrd + fmt::Display>(
+    value: T,
+    range: &RangeInclusive<T>,
+    unit: &str,
+) -> std::result::Result<T, String> {
+    if range.contains(&value) {
+        Ok(value)
+    } else {
+        Err(format!("is {value}; expected {} to {} {unit}", range.start(), range.end()))
+    }
+}
 
 /// Which of Mooncake's two config layouts a file uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -163,7 +192,8 @@ impl ByteSize {
             other => return Err(format!("size {s:?} has unknown unit {other:?} (use B, KB, MB, GB or TB)")),
         };
         let bytes = num * mult as f64;
-        if !bytes.is_finite() || bytes < 0.0 || bytes > u64::MAX as f64 {
+        // 2^64 itself is the first value that does not fit (`u64::MAX as f64` rounds up to it).
+        if !(0.0..18_446_744_073_709_551_616.0).contains(&bytes) {
             return Err(format!("size {s:?} is out of range"));
         }
         Ok(ByteSize(bytes as u64))
@@ -221,7 +251,7 @@ impl<'de> Deserialize<'de> for BasePort {
             Roles(PerRole),
         }
         match Raw::deserialize(d).map_err(|_| {
-            serde::de::Error::custom("expected a port number (0-65535) or {\"prefill\": <port>, \"decode\": <port>}")
+            serde::de::Error::custom("expected a port number (1-65535) or {\"prefill\": <port>, \"decode\": <port>}")
         })? {
             Raw::N(p) => Ok(BasePort::All(p)),
             Raw::Roles(PerRole { prefill: None, decode: None }) => {
@@ -451,7 +481,7 @@ impl Config {
         for &f in known.iter().filter(|f| value.get(**f).is_some_and(|v| !v.is_null())) {
             cfg.sources.insert(f, source.clone());
         }
-        cfg.check_physical_devices()?;
+        cfg.validate()?;
         Ok(cfg)
     }
 
@@ -515,14 +545,23 @@ impl Config {
                 "device_name" => self.device_name = Some(value.clone()),
                 "role" => self.role = Some(value.parse().map_err(|e: Error| bad(e.message().to_owned()))?),
                 "transfer_timeout_ms" => {
-                    self.transfer_timeout_ms =
-                        Some(value.parse().map_err(|_| bad("not a whole number of milliseconds".into()))?)
+                    self.transfer_timeout_ms = Some(value.parse().map_err(|_| {
+                        bad(format!(
+                            "not a whole number of milliseconds ({} to {})",
+                            TRANSFER_TIMEOUT_MS_RANGE.start(),
+                            TRANSFER_TIMEOUT_MS_RANGE.end()
+                        ))
+                    })?)
                 }
                 "cluster_id" => self.cluster_id = Some(value.clone()),
-                "rpc_port" => self.rpc_port = Some(value.parse().map_err(|_| bad("not a port number".into()))?),
+                "rpc_port" => {
+                    self.rpc_port =
+                        Some(value.parse().map_err(|_| bad("not a port number (0 to 65535; 0: a free port)".into()))?)
+                }
                 "base_port" => {
-                    self.base_port =
-                        Some(BasePort::All(value.parse().map_err(|_| bad("not a port number (0-65535)".into()))?))
+                    self.base_port = Some(BasePort::All(value.parse().map_err(|_| {
+                        bad(format!("not a port number ({} to {})", BASE_PORT_RANGE.start(), BASE_PORT_RANGE.end()))
+                    })?))
                 }
                 "resolvers" => {
                     let names: Vec<String> = value.split(',').map(|n| n.trim().to_owned()).collect();
@@ -532,13 +571,56 @@ impl Config {
                     self.resolvers = Some(names)
                 }
                 "local_rank" => {
-                    self.local_rank = Some(value.parse().map_err(|_| bad("not a local rank (a whole number)".into()))?)
+                    self.local_rank = Some(value.parse().map_err(|_| {
+                        bad(format!(
+                            "not a local rank (a whole number, {} to {})",
+                            LOCAL_RANK_RANGE.start(),
+                            LOCAL_RANK_RANGE.end()
+                        ))
+                    })?)
                 }
                 _ => unreachable!("ENV_OVERRIDES names only known fields"),
             }
             self.sources.insert(field, FieldSource::Env(var));
         }
+        self.validate()
+    }
+
+    /// Checks every numeric field the core owns against its range ([`TRANSFER_TIMEOUT_MS_RANGE`],
+    /// [`BASE_PORT_RANGE`], [`LOCAL_RANK_RANGE`], and `physical_devices`, see
+    /// [`check_physical_devices`](Self::check_physical_devices); `rpc_port` is any port, which
+    /// its type already ensures). Parsing a file and applying the environment run it, engines run
+    /// it again when they are built (for values set through the API), and `ferry doctor` reports
+    /// its error: each range is checked here only, so the engine and doctor refuse the same
+    /// values in the same words. The error names the field and where its value came from (the
+    /// file and position, the variable, or the API); a value out of range is never clamped.
+    pub fn validate(&self) -> Result<()> {
+        self.check_physical_devices()?;
+        if let Some(ms) = self.transfer_timeout_ms {
+            check_range(ms, &TRANSFER_TIMEOUT_MS_RANGE, "milliseconds")
+                .map_err(|m| self.value_error("transfer_timeout_ms", &m))?;
+        }
+        let base_ports = match self.base_port {
+            None => vec![],
+            Some(BasePort::All(p)) => vec![p],
+            Some(BasePort::PerRole { prefill, decode }) => prefill.into_iter().chain(decode).collect(),
+        };
+        for port in base_ports {
+            check_range(port, &BASE_PORT_RANGE, "").map_err(|m| self.value_error("base_port", m.trim_end()))?;
+        }
+        if let Some(rank) = self.local_rank {
+            check_range(rank, &LOCAL_RANK_RANGE, "(a local rank: one process of a node)")
+                .map_err(|m| self.value_error("local_rank", &m))?;
+        }
         Ok(())
+    }
+
+    /// [`field_error`](Self::field_error), or for a value set through the API an error saying so.
+    fn value_error(&self, field: &str, msg: &str) -> Error {
+        match self.sources.get(field) {
+            Some(FieldSource::Api) => Error::config(format!("`{field}` set through the API: {msg}")),
+            _ => self.field_error(field, msg),
+        }
     }
 
     /// Checks `physical_devices`: not empty, every id below [`DEVICE_ID_LIMIT`], none twice (two
@@ -1199,5 +1281,58 @@ mod tests {
         let mut c = Config::from_json_str(r#"{"protocol": "rdma"}"#, None).unwrap();
         c.apply_env(|_| None).unwrap();
         assert_eq!(c.protocol(), "rdma", "unset: untouched");
+    }
+
+    #[test]
+    fn numeric_fields_are_range_checked_in_the_file_and_in_the_environment() {
+        for (text, needle) in [
+            (
+                r#"{"transfer_timeout_ms": 0}"#,
+                "field `transfer_timeout_ms` at line 1 column 2: is 0; expected 1 to 86400000 milliseconds",
+            ),
+            (r#"{"transfer_timeout_ms": 86400001}"#, "is 86400001; expected 1 to 86400000 milliseconds"),
+            (r#"{"local_rank": 1024}"#, "field `local_rank` at line 1 column 2: is 1024; expected 0 to 1023"),
+            (r#"{"base_port": 0}"#, "field `base_port` at line 1 column 2: is 0; expected 1 to 65535"),
+            (r#"{"base_port": {"prefill": 17000, "decode": 0}}"#, "is 0; expected 1 to 65535"),
+            (r#"{"rpc_port": 65536}"#, "field `rpc_port`"),
+            (r#"{"global_segment_size": "16EB"}"#, "unknown unit"),
+            (r#"{"global_segment_size": "16384PB"}"#, "unknown unit"),
+            (r#"{"global_segment_size": "17179869184GB"}"#, "out of range"),
+        ] {
+            let e = Config::from_json_str(text, Some(Path::new("/m.json"))).unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::Config);
+            assert!(e.message().contains("/m.json") && e.message().contains(needle), "{text}: {e}");
+        }
+        let ok = r#"{"transfer_timeout_ms": 1, "local_rank": 1023, "base_port": 65000, "rpc_port": 0,
+                     "global_segment_size": 0, "local_buffer_size": "17179869183GB"}"#;
+        let c = Config::from_json_str(ok, None).unwrap();
+        assert_eq!(c.transfer_timeout(), Duration::from_millis(1));
+        assert_eq!(ByteSize::parse("16777216TB").unwrap_err(), "size \"16777216TB\" is out of range");
+        for (var, value, needle) in [
+            (
+                "FERRY_TRANSFER_TIMEOUT_MS",
+                "0",
+                "field `transfer_timeout_ms` (from environment variable FERRY_TRANSFER_TIMEOUT_MS): is 0; expected 1 to 86400000 milliseconds",
+            ),
+            (
+                "FERRY_TRANSFER_TIMEOUT_MS",
+                "soon",
+                "FERRY_TRANSFER_TIMEOUT_MS=\"soon\": not a whole number of milliseconds (1 to 86400000)",
+            ),
+            (
+                "FERRY_LOCAL_RANK",
+                "4096",
+                "field `local_rank` (from environment variable FERRY_LOCAL_RANK): is 4096; expected 0 to 1023",
+            ),
+            (
+                "FERRY_BASE_PORT",
+                "0",
+                "field `base_port` (from environment variable FERRY_BASE_PORT): is 0; expected 1 to 65535",
+            ),
+            ("FERRY_RPC_PORT", "70000", "FERRY_RPC_PORT=\"70000\": not a port number (0 to 65535; 0: a free port)"),
+        ] {
+            let e = Config::default().apply_env(|k| (k == var).then(|| value.to_owned())).unwrap_err();
+            assert!(e.message().contains(needle), "{var}={value}: {e}");
+        }
     }
 }

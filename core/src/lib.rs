@@ -65,7 +65,7 @@ pub use metadata::{
     ControlChannelFactory, InProcessMetadata, MetadataConnection, MetadataFactory, MetadataRegistry, MetadataStore,
     WatchEvent,
 };
-pub use options::{OptionSpec, OptionValue, Setting};
+pub use options::{OptionSpec, OptionValue, Setting, UnknownField};
 // The built-in resolver links (`ExplicitResolver`, ...) and their order stay in
 // [`resolver`]: users name links in the config, and write their own with these.
 pub use resolver::{

@@ -10,7 +10,9 @@ use tokio::sync::mpsc;
 
 use crate::config::{Config, MetadataServer};
 use crate::control::{ControlChannel, NoControlChannel};
+use crate::environment::Environment;
 use crate::error::{Error, Result};
+use crate::options::{OptionSpec, OptionValue};
 
 /// What changed under a watched prefix.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -184,6 +186,18 @@ pub trait ControlChannelFactory: Send + Sync + 'static {
     /// Short name of the channels it starts (for `ferry doctor`).
     fn name(&self) -> &'static str;
 
+    /// The config options its channels read beyond the core's fields (see [`crate::options`]);
+    /// the default declares none. Declared options are not reported as unknown fields.
+    fn options(&self) -> &'static [OptionSpec] {
+        &[]
+    }
+
+    /// The effective value of each of [`options`](Self::options), read and checked as
+    /// [`start`](Self::start) reads them (the default shows each as set, unchecked).
+    fn read_options(&self, config: &Config, env: &Environment) -> Vec<OptionValue> {
+        self.options().iter().map(|spec| OptionValue::as_set(spec, config, env)).collect()
+    }
+
     /// Starts the channel of an engine configured by `config` on `store` (where it finds its
     /// peers' listeners). Fails when its listener cannot start (a configured port in use, for
     /// example), with an error naming what it tried.
@@ -198,6 +212,18 @@ pub trait ControlChannelFactory: Send + Sync + 'static {
 pub trait MetadataFactory: Send + Sync + 'static {
     /// The [`MetadataServer::kind`] this factory serves.
     fn kind(&self) -> &'static str;
+
+    /// The config options its stores read beyond the core's fields (see [`crate::options`]);
+    /// the default declares none. Declared options are not reported as unknown fields.
+    fn options(&self) -> &'static [OptionSpec] {
+        &[]
+    }
+
+    /// The effective value of each of [`options`](Self::options), read and checked as
+    /// [`connect`](Self::connect) reads them (the default shows each as set, unchecked).
+    fn read_options(&self, config: &Config, env: &Environment) -> Vec<OptionValue> {
+        self.options().iter().map(|spec| OptionValue::as_set(spec, config, env)).collect()
+    }
 
     /// Connects to the server named in `server` (validated at start: an unreachable server is an
     /// error naming the endpoint and what was tried).
@@ -264,6 +290,43 @@ impl MetadataRegistry {
         k.sort_unstable();
         k.dedup();
         k
+    }
+
+    /// The options the installed store factories and control channel declare
+    /// ([`MetadataFactory::options`], [`ControlChannelFactory::options`]), by kind then the
+    /// channel's, each key once.
+    pub fn options(&self) -> Vec<&'static OptionSpec> {
+        let mut options: Vec<&'static OptionSpec> = Vec::new();
+        for spec in
+            self.sorted_factories().flat_map(|f| f.options()).chain(self.channel.iter().flat_map(|c| c.options()))
+        {
+            if !options.iter().any(|o| o.key == spec.key) {
+                options.push(spec);
+            }
+        }
+        options
+    }
+
+    /// The effective value of each of [`options`](Self::options) under `config` and `env`, as
+    /// the factory declaring it reads it (each key once, the first declaration's reading).
+    pub fn read_options(&self, config: &Config, env: &Environment) -> Vec<OptionValue> {
+        let mut values: Vec<OptionValue> = Vec::new();
+        let readings = self
+            .sorted_factories()
+            .flat_map(|f| f.read_options(config, env))
+            .chain(self.channel.iter().flat_map(|c| c.read_options(config, env)));
+        for v in readings {
+            if !values.iter().any(|o| o.spec.key == v.spec.key) {
+                values.push(v);
+            }
+        }
+        values
+    }
+
+    fn sorted_factories(&self) -> impl Iterator<Item = &Arc<dyn MetadataFactory>> {
+        let mut f: Vec<_> = self.factories.values().collect();
+        f.sort_unstable_by_key(|f| f.kind());
+        f.into_iter()
     }
 
     /// The name of the control channel started beside stores, if one is installed.

@@ -184,6 +184,69 @@ impl Config {
         let keys: Vec<&str> = declared.into_iter().map(|d| d.key).collect();
         self.unknown_fields().into_iter().filter(|f| !keys.contains(f)).collect()
     }
+
+    /// The [`undeclared_fields`](Self::undeclared_fields), each with the nearest field that
+    /// would be read (the core's or one of `declared`), when one is near enough to be a likely
+    /// misspelling (see [`UnknownField::suggestion`]). Engines log each as a warning when they
+    /// are built; `ferry doctor` prints them (and `--strict` refuses them).
+    pub fn unknown_field_warnings<'s>(&self, declared: impl IntoIterator<Item = &'s OptionSpec>) -> Vec<UnknownField> {
+        let declared: Vec<&'static str> = declared.into_iter().map(|d| d.key).collect();
+        let known: Vec<&'static str> =
+            crate::json_fields::serde_fields::<Config>().iter().copied().chain(declared.iter().copied()).collect();
+        self.undeclared_fields(std::iter::empty())
+            .into_iter()
+            .filter(|f| !declared.contains(f))
+            .map(|key| UnknownField {
+                key: key.to_owned(),
+                suggestion: nearest(key, &known),
+                origin: self.path().map(|p| p.display().to_string()),
+            })
+            .collect()
+    }
+}
+
+/// A config field that nothing in this build reads (see [`Config::unknown_field_warnings`]).
+/// Its `Display` is the warning: the field, the file, the suggestion.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnknownField {
+    /// The field as written.
+    pub key: String,
+    /// The known field (the core's or a declared option) nearest to it by edit distance, when
+    /// the distance is small for its length: at most 1 for keys of up to 7 characters, 2 up to
+    /// 11, else 3.
+    pub suggestion: Option<&'static str>,
+    /// The config file it is in, if any.
+    pub origin: Option<String>,
+}
+
+impl std::fmt::Display for UnknownField {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "unknown config field `{}`", self.key)?;
+        if let Some(file) = &self.origin {
+            write!(f, " in {file}")?;
+        }
+        match self.suggestion {
+            Some(s) => write!(f, ": did you mean `{s}`? It is kept, and nothing reads it"),
+            None => f.write_str(": kept, and nothing in this build reads it"),
+        }
+    }
+}
+
+/// The entry of `known` nearest to `key` by edit distance (Levenshtein, ignoring case), if it is
+/// near enough (see [`UnknownField::suggestion`]); the first of equals.
+fn nearest(key: &str, known: &[&'static str]) -> Option<&'static str> {
+    let lower = key.to_ascii_lowercase();
+    let limit = match key.chars().count() {
+        0..=7 => 1,
+        8..=11 => 2,
+        _ => 3,
+    };
+    known
+        .iter()
+        .map(|k| (strsim::levenshtein(&lower, k), *k))
+        .filter(|(d, _)| *d <= limit)
+        .min_by_key(|(d, _)| *d)
+        .map(|(_, k)| k)
 }
 
 #[cfg(test)]
@@ -244,6 +307,40 @@ mod tests {
         assert_eq!(none.option_text(&COUNT, &env(&[])), None);
         assert_eq!(none.option::<u32>(&COUNT, &env(&[])).unwrap(), None);
         assert_eq!(none.option_path(&FILE, &env(&[])).unwrap(), None);
+    }
+
+    #[test]
+    fn unknown_fields_get_the_nearest_known_one_as_a_suggestion() {
+        let text = r#"{"metadata_sever": "P2PHANDSHAKE", "widget_cuont": 2, "Protocol": "tcp", "rdma_devices": "x",
+                       "widget_count": 1}"#;
+        let c = Config::from_json_str(text, Some(Path::new("/etc/m.json"))).unwrap();
+        let w = c.unknown_field_warnings([&COUNT]);
+        let by_key: Vec<(&str, Option<&str>)> = w.iter().map(|u| (u.key.as_str(), u.suggestion)).collect();
+        assert_eq!(
+            by_key,
+            [
+                ("Protocol", Some("protocol")),
+                ("metadata_sever", Some("metadata_server")),
+                ("rdma_devices", None),
+                ("widget_cuont", Some("widget_count")),
+            ],
+            "a declared option is neither unknown nor missed as a suggestion"
+        );
+        assert_eq!(
+            w[1].to_string(),
+            "unknown config field `metadata_sever` in /etc/m.json: did you mean `metadata_server`? It is kept, and \
+             nothing reads it"
+        );
+        assert_eq!(
+            w[2].to_string(),
+            "unknown config field `rdma_devices` in /etc/m.json: kept, and nothing in this build reads it"
+        );
+        assert!(
+            Config::from_json_str(r#"{"protocol": "tcp", "widget_count": 1}"#, None)
+                .unwrap()
+                .unknown_field_warnings([&COUNT])
+                .is_empty()
+        );
     }
 
     #[test]

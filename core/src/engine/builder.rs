@@ -2,6 +2,8 @@
 //! control channel, resolver chain, transports, first publication).
 
 use super::*;
+use crate::config::FieldSource;
+use crate::options::OptionSpec;
 
 /// Builds a [`TransferEngine`] from a config or programmatically.
 #[must_use]
@@ -70,9 +72,12 @@ impl EngineBuilder {
         self
     }
 
-    /// Sets the transfer timeout (overrides the config).
+    /// Sets the transfer timeout (overrides the config). Whole milliseconds, within
+    /// [`TRANSFER_TIMEOUT_MS_RANGE`](crate::config::TRANSFER_TIMEOUT_MS_RANGE) (1 ms to 24 h):
+    /// [`build`](Self::build) refuses another value.
     pub fn transfer_timeout(mut self, timeout: Duration) -> Self {
         self.config.transfer_timeout_ms = Some(timeout.as_millis().min(u128::from(u64::MAX)) as u64);
+        self.config.set_source("transfer_timeout_ms", FieldSource::Api);
         self
     }
 
@@ -174,9 +179,24 @@ impl EngineBuilder {
             Some(rank) => config.set_local_rank(rank),
             None => config.apply_local_rank_env(|k| std::env::var(k).ok())?,
         }
-        // Everything the config alone can refute is checked before any connection is made.
+        // Everything the config alone can refute is checked before any connection is made: the
+        // ranges of its fields (again: values may have been set through the API), its metadata
+        // server and its protocol.
+        config.validate()?;
         let server = config.metadata()?;
         let primary_factory = self.transports.for_config(&config)?;
+        // Fields nothing in this engine reads are most often misspelt ones: say so, naming the
+        // nearest field that would be read.
+        let declared: Vec<&OptionSpec> = self
+            .transports
+            .options()
+            .into_iter()
+            .chain(primary_factory.options())
+            .chain(self.metadata_registry.options())
+            .collect();
+        for unknown in config.unknown_field_warnings(declared) {
+            tracing::warn!(field = unknown.key.as_str(), "{unknown}");
+        }
         // With `base_port`, this rank's port is part of the name from here on.
         let configured_name = config.fix_segment_name()?;
         let resolvers = match self.resolvers {

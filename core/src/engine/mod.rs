@@ -537,4 +537,64 @@ mod tests {
         assert!(err.message().contains("EngineBuilder::control_channel"), "{err}");
         e.shutdown().await.unwrap();
     }
+
+    /// A writer collecting what a `tracing` subscriber writes, for tests of logged warnings.
+    #[derive(Clone, Default)]
+    struct Captured(Arc<Mutex<Vec<u8>>>);
+    impl std::io::Write for Captured {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[tokio::test]
+    async fn an_engine_warns_of_misspelt_fields_and_names_the_nearest_known_one() {
+        let captured = Captured::default();
+        let writer = captured.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_max_level(tracing::Level::WARN)
+            .with_ansi(false)
+            .finish();
+        let _guard = tracing::subscriber::set_default(subscriber);
+        let factory = Arc::new(StillFactory::default());
+        let text = r#"{"local_hostname": "10.0.0.5:1", "protocol": "still", "metadata_sever": "P2PHANDSHAKE",
+                       "trasnfer_timeout_ms": 100, "rdma_devices": "mlx5_0"}"#;
+        let e = builder(text, &factory).build().await.unwrap();
+        e.shutdown().await.unwrap();
+        let logged = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+        assert!(logged.contains("unknown config field `metadata_sever`: did you mean `metadata_server`?"), "{logged}");
+        assert!(
+            logged.contains("unknown config field `trasnfer_timeout_ms`: did you mean `transfer_timeout_ms`?"),
+            "{logged}"
+        );
+        assert!(logged.contains("unknown config field `rdma_devices`: kept"), "{logged}");
+        assert!(logged.contains("WARN"), "{logged}");
+    }
+
+    #[tokio::test]
+    async fn an_engine_refuses_values_out_of_range_however_they_were_set() {
+        let factory = Arc::new(StillFactory::default());
+        let base = r#"{"local_hostname": "10.0.0.5:1", "protocol": "still"}"#;
+        let refused = |built: Result<TransferEngine>| match built {
+            Ok(_) => panic!("built"),
+            Err(e) => e,
+        };
+        let e = refused(builder(base, &factory).transfer_timeout(Duration::ZERO).build().await);
+        assert_eq!(e.kind(), ErrorKind::Config);
+        assert_eq!(e.message(), "`transfer_timeout_ms` set through the API: is 0; expected 1 to 86400000 milliseconds");
+        let e = refused(builder(base, &factory).local_rank(5000).build().await);
+        assert!(e.message().starts_with("`local_rank` set through the API: is 5000; expected 0 to 1023"), "{e}");
+        let mut b = builder(base, &factory);
+        b.config_mut().transfer_timeout_ms = Some(u64::MAX);
+        let e = refused(b.build().await);
+        assert!(
+            e.message().contains("field `transfer_timeout_ms`") && e.message().contains("expected 1 to 86400000"),
+            "{e}"
+        );
+    }
 }

@@ -7,21 +7,65 @@
 //!   absent key), with a timeout on every request and bounded retries of transient failures;
 //! - [`server`], the `ferry metadata-server` that Mooncake engines can use unchanged, and that
 //!   keeps its data across restarts with `--data-dir` ([`store`]).
+//!
+//! A server may require a write token ([`token`]): the client sends it with every request as
+//! `Authorization: Bearer <token>` when it has one, from `FERRY_METADATA_TOKEN` (the token
+//! itself) or else the file named by the option `metadata_token_file`
+//! ([`METADATA_TOKEN_FILE_OPTION`], variable `FERRY_METADATA_TOKEN_FILE`).
 #![forbid(unsafe_code)]
 
 pub mod server;
 pub mod store;
+pub mod token;
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use ferry_core::{Config, Error, MetadataFactory, MetadataServer, MetadataStore, Result};
+use ferry_core::{
+    Config, Environment, Error, MetadataFactory, MetadataServer, MetadataStore, OptionSpec, OptionValue, Result,
+    Setting,
+};
+
+use crate::token::{TOKEN_ENV, Token};
 
 /// Time allowed for one HTTP request.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 /// Attempts of a request that failed transiently (connection refused or reset, timeout, 5xx).
 pub const ATTEMPTS: u32 = 3;
+
+/// The file holding the write token of a `ferry metadata-server` started with one (its
+/// `--write-token-file` or `FERRY_METADATA_TOKEN`). `FERRY_METADATA_TOKEN`, the token itself,
+/// wins over it.
+pub const METADATA_TOKEN_FILE_OPTION: OptionSpec = OptionSpec {
+    key: "metadata_token_file",
+    env: Some("FERRY_METADATA_TOKEN_FILE"),
+    env_invalid: "",
+    default: "none (no token sent; FERRY_METADATA_TOKEN, the token itself, wins over the file)",
+    doc: "file holding the HTTP metadata server's write token, sent as `Authorization: Bearer <token>`",
+};
+
+/// The options of the HTTP backend.
+pub const OPTIONS: &[OptionSpec] = &[METADATA_TOKEN_FILE_OPTION];
+
+/// The write token the client sends, if any: `FERRY_METADATA_TOKEN` in `env` (an empty one
+/// counts as unset), else the token in the file `metadata_token_file` names (relative to the
+/// config file), with where it came from. The token itself is never put in a message.
+///
+/// # Errors
+/// [`ErrorKind::Config`](ferry_core::ErrorKind::Config): the variable holds no valid token,
+/// or the file cannot be read or holds none; the error names the variable or the option.
+pub fn token_from_config(config: &Config, env: &Environment) -> Result<Option<Setting<Token>>> {
+    if let Some(text) = env.get_nonempty(TOKEN_ENV) {
+        let token =
+            Token::new(text.trim()).map_err(|e| Error::config(format!("environment variable {TOKEN_ENV}: {e}")))?;
+        return Ok(Some(Setting { value: token, source: ferry_core::FieldSource::Env(TOKEN_ENV) }));
+    }
+    let Some(path) = config.option_path(&METADATA_TOKEN_FILE_OPTION, env)? else { return Ok(None) };
+    let token = Token::from_file(&path.value)
+        .map_err(|e| config.option_error(&METADATA_TOKEN_FILE_OPTION, &path.source, &e))?;
+    Ok(Some(path.map(|_| token)))
+}
 
 /// Factory for the HTTP backend.
 #[derive(Debug, Default, Clone, Copy)]
@@ -33,11 +77,32 @@ impl MetadataFactory for HttpMetadataFactory {
         "http"
     }
 
-    async fn connect(&self, server: &MetadataServer, _config: &Config) -> Result<Arc<dyn MetadataStore>> {
+    fn options(&self) -> &'static [OptionSpec] {
+        OPTIONS
+    }
+
+    /// `metadata_token_file` as the client reads it: the file is read and its token checked
+    /// (never shown); `FERRY_METADATA_TOKEN`, when set, is shown as winning over it.
+    fn read_options(&self, config: &Config, env: &Environment) -> Vec<OptionValue> {
+        let file = config.option_path(&METADATA_TOKEN_FILE_OPTION, env);
+        let read = match token_from_config(config, env) {
+            Err(e) => Err(e),
+            Ok(Some(t)) if t.source == ferry_core::FieldSource::Env(TOKEN_ENV) => {
+                Ok(Some(Setting { value: format!("not read: {TOKEN_ENV} is set and wins"), source: t.source }))
+            }
+            Ok(_) => file.map(|f| f.map(|f| f.map(|p| format!("{} (holds a token)", p.display())))),
+        };
+        vec![OptionValue::new(&METADATA_TOKEN_FILE_OPTION, read)]
+    }
+
+    async fn connect(&self, server: &MetadataServer, config: &Config) -> Result<Arc<dyn MetadataStore>> {
         let MetadataServer::Http(url) = server else {
             return Err(Error::config(format!("the HTTP backend cannot serve {server:?}")));
         };
-        let backend = HttpMetadata::new(url)?;
+        let mut backend = HttpMetadata::new(url)?;
+        if let Some(token) = token_from_config(config, &Environment::process())? {
+            backend = backend.with_token(token.value);
+        }
         // Fail at start, naming the endpoint, rather than at the first lookup.
         backend
             .get("mooncake/__ferry_probe__")
@@ -52,6 +117,8 @@ impl MetadataFactory for HttpMetadataFactory {
 pub struct HttpMetadata {
     url: reqwest::Url,
     client: reqwest::Client,
+    /// Sent with every request as `Authorization: Bearer <token>`.
+    token: Option<Token>,
 }
 
 impl HttpMetadata {
@@ -67,7 +134,14 @@ impl HttpMetadata {
             .connect_timeout(REQUEST_TIMEOUT)
             .build()
             .map_err(|e| Error::config(format!("HTTP client for {url}")).with_source(e))?;
-        Ok(Self { url: parsed, client })
+        Ok(Self { url: parsed, client, token: None })
+    }
+
+    /// Sends `token` with every request, as `Authorization: Bearer <token>` (for a server that
+    /// takes writes only with it; reads need none, but carry it too).
+    pub fn with_token(mut self, token: Token) -> Self {
+        self.token = Some(token);
+        self
     }
 
     fn url_for(&self, key: &str) -> reqwest::Url {
@@ -85,6 +159,9 @@ impl HttpMetadata {
                 tokio::time::sleep(Duration::from_millis(50 << attempt)).await;
             }
             let mut req = self.client.request(method.clone(), url.clone());
+            if let Some(token) = &self.token {
+                req = req.bearer_auth(token.as_str());
+            }
             if let Some(b) = body {
                 req = req.body(b.to_vec());
             }
@@ -111,8 +188,19 @@ impl HttpMetadata {
     }
 
     fn unexpected(&self, what: &str, key: &str, status: u16, body: &[u8]) -> Error {
+        let hint = match (status, &self.token) {
+            (401, None) => format!(
+                " (the server takes writes only with its write token: set {TOKEN_ENV} or the option `{}`)",
+                METADATA_TOKEN_FILE_OPTION.key
+            ),
+            (401, Some(_)) => " (the token sent is not the server's write token)".to_owned(),
+            (507, _) => {
+                " (the server's store is full: it refuses writes that would pass its --max-total-bytes)".to_owned()
+            }
+            _ => String::new(),
+        };
         Error::transport(format!(
-            "metadata server {}: {what} of key {key} answered HTTP {status}: {}",
+            "metadata server {}: {what} of key {key} answered HTTP {status}: {}{hint}",
             self.url,
             String::from_utf8_lossy(body)
         ))

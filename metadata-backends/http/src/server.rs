@@ -2,8 +2,10 @@
 //! with what the reference servers lack: idempotent re-publish of any key (an `rpc_meta` key
 //! only with the identical value, as Mooncake's servers: another value is a second engine
 //! taking a name in use, answered 400), `GET /health`,
-//! persistence across restarts (`--data-dir`), limits on key length and body size, graceful
-//! shutdown and request logging.
+//! persistence across restarts (`--data-dir`), limits on key length, body size and the total
+//! stored, keys checked to be UTF-8 (never merged by lossy decoding), an optional write token
+//! (PUT and DELETE need `Authorization: Bearer <token>`; reads stay open), graceful shutdown and
+//! request logging.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -11,8 +13,9 @@ use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::{DefaultBodyLimit, Query, Request, State};
-use axum::http::StatusCode;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::{Method, StatusCode, Uri, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -24,6 +27,7 @@ use tokio::net::TcpListener;
 use tokio_io_timeout::TimeoutStream;
 
 use crate::store::Store;
+use crate::token::Token;
 
 /// Limits of the server.
 #[derive(Debug, Clone)]
@@ -32,6 +36,9 @@ pub struct Limits {
     pub max_key: usize,
     /// Largest body accepted (bytes); larger ones get 413.
     pub max_body: usize,
+    /// Most bytes of keys and values stored at once ([`Store::bytes`]); a write that would
+    /// pass it gets 507 and stores nothing.
+    pub max_total: usize,
     /// Time a client has to send a request's headers, also while its connection is idle
     /// between requests: a keep-alive connection idle this long is closed.
     pub header_read_timeout: Duration,
@@ -50,6 +57,7 @@ impl Default for Limits {
         Self {
             max_key: 4096,
             max_body: 16 << 20,
+            max_total: 256 << 20,
             header_read_timeout: Duration::from_secs(30),
             idle_timeout: Duration::from_secs(30),
             drain_timeout: Duration::from_secs(10),
@@ -61,30 +69,94 @@ impl Default for Limits {
 struct App {
     store: Arc<Store>,
     limits: Limits,
+    /// What PUT and DELETE must present, if anything.
+    write_token: Option<Token>,
     /// Held while an `rpc_meta` key is compared and written, so two engines racing for one name
     /// cannot both succeed.
     rpc_meta: Arc<std::sync::Mutex<()>>,
 }
 
-/// The query string: `?key=...`.
-#[derive(serde::Deserialize)]
-struct KeyQuery {
-    key: Option<String>,
+/// `application/x-www-form-urlencoded` decoding of one query component, to bytes: `+` is a
+/// space, `%XY` the byte 0xXY, anything else (a `%` not followed by two hex digits too) itself.
+fn form_decode(component: &str) -> Vec<u8> {
+    let b = component.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let hex = |c: u8| (c as char).to_digit(16).map(|d| d as u8);
+        match b[i] {
+            b'+' => out.push(b' '),
+            b'%' if i + 2 < b.len() => match (hex(b[i + 1]), hex(b[i + 2])) {
+                (Some(hi), Some(lo)) => {
+                    out.push(hi << 4 | lo);
+                    i += 2;
+                }
+                _ => out.push(b'%'),
+            },
+            c => out.push(c),
+        }
+        i += 1;
+    }
+    out
 }
 
-fn key_of(app: &App, q: KeyQuery) -> Result<String, (StatusCode, String)> {
-    match q.key {
+/// The `key` parameter of the query string. Decoded strictly: a key that is not UTF-8 once
+/// decoded is refused (decoding it lossily would store `%FF` and `%FE` under one key).
+fn key_of(app: &App, uri: &Uri) -> Result<String, (StatusCode, String)> {
+    let mut key = None;
+    for pair in uri.query().unwrap_or("").split('&') {
+        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+        if form_decode(name) != b"key" {
+            continue;
+        }
+        if key.is_some() {
+            return Err((StatusCode::BAD_REQUEST, "more than one key parameter".into()));
+        }
+        key = Some(form_decode(value));
+    }
+    match key {
         None => Err((StatusCode::BAD_REQUEST, "missing key".into())),
         Some(k) if k.is_empty() => Err((StatusCode::BAD_REQUEST, "empty key".into())),
         Some(k) if k.len() > app.limits.max_key => {
             Err((StatusCode::BAD_REQUEST, format!("key longer than {} bytes", app.limits.max_key)))
         }
-        Some(k) => Ok(k),
+        Some(k) => String::from_utf8(k).map_err(|e| {
+            (
+                StatusCode::BAD_REQUEST,
+                format!(
+                    "key is not valid UTF-8 once decoded (byte {}); metadata keys are UTF-8 text",
+                    e.utf8_error().valid_up_to()
+                ),
+            )
+        }),
     }
 }
 
-async fn get_key(State(app): State<App>, Query(q): Query<KeyQuery>) -> Response {
-    let key = match key_of(&app, q) {
+/// Refuses a write (any method but GET and HEAD) that does not carry the server's write token
+/// as `Authorization: Bearer <token>`, with 401 before its body is read. Reads need no token.
+async fn require_token(State(app): State<App>, req: Request, next: Next) -> Response {
+    let Some(token) = &app.write_token else { return next.run(req).await };
+    if req.method() == Method::GET || req.method() == Method::HEAD {
+        return next.run(req).await;
+    }
+    let presented = req.headers().get(header::AUTHORIZATION).map(|v| v.as_bytes()).and_then(|v| {
+        let (scheme, rest) = v.split_at_checked(7)?;
+        scheme.eq_ignore_ascii_case(b"bearer ").then_some(rest)
+    });
+    if presented.is_some_and(|p| token.matches(p)) {
+        return next.run(req).await;
+    }
+    let why = if presented.is_some() { "the token presented is not the server's" } else { "no bearer token" };
+    (
+        StatusCode::UNAUTHORIZED,
+        [(header::WWW_AUTHENTICATE, "Bearer")],
+        format!("writes need `Authorization: Bearer <token>` with the server's write token: {why}"),
+    )
+        .into_response()
+}
+
+async fn get_key(State(app): State<App>, uri: Uri) -> Response {
+    let key = match key_of(&app, &uri) {
         Ok(k) => k,
         Err(r) => return r.into_response(),
     };
@@ -94,30 +166,55 @@ async fn get_key(State(app): State<App>, Query(q): Query<KeyQuery>) -> Response 
     }
 }
 
-async fn put_key(State(app): State<App>, Query(q): Query<KeyQuery>, body: Bytes) -> Response {
-    let key = match key_of(&app, q) {
+/// How a PUT ended, short of an error.
+enum Put {
+    Written,
+    /// An `rpc_meta` key that holds another value.
+    Duplicate,
+    Full(crate::store::StoreFull),
+}
+
+async fn put_key(State(app): State<App>, uri: Uri, body: Result<Bytes, BytesRejection>) -> Response {
+    let key = match key_of(&app, &uri) {
         Ok(k) => k,
+        Err(r) => return r.into_response(),
+    };
+    let body = match body {
+        Ok(b) => b,
+        Err(r) if r.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+            let msg = format!("value larger than {} bytes (the server's --max-body-bytes)", app.limits.max_body);
+            return (StatusCode::PAYLOAD_TOO_LARGE, msg).into_response();
+        }
         Err(r) => return r.into_response(),
     };
     let store = app.store.clone();
     let rpc_meta = app.rpc_meta.clone();
+    let max_total = app.limits.max_total;
     let written = tokio::task::spawn_blocking(move || {
+        let put = |store: &Store| {
+            store.put_within(&key, &body, max_total).map(|r| r.map_or_else(Put::Full, |()| Put::Written))
+        };
         // As Mooncake's servers do: a second engine may not take an `rpc_meta` name that is
         // already published (Mooncake engines fail to start on the 400, which is how they learn
         // the name is taken). Re-publishing the identical entry is accepted, as by its C++ server.
         if key.contains("rpc_meta") {
             let _one_at_a_time = rpc_meta.lock().unwrap_or_else(|p| p.into_inner());
             if store.get(&key).is_some_and(|stored| stored != body) {
-                return Ok(false);
+                return Ok(Put::Duplicate);
             }
-            return store.put(&key, &body).map(|()| true);
+            return put(&store);
         }
-        store.put(&key, &body).map(|()| true)
+        put(&store)
     })
     .await;
     match written {
-        Ok(Ok(false)) => (StatusCode::BAD_REQUEST, "Duplicate rpc_meta key not allowed").into_response(),
-        Ok(Ok(true)) => (StatusCode::OK, "metadata updated").into_response(),
+        Ok(Ok(Put::Duplicate)) => (StatusCode::BAD_REQUEST, "Duplicate rpc_meta key not allowed").into_response(),
+        Ok(Ok(Put::Written)) => (StatusCode::OK, "metadata updated").into_response(),
+        Ok(Ok(Put::Full(full))) => {
+            tracing::warn!(%full, "metadata write refused: the store is full");
+            let msg = format!("{full} (the server's --max-total-bytes); nothing was stored");
+            (StatusCode::INSUFFICIENT_STORAGE, msg).into_response()
+        }
         Ok(Err(e)) => {
             tracing::error!(error = %e, "metadata store write failed");
             (StatusCode::INTERNAL_SERVER_ERROR, format!("store write failed: {e}")).into_response()
@@ -126,8 +223,8 @@ async fn put_key(State(app): State<App>, Query(q): Query<KeyQuery>, body: Bytes)
     }
 }
 
-async fn delete_key(State(app): State<App>, Query(q): Query<KeyQuery>) -> Response {
-    let key = match key_of(&app, q) {
+async fn delete_key(State(app): State<App>, uri: Uri) -> Response {
+    let key = match key_of(&app, &uri) {
         Ok(k) => k,
         Err(r) => return r.into_response(),
     };
@@ -154,15 +251,23 @@ async fn log_request(req: Request, next: Next) -> Response {
     resp
 }
 
-/// The server's routes over `store`.
+/// The server's routes over `store`, with no write token.
 pub fn router(store: Arc<Store>, limits: Limits) -> Router {
+    router_with(store, limits, None)
+}
+
+/// The server's routes over `store`; with `write_token`, PUT and DELETE (every method but GET
+/// and HEAD) need `Authorization: Bearer <token>` and get 401 without it.
+pub fn router_with(store: Arc<Store>, limits: Limits, write_token: Option<Token>) -> Router {
     let body_limit = limits.max_body;
+    let app = App { store, limits, write_token, rpc_meta: Arc::default() };
     Router::new()
         .route("/metadata", get(get_key).put(put_key).delete(delete_key))
         .route("/health", get(health))
         .layer(DefaultBodyLimit::max(body_limit))
+        .layer(middleware::from_fn_with_state(app.clone(), require_token))
         .layer(middleware::from_fn(log_request))
-        .with_state(App { store, limits, rpc_meta: Arc::default() })
+        .with_state(app)
 }
 
 /// Serves on `listener` until `shutdown` completes, then stops accepting, closes idle
@@ -184,11 +289,23 @@ pub async fn serve(
     limits: Limits,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    serve_with(listener, store, limits, None, shutdown).await
+}
+
+/// [`serve`] with a write token: PUT and DELETE need `Authorization: Bearer <token>`
+/// ([`router_with`]).
+pub async fn serve_with(
+    listener: TcpListener,
+    store: Arc<Store>,
+    limits: Limits,
+    write_token: Option<Token>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
     let addr: SocketAddr = listener.local_addr()?;
-    tracing::info!(%addr, "metadata server listening");
+    tracing::info!(%addr, writes_need_token = write_token.is_some(), "metadata server listening");
     let (header_read_timeout, idle_timeout, drain_timeout) =
         (limits.header_read_timeout, limits.idle_timeout, limits.drain_timeout);
-    let service = TowerToHyperService::new(router(store, limits));
+    let service = TowerToHyperService::new(router_with(store, limits, write_token));
     let mut builder = ConnectionBuilder::new(TokioExecutor::new());
     builder.http1().timer(TokioTimer::new()).header_read_timeout(header_read_timeout);
     let graceful = GracefulShutdown::new();

@@ -13,6 +13,7 @@ use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, RwLock};
 
 const DELETE: u32 = u32::MAX;
@@ -77,6 +78,38 @@ impl Log {
 pub struct Store {
     map: RwLock<HashMap<String, Value>>,
     log: Option<Mutex<Log>>,
+    /// Held by every write from its check to its end, so that checks (the cap on stored bytes)
+    /// and writes do not interleave.
+    writes: Mutex<()>,
+    /// Bytes of the keys and values stored (changed under `writes`).
+    bytes: AtomicUsize,
+}
+
+/// A write refused because it would take the store past its cap
+/// ([`Store::put_within`]). Its `Display` says by how much.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StoreFull {
+    /// Bytes stored (keys and values).
+    pub stored: usize,
+    /// Bytes the write would have added.
+    pub adding: usize,
+    /// The cap.
+    pub max_total: usize,
+}
+
+impl std::fmt::Display for StoreFull {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "the metadata server holds {} bytes of keys and values; storing {} more would pass its cap of {} bytes",
+            self.stored, self.adding, self.max_total
+        )
+    }
+}
+
+/// Bytes an entry counts for against the cap: its key and its value.
+fn entry_size(key: &str, value: &[u8]) -> usize {
+    key.len() + value.len()
 }
 
 impl std::fmt::Debug for Store {
@@ -158,7 +191,7 @@ fn replay(bytes: &[u8]) -> (HashMap<String, Value>, usize, usize) {
 impl Store {
     /// A store in memory only.
     pub fn in_memory() -> Self {
-        Self { map: RwLock::new(HashMap::new()), log: None }
+        Self { map: RwLock::new(HashMap::new()), log: None, writes: Mutex::new(()), bytes: AtomicUsize::new(0) }
     }
 
     /// Opens (creating if needed) the store in `dir`, replaying its log.
@@ -195,7 +228,13 @@ impl Store {
         let len = file.metadata()?.len();
         tracing::info!(path = %path.display(), keys = map.len(), "metadata store opened");
         let log = Log { file, path, len, records, retry_after: 0, poisoned: false, _lock: lock };
-        Ok(Self { map: RwLock::new(map), log: Some(Mutex::new(log)) })
+        let bytes = map.iter().map(|(k, v)| entry_size(k, v)).sum();
+        Ok(Self {
+            map: RwLock::new(map),
+            log: Some(Mutex::new(log)),
+            writes: Mutex::new(()),
+            bytes: AtomicUsize::new(bytes),
+        })
     }
 
     /// The value of `key`.
@@ -203,23 +242,46 @@ impl Store {
         self.map.read().unwrap_or_else(|p| p.into_inner()).get(key).cloned()
     }
 
-    /// Sets `key` (durably, when persistent, before returning).
+    /// Sets `key` (durably, when persistent, before returning), whatever the size of the store.
     pub fn put(&self, key: &str, value: &[u8]) -> io::Result<()> {
+        self.put_within(key, value, usize::MAX).map(|_| ())
+    }
+
+    /// Sets `key` unless that would take the bytes stored (keys and values, see
+    /// [`bytes`](Self::bytes)) past `max_total`: then nothing is written and the inner result is
+    /// [`StoreFull`]. A write that does not grow the store (a value replaced by one no larger)
+    /// is accepted even in a store already past the cap (a cap lowered across a restart).
+    pub fn put_within(&self, key: &str, value: &[u8], max_total: usize) -> io::Result<Result<(), StoreFull>> {
+        let _writing = self.writes.lock().unwrap_or_else(|p| p.into_inner());
+        let stored = self.bytes.load(Ordering::Acquire);
+        let replaced = self.get(key).map_or(0, |old| entry_size(key, &old));
+        let after = stored - replaced + entry_size(key, value);
+        if after > max_total && after > stored {
+            return Ok(Err(StoreFull { stored, adding: after - stored, max_total }));
+        }
         self.append(key, Some(value), || {
             self.map.write().unwrap_or_else(|p| p.into_inner()).insert(key.to_owned(), Value::copy_from_slice(value));
-        })
+        })?;
+        self.bytes.store(after, Ordering::Release);
+        Ok(Ok(()))
     }
 
     /// Removes `key`; returns whether it existed.
     pub fn delete(&self, key: &str) -> io::Result<bool> {
-        if self.get(key).is_none() {
-            return Ok(false);
-        }
+        let _writing = self.writes.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(old) = self.get(key) else { return Ok(false) };
         let mut existed = false;
         self.append(key, None, || {
             existed = self.map.write().unwrap_or_else(|p| p.into_inner()).remove(key).is_some();
         })?;
+        self.bytes.fetch_sub(entry_size(key, &old), Ordering::AcqRel);
         Ok(existed)
+    }
+
+    /// Bytes stored: the lengths of every key and value (what the server's cap,
+    /// `--max-total-bytes`, bounds; the map's own overhead is not counted).
+    pub fn bytes(&self) -> usize {
+        self.bytes.load(Ordering::Acquire)
     }
 
     /// Writes the log record, then applies `apply`, both under the log lock so the log's order

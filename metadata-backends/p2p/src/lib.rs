@@ -16,21 +16,26 @@
 //!   notifications work on every store and with Mooncake peers on any of them.
 //!
 //! Limits: frames above 1 MiB or of length zero are refused, every frame must arrive within the
-//! handshake timeout (10 s), and each connection serves one request, so a slow or hostile client
-//! holds a single task for at most that long.
+//! handshake timeout, and each connection serves one request, so a slow or hostile client holds
+//! a single task for at most that long. The handshake timeout is the option
+//! `handshake_timeout_ms` ([`HANDSHAKE_TIMEOUT_OPTION`], variable `FERRY_HANDSHAKE_TIMEOUT_MS`,
+//! default 10 s), and never longer than the engine's transfer timeout
+//! ([`handshake_timeout`]).
 
 #![forbid(unsafe_code)]
 
 pub mod frame;
 
 use std::collections::{HashMap, VecDeque};
+use std::ops::RangeInclusive;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use ferry_core::config::check_range;
 use ferry_core::{
-    Config, ControlChannel, ControlChannelFactory, Error, ErrorKind, MetadataFactory, MetadataKeys, MetadataServer,
-    MetadataStore, Notification, Result, RpcMeta, SegmentName,
+    Config, ControlChannel, ControlChannelFactory, Environment, Error, ErrorKind, MetadataFactory, MetadataKeys,
+    MetadataServer, MetadataStore, Notification, OptionSpec, OptionValue, Result, RpcMeta, SegmentName, Setting,
 };
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
@@ -38,8 +43,54 @@ use tokio::sync::watch;
 
 use crate::frame::{DEFAULT_MAX_FRAME, FrameType, read_frame, write_frame};
 
-/// Time allowed for one handshake exchange (connect, request, reply).
+/// Default time allowed for one handshake exchange (connect, request, reply), and for a peer to
+/// send its request to this engine's listener (see [`handshake_timeout`]).
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Accepted values of `handshake_timeout_ms` (and `FERRY_HANDSHAKE_TIMEOUT_MS`): 1 ms to 10 min.
+pub const HANDSHAKE_TIMEOUT_MS_RANGE: RangeInclusive<u64> = 1..=600_000;
+
+/// The handshake's timeout, declared by both factories of this crate (so a config that sets it
+/// is not reported as having an unknown field).
+pub const HANDSHAKE_TIMEOUT_OPTION: OptionSpec = OptionSpec {
+    key: "handshake_timeout_ms",
+    env: Some("FERRY_HANDSHAKE_TIMEOUT_MS"),
+    env_invalid: "not a whole number of milliseconds (1 to 600000)",
+    default: "10000, or transfer_timeout_ms when shorter",
+    doc: "time allowed for one exchange with a peer's handshake listener (P2P descriptor lookup, notification, \
+          probe) and for a peer's request to this engine's listener; never longer than transfer_timeout_ms",
+};
+
+/// The options of this crate's factories.
+pub const OPTIONS: &[OptionSpec] = &[HANDSHAKE_TIMEOUT_OPTION];
+
+/// `handshake_timeout_ms` as set (from the API, `FERRY_HANDSHAKE_TIMEOUT_MS` or the config),
+/// checked against [`HANDSHAKE_TIMEOUT_MS_RANGE`]; `Ok(None)` when unset.
+///
+/// # Errors
+/// [`ErrorKind::Config`]: a value of the wrong type or out of range, naming the field (its
+/// file and position) or the variable, and the range.
+pub fn handshake_timeout_setting(config: &Config, env: &Environment) -> Result<Option<Setting<u64>>> {
+    let Some(set) = config.option::<u64>(&HANDSHAKE_TIMEOUT_OPTION, env)? else { return Ok(None) };
+    check_range(set.value, &HANDSHAKE_TIMEOUT_MS_RANGE, "milliseconds")
+        .map_err(|m| config.option_error(&HANDSHAKE_TIMEOUT_OPTION, &set.source, &m))?;
+    Ok(Some(set))
+}
+
+/// The timeout of every handshake exchange of an engine configured by `config`: its
+/// `handshake_timeout_ms` ([`HANDSHAKE_TIMEOUT`] when unset), or its transfer timeout when that
+/// is shorter (a handshake is part of the first transfer to a peer under `P2PHANDSHAKE`, and
+/// must not outlast it).
+///
+/// # Errors
+/// As [`handshake_timeout_setting`].
+pub fn handshake_timeout(config: &Config, env: &Environment) -> Result<Duration> {
+    let set = handshake_timeout_setting(config, env)?.map_or(HANDSHAKE_TIMEOUT, |s| Duration::from_millis(s.value));
+    Ok(set.min(config.transfer_timeout()))
+}
+
+fn read_options(config: &Config, env: &Environment) -> Vec<OptionValue> {
+    vec![OptionValue::new(&HANDSHAKE_TIMEOUT_OPTION, handshake_timeout_setting(config, env))]
+}
 /// Range a random RPC port is drawn from, as in Mooncake.
 pub const RPC_PORT_RANGE: std::ops::Range<u16> = 15000..17000;
 /// Handshake connections served at once.
@@ -95,6 +146,14 @@ impl MetadataFactory for P2pMetadataFactory {
         "p2p"
     }
 
+    fn options(&self) -> &'static [OptionSpec] {
+        OPTIONS
+    }
+
+    fn read_options(&self, config: &Config, env: &Environment) -> Vec<OptionValue> {
+        read_options(config, env)
+    }
+
     async fn connect(&self, server: &MetadataServer, config: &Config) -> Result<Arc<dyn MetadataStore>> {
         debug_assert_eq!(server, &MetadataServer::P2pHandshake);
         Ok(Arc::new(P2pMetadata::start(config).await?))
@@ -115,6 +174,9 @@ struct Shared {
 pub struct HandshakeListener {
     host: String,
     port: u16,
+    /// The handshake timeout ([`handshake_timeout`]): of this listener's exchanges with peers,
+    /// and of their requests to it.
+    timeout: Duration,
     shared: Arc<Shared>,
     stop: watch::Sender<bool>,
     /// The accept loop (it owns the listening socket).
@@ -173,6 +235,7 @@ impl HandshakeListener {
     /// Binds the RPC port `choice` says and starts answering handshakes. A free port is drawn
     /// from 15000..17000; a configured one that cannot be bound is an error naming it.
     pub async fn start(config: &Config, choice: RpcPortChoice) -> Result<Self> {
+        let timeout = handshake_timeout(config, &Environment::process())?;
         let configured = config
             .local_segment_name()
             .ok()
@@ -224,9 +287,9 @@ impl HandshakeListener {
             .port();
         let shared = Arc::new(Shared::default());
         let (stop, stop_rx) = watch::channel(false);
-        let task = Mutex::new(Some(tokio::spawn(serve(listener, shared.clone(), stop_rx))));
-        tracing::info!(%host, port, "P2P handshake listening");
-        Ok(Self { host, port, shared, stop, task })
+        let task = Mutex::new(Some(tokio::spawn(serve(listener, shared.clone(), stop_rx, timeout))));
+        tracing::info!(%host, port, ?timeout, "P2P handshake listening");
+        Ok(Self { host, port, timeout, shared, stop, task })
     }
 
     /// Stops answering and closes the listening socket; returns when the port is free (or after
@@ -235,7 +298,7 @@ impl HandshakeListener {
         let _ = self.stop.send(true);
         let task = self.task.lock().unwrap_or_else(|p| p.into_inner()).take();
         if let Some(task) = task
-            && tokio::time::timeout(HANDSHAKE_TIMEOUT, task).await.is_err()
+            && tokio::time::timeout(self.timeout, task).await.is_err()
         {
             tracing::warn!(port = self.port, "P2P handshake listener did not stop in time");
         }
@@ -244,6 +307,11 @@ impl HandshakeListener {
     /// The RPC port.
     pub fn rpc_port(&self) -> u16 {
         self.port
+    }
+
+    /// The handshake timeout this listener's engine uses ([`handshake_timeout`]).
+    pub fn timeout(&self) -> Duration {
+        self.timeout
     }
 
     /// Sets the descriptor answered to Metadata frames (`None`: refuse them).
@@ -257,10 +325,11 @@ impl HandshakeListener {
     }
 }
 
-/// Sends `notification` to the handshake listener at `host:port` and checks it was accepted.
-pub async fn send_notification(host: &str, port: u16, notification: &Notification) -> Result<()> {
+/// Sends `notification` to the handshake listener at `host:port` and checks it was accepted,
+/// within `timeout`.
+pub async fn send_notification(host: &str, port: u16, notification: &Notification, timeout: Duration) -> Result<()> {
     let body = serde_json::to_vec(notification).expect("json");
-    let reply = exchange(host, port, FrameType::Notify, &body).await?;
+    let reply = exchange(host, port, FrameType::Notify, &body, timeout).await?;
     let ok = serde_json::from_slice::<Notification>(&reply).map(|n| n.notify_msg == "success").unwrap_or(false);
     if !ok {
         return Err(Error::new(
@@ -275,9 +344,9 @@ pub async fn send_notification(host: &str, port: u16, notification: &Notificatio
 }
 
 /// Sends a Probe to the handshake listener at `host:port` and checks it answered
-/// `{"status": "success"}` (Mooncake's `send_probe`).
-pub async fn send_probe(host: &str, port: u16) -> Result<()> {
-    let reply = exchange(host, port, FrameType::Probe, b"{}").await?;
+/// `{"status": "success"}` (Mooncake's `send_probe`), within `timeout`.
+pub async fn send_probe(host: &str, port: u16, timeout: Duration) -> Result<()> {
+    let reply = exchange(host, port, FrameType::Probe, b"{}", timeout).await?;
     let ok = serde_json::from_slice::<serde_json::Value>(&reply)
         .map(|v| v.get("status").and_then(|s| s.as_str()) == Some("success"))
         .unwrap_or(false);
@@ -290,25 +359,29 @@ pub async fn send_probe(host: &str, port: u16) -> Result<()> {
     Ok(())
 }
 
-/// One request/reply exchange with the handshake listener at `host:port`.
-async fn exchange(host: &str, port: u16, kind: FrameType, payload: &[u8]) -> Result<Vec<u8>> {
+/// One request/reply exchange with the handshake listener at `host:port`, within `timeout`.
+async fn exchange(host: &str, port: u16, kind: FrameType, payload: &[u8], timeout: Duration) -> Result<Vec<u8>> {
     let talk = async {
         let mut s = TcpStream::connect((host, port)).await?;
         s.set_nodelay(true)?;
         write_frame(&mut s, kind, payload).await?;
-        let reply = read_frame(&mut s, DEFAULT_MAX_FRAME, HANDSHAKE_TIMEOUT).await?;
+        let reply = read_frame(&mut s, DEFAULT_MAX_FRAME, timeout).await?;
         Ok::<_, std::io::Error>(reply)
     };
-    match tokio::time::timeout(HANDSHAKE_TIMEOUT, talk).await {
+    match tokio::time::timeout(timeout, talk).await {
         Ok(Ok(reply)) if reply.kind == kind => Ok(reply.payload),
         Ok(Ok(reply)) => Err(Error::transport(format!(
             "P2P handshake with {host}:{port}: answered a {kind:?} frame with a {:?} frame",
             reply.kind
         ))),
-        Ok(Err(e)) => Err(Error::unreachable(format!("P2P handshake with {host}:{port} failed: {e}")).with_source(e)),
-        Err(_) => {
-            Err(Error::timeout(format!("P2P handshake with {host}:{port} did not finish in {HANDSHAKE_TIMEOUT:?}")))
+        Ok(Err(e)) if e.kind() != std::io::ErrorKind::TimedOut => {
+            Err(Error::unreachable(format!("P2P handshake with {host}:{port} failed: {e}")).with_source(e))
         }
+        // The reply's own deadline (the same timeout) may fire first.
+        Ok(Err(_)) | Err(_) => Err(Error::timeout(format!(
+            "P2P handshake with {host}:{port} did not finish in {timeout:?} (handshake_timeout_ms, at most \
+             transfer_timeout_ms)"
+        ))),
     }
 }
 
@@ -337,7 +410,7 @@ impl P2pMetadata {
 
     async fn exchange(&self, segment: &str, kind: FrameType, payload: &[u8]) -> Result<Vec<u8>> {
         let (host, port) = host_port(segment)?;
-        exchange(&host, port, kind, payload).await
+        exchange(&host, port, kind, payload, self.channel.listener.timeout).await
     }
 }
 
@@ -430,12 +503,12 @@ impl ControlChannel for P2pChannel {
 
     async fn notify(&self, segment: &str, notification: &Notification) -> Result<()> {
         let (host, port) = host_port(segment)?;
-        send_notification(&host, port, notification).await
+        send_notification(&host, port, notification, self.listener.timeout).await
     }
 
     async fn probe(&self, segment: &str) -> Result<()> {
         let (host, port) = host_port(segment)?;
-        send_probe(&host, port).await
+        send_probe(&host, port, self.listener.timeout).await
     }
 
     fn drain_notifications(&self) -> Vec<Notification> {
@@ -528,7 +601,11 @@ impl ControlChannel for HandshakeChannel {
         if rpc.rpc_port == 0 || rpc.ip_or_host_name.is_empty() {
             return Ok(());
         }
-        let probe = tokio::time::timeout(OWNER_PROBE_TIMEOUT, send_probe(&rpc.ip_or_host_name, rpc.rpc_port)).await;
+        let probe = tokio::time::timeout(
+            OWNER_PROBE_TIMEOUT,
+            send_probe(&rpc.ip_or_host_name, rpc.rpc_port, self.listener.timeout),
+        )
+        .await;
         if matches!(probe, Ok(Ok(()))) {
             return Err(Error::new(
                 ErrorKind::AlreadyExists,
@@ -553,12 +630,12 @@ impl ControlChannel for HandshakeChannel {
 
     async fn notify(&self, segment: &str, notification: &Notification) -> Result<()> {
         let rpc = self.listener_of(segment, "send a notification").await?;
-        send_notification(&rpc.ip_or_host_name, rpc.rpc_port, notification).await
+        send_notification(&rpc.ip_or_host_name, rpc.rpc_port, notification, self.listener.timeout).await
     }
 
     async fn probe(&self, segment: &str) -> Result<()> {
         let rpc = self.listener_of(segment, "send a probe").await?;
-        send_probe(&rpc.ip_or_host_name, rpc.rpc_port).await
+        send_probe(&rpc.ip_or_host_name, rpc.rpc_port, self.listener.timeout).await
     }
 
     fn drain_notifications(&self) -> Vec<Notification> {
@@ -582,12 +659,20 @@ impl ControlChannelFactory for HandshakeChannelFactory {
         "handshake listener"
     }
 
+    fn options(&self) -> &'static [OptionSpec] {
+        OPTIONS
+    }
+
+    fn read_options(&self, config: &Config, env: &Environment) -> Vec<OptionValue> {
+        read_options(config, env)
+    }
+
     async fn start(&self, store: Arc<dyn MetadataStore>, config: &Config) -> Result<Arc<dyn ControlChannel>> {
         Ok(Arc::new(HandshakeChannel::start(store, config).await?))
     }
 }
 
-async fn serve(listener: TcpListener, shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
+async fn serve(listener: TcpListener, shared: Arc<Shared>, mut stop: watch::Receiver<bool>, timeout: Duration) {
     let mut conns = tokio::task::JoinSet::new();
     // At most MAX_CONNECTIONS handshakes at once; more wait in the accept queue.
     let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
@@ -606,7 +691,7 @@ async fn serve(listener: TcpListener, shared: Arc<Shared>, mut stop: watch::Rece
                 let shared = shared.clone();
                 conns.spawn(async move {
                     let _permit = permit;
-                    if let Err(e) = answer(stream, &shared).await {
+                    if let Err(e) = answer(stream, &shared, timeout).await {
                         tracing::debug!(%peer, error = %e, "P2P handshake: connection closed");
                     }
                 });
@@ -620,9 +705,9 @@ async fn serve(listener: TcpListener, shared: Arc<Shared>, mut stop: watch::Rece
     conns.shutdown().await;
 }
 
-async fn answer(mut s: TcpStream, shared: &Shared) -> std::io::Result<()> {
+async fn answer(mut s: TcpStream, shared: &Shared, timeout: Duration) -> std::io::Result<()> {
     let work = async {
-        let req = read_frame(&mut s, DEFAULT_MAX_FRAME, HANDSHAKE_TIMEOUT).await?;
+        let req = read_frame(&mut s, DEFAULT_MAX_FRAME, timeout).await?;
         match req.kind {
             FrameType::Metadata => {
                 let ours = shared.served.lock().unwrap_or_else(|p| p.into_inner()).clone();
@@ -648,7 +733,7 @@ async fn answer(mut s: TcpStream, shared: &Shared) -> std::io::Result<()> {
         }
         s.shutdown().await
     };
-    tokio::time::timeout(HANDSHAKE_TIMEOUT, work)
+    tokio::time::timeout(timeout, work)
         .await
         .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "handshake not completed in time"))?
 }
@@ -684,5 +769,34 @@ mod tests {
         p.push(note(0, 10));
         p.push(note(1, MAX_PENDING_NOTIFICATION_BYTES + 1));
         assert_eq!(p.drain().len(), 1);
+    }
+
+    #[test]
+    fn the_handshake_timeout_is_its_option_capped_by_the_transfer_timeout() {
+        let env =
+            |pairs: &[(&str, &str)]| Environment::from_pairs(pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+        let c = |text: &str| Config::from_json_str(text, Some(std::path::Path::new("/m.json"))).unwrap();
+        assert_eq!(handshake_timeout(&c("{}"), &env(&[])).unwrap(), HANDSHAKE_TIMEOUT);
+        assert_eq!(
+            handshake_timeout(&c(r#"{"transfer_timeout_ms": 250}"#), &env(&[])).unwrap(),
+            Duration::from_millis(250)
+        );
+        assert_eq!(
+            handshake_timeout(&c(r#"{"handshake_timeout_ms": 2000}"#), &env(&[])).unwrap(),
+            Duration::from_secs(2)
+        );
+        let both = c(r#"{"handshake_timeout_ms": 2000, "transfer_timeout_ms": 900}"#);
+        assert_eq!(handshake_timeout(&both, &env(&[])).unwrap(), Duration::from_millis(900), "the shorter");
+        let v = env(&[("FERRY_HANDSHAKE_TIMEOUT_MS", "700")]);
+        assert_eq!(handshake_timeout(&c(r#"{"handshake_timeout_ms": 2000}"#), &v).unwrap(), Duration::from_millis(700));
+        let e = handshake_timeout(&c("{\n  \"handshake_timeout_ms\": 0\n}"), &env(&[])).unwrap_err();
+        assert_eq!(
+            e.message(),
+            "config /m.json: field `handshake_timeout_ms` at line 2 column 3: is 0; expected 1 to 600000 milliseconds"
+        );
+        let e = handshake_timeout(&c("{}"), &env(&[("FERRY_HANDSHAKE_TIMEOUT_MS", "soon")])).unwrap_err();
+        assert!(e.message().contains("FERRY_HANDSHAKE_TIMEOUT_MS=\"soon\": not a whole number of milliseconds"), "{e}");
+        let e = handshake_timeout(&c("{}"), &env(&[("FERRY_HANDSHAKE_TIMEOUT_MS", "600001")])).unwrap_err();
+        assert!(e.message().contains("(from environment variable FERRY_HANDSHAKE_TIMEOUT_MS): is 600001"), "{e}");
     }
 }

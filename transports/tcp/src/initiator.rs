@@ -476,7 +476,17 @@ async fn read_responses(
         };
         match read {
             Ok(Ok(outcome)) => done(job, seq, outcome).await,
-            Ok(Err(e)) => break (lost(&addr, "connection lost", e), job, seq),
+            Ok(Err(e)) => {
+                // A target closes the connection of a request it will not serve because its
+                // engine is shutting down (its status frame cannot say so).
+                let what = match e.kind() {
+                    std::io::ErrorKind::UnexpectedEof | std::io::ErrorKind::ConnectionReset => {
+                        "closed the connection without answering: the peer is shutting down (or its process ended)"
+                    }
+                    _ => "connection lost",
+                };
+                break (lost(&addr, what, e), job, seq);
+            }
             Err(_) => {
                 let err = Error::timeout(format!(
                     "tcp peer {}:{}: no response before the request's deadline",

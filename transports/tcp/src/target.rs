@@ -12,6 +12,10 @@
 //! [`TargetLimits::idle`] (rejected and empty requests do not count). Connections are admitted
 //! through the [`ConnTable`], which closes the idlest one of a remote address that reached
 //! [`TargetLimits::per_ip`].
+//!
+//! Once the engine is shutting down (its memory registry is closed), a request is answered by
+//! closing its connection: the status frame is Mooncake's and has no code for "shutting down",
+//! and status 1 would tell the initiator that the range is outside registered memory.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -61,6 +65,7 @@ enum Close {
     Idle,
     Evicted,
     Fenced,
+    Shutdown,
     Protocol(String),
     Io(std::io::Error),
 }
@@ -72,6 +77,7 @@ impl std::fmt::Display for Close {
             Close::Idle => f.write_str("idle timeout"),
             Close::Evicted => f.write_str("idle, closed for a new connection from the same address"),
             Close::Fenced => f.write_str("fenced by its initiator"),
+            Close::Shutdown => f.write_str("the engine is shutting down"),
             Close::Protocol(why) => write!(f, "protocol: {why}"),
             Close::Io(e) => write!(f, "i/o: {e}"),
         }
@@ -122,7 +128,7 @@ pub(crate) async fn serve(
                     let _permit = permit;
                     let outcome = serve_connection(stream, &admitted, &memory, &limits).await;
                     match outcome {
-                        Close::Eof | Close::Idle | Close::Evicted | Close::Fenced => {
+                        Close::Eof | Close::Idle | Close::Evicted | Close::Fenced | Close::Shutdown => {
                             tracing::trace!(%peer, reason = %outcome, "tcp target: connection closed")
                         }
                         other => tracing::debug!(%peer, reason = %other, "tcp target: connection closed"),
@@ -245,7 +251,14 @@ async fn serve_request(
     limits: &TargetLimits,
     conn: &Conn,
 ) -> Result<bool, Close> {
-    let lease = if h.size == 0 { None } else { memory.lease(h.addr, h.size).ok() };
+    let lease = match h.size {
+        0 => None,
+        _ => match memory.lease(h.addr, h.size) {
+            Ok(lease) => Some(lease),
+            Err(e) if e.kind() == ferry_core::ErrorKind::Shutdown => return Err(Close::Shutdown),
+            Err(_) => None,
+        },
+    };
     let ok = Status::Ok.encode();
     match (h.opcode, lease) {
         (Opcode::Read, Some(region)) => {

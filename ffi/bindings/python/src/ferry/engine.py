@@ -145,8 +145,14 @@ def _triples(buffers: object, peer_buffer_addresses: object, lengths: object) ->
     return list(zip(local, remote, lens))
 
 
+_MAX_TIMEOUT_S = 86_400
+"""The longest ``transfer_timeout_ms`` Ferry accepts (24 h), in seconds."""
+
+
 def _mooncake_timeout_ms() -> Optional[int]:
-    """Mooncake's ``MC_TRANSFER_TIMEOUT`` (whole seconds, at least 5) in milliseconds."""
+    """Mooncake's ``MC_TRANSFER_TIMEOUT`` (whole seconds, at least 5) in milliseconds. Mooncake
+    takes any larger number; Ferry's ``transfer_timeout_ms`` is at most 24 h, which a larger
+    value becomes (as long a wait as Mooncake's, in practice)."""
     raw = os.environ.get("MC_TRANSFER_TIMEOUT", "").strip()
     if not raw:
         return None
@@ -155,7 +161,7 @@ def _mooncake_timeout_ms() -> Optional[int]:
     except ValueError:
         _log.warning("ignoring MC_TRANSFER_TIMEOUT=%r: not a whole number of seconds", raw)
         return None
-    return max(5, seconds) * 1000
+    return min(max(5, seconds), _MAX_TIMEOUT_S) * 1000
 
 
 def _metadata_conn(metadata_server: str, metadata_type: Optional[str]) -> str:
