@@ -3,6 +3,12 @@
 
 use super::*;
 
+/// How long `TransferEngine::transfer` waits, after its timeout, for the transports to fail a
+/// still pending batch themselves before it cancels it: they fail what they hold at the same
+/// deadline, and what they do to fail a request (the TCP transport fences its connection, so
+/// that nothing of it lands after a later request) is done before the caller hears of it.
+pub(crate) const REPORT_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
+
 pub(super) fn request_error(i: usize, e: Error) -> Error {
     e.context(format!("request {i}: {}; nothing was submitted", e.message()))
 }
@@ -93,9 +99,17 @@ impl TransferEngine {
 
     /// Submits and waits (with the configured transfer timeout); `Ok` only when every request
     /// completed.
+    ///
+    /// A batch still pending at the timeout is given one second more for its transports to fail
+    /// it themselves (they fail what they hold at the same deadline), then cancelled: a request
+    /// is reported failed by its transport, after whatever the transport does to fail it (the TCP
+    /// transport fences the connection that carried it).
     pub async fn transfer(&self, requests: &[TransferRequest]) -> Result<()> {
         let batch = self.submit(requests).await?;
-        let outcome = batch.wait_ok(self.transfer_timeout()).await;
+        let mut outcome = batch.wait_ok(self.transfer_timeout()).await;
+        if outcome.as_ref().is_err_and(|e| e.kind() == ErrorKind::Timeout) && !batch.is_done() {
+            outcome = batch.wait_ok(REPORT_GRACE).await;
+        }
         if outcome.as_ref().is_err_and(|e| e.kind() == ErrorKind::Timeout) {
             batch.cancel();
         }
@@ -105,7 +119,10 @@ impl TransferEngine {
     /// Blocking form of [`transfer`](Self::transfer).
     pub fn transfer_blocking(&self, requests: &[TransferRequest]) -> Result<()> {
         let batch = self.submit_blocking(requests)?;
-        let outcome = batch.wait_ok_blocking(self.transfer_timeout());
+        let mut outcome = batch.wait_ok_blocking(self.transfer_timeout());
+        if outcome.as_ref().is_err_and(|e| e.kind() == ErrorKind::Timeout) && !batch.is_done() {
+            outcome = batch.wait_ok_blocking(REPORT_GRACE);
+        }
         if outcome.as_ref().is_err_and(|e| e.kind() == ErrorKind::Timeout) {
             batch.cancel();
         }

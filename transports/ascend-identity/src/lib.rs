@@ -19,8 +19,8 @@
 //!
 //! The options ([`options`]): `rank_table_path` (`FERRY_RANK_TABLE`), `hccn_conf_path`
 //! (`FERRY_HCCN_CONF`), `hccl_retries` (`FERRY_HCCL_RETRIES`, Mooncake's
-//! `ASCEND_TRANSPORT_TRANSFER_MAX_RETRY_COUNT`) and `hccl_control_port`
-//! (`FERRY_HCCL_CONTROL_PORT`), read from the config's unknown fields and the environment with
+//! `ASCEND_TRANSPORT_TRANSFER_MAX_RETRY_COUNT`), `hccl_control_port`
+//! (`FERRY_HCCL_CONTROL_PORT`) and `hccl_bind_address` (`FERRY_HCCL_BIND_ADDRESS`), read from the config's unknown fields and the environment with
 //! their sources ([`AscendOptions`]).
 //!
 //! No link guesses: a source that is present but wrong is an error naming it (file and JSON
@@ -45,8 +45,8 @@ pub use hccn::{
     parse_hccn_conf, parse_hccn_conf_v6,
 };
 pub use options::{
-    ASCEND_BACKEND, AscendBackend, AscendOptions, HCCL_CONTROL_PORT, HCCL_RETRIES, HCCN_CONF_PATH, OPTIONS,
-    RANK_TABLE_PATH, RETRIES_ENV,
+    ASCEND_BACKEND, AscendBackend, AscendOptions, HCCL_BIND_ADDRESS, HCCL_CONTROL_PORT, HCCL_RETRIES, HCCN_CONF_PATH,
+    OPTIONS, RANK_TABLE_PATH, RETRIES_ENV,
 };
 pub use rank_table::{
     DisaggregatedDevice, DisaggregatedRankTable, HcclDevice, HcclRankTable, HcclServer, RANK_TABLE_ENV, RankEntry,

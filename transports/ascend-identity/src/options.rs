@@ -1,5 +1,5 @@
 //! The Ascend side's config fields: `rank_table_path`, `hccn_conf_path`, `hccl_retries`,
-//! `hccl_control_port`, declared as [`OptionSpec`]s and read from the config's unknown fields
+//! `hccl_control_port`, `hccl_bind_address`, declared as [`OptionSpec`]s and read from the config's unknown fields
 //! and the environment ([`Config::option`]), each with where its value came from.
 
 use std::path::PathBuf;
@@ -42,6 +42,15 @@ pub const HCCL_CONTROL_PORT: OptionSpec = OptionSpec {
     doc: "Ascend transport: port of its control channel (published as `rank_info.hostPort`); refused with `base_port`",
 };
 
+/// `hccl_bind_address` (`FERRY_HCCL_BIND_ADDRESS`): the address the control channel listens on.
+pub const HCCL_BIND_ADDRESS: OptionSpec = OptionSpec {
+    key: "hccl_bind_address",
+    env: Some("FERRY_HCCL_BIND_ADDRESS"),
+    env_invalid: "not an IP address",
+    default: "the published host IP (`rank_info.hostIp`) when it is an IP address, else every address",
+    doc: "Ascend transport: IP address its control channel listens on (`0.0.0.0` or `::` for every address)",
+};
+
 /// `ascend_backend` (`FERRY_ASCEND_BACKEND`): which Ascend data path the transport uses.
 pub const ASCEND_BACKEND: OptionSpec = OptionSpec {
     key: "ascend_backend",
@@ -53,7 +62,8 @@ pub const ASCEND_BACKEND: OptionSpec = OptionSpec {
 };
 
 /// Every option the Ascend side declares.
-pub const OPTIONS: &[OptionSpec] = &[RANK_TABLE_PATH, HCCN_CONF_PATH, HCCL_RETRIES, HCCL_CONTROL_PORT, ASCEND_BACKEND];
+pub const OPTIONS: &[OptionSpec] =
+    &[RANK_TABLE_PATH, HCCN_CONF_PATH, HCCL_RETRIES, HCCL_CONTROL_PORT, ASCEND_BACKEND, HCCL_BIND_ADDRESS];
 
 /// Which data path(s) the Ascend transport runs ([`ASCEND_BACKEND`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
@@ -125,6 +135,8 @@ pub struct AscendOptions {
     pub hccl_retries: Option<Setting<u32>>,
     /// [`HCCL_CONTROL_PORT`].
     pub hccl_control_port: Option<Setting<u16>>,
+    /// [`HCCL_BIND_ADDRESS`].
+    pub hccl_bind_address: Option<Setting<std::net::IpAddr>>,
     /// [`ASCEND_BACKEND`] (`None`: from the protocol, [`AscendBackend::for_protocol`]).
     pub ascend_backend: Option<Setting<AscendBackend>>,
 }
@@ -135,7 +147,8 @@ impl AscendOptions {
     /// # Errors
     /// [`ErrorKind::Config`](ferry_core::ErrorKind::Config): a field of the wrong type (naming
     /// the file, the field and its position), a variable that does not parse (naming it and its
-    /// value), and a `hccl_control_port` set together with `base_port`, where every rank of the
+    /// value, a `hccl_bind_address` that is not an IP address among them), and a
+    /// `hccl_control_port` set together with `base_port`, where every rank of the
     /// node shares the config and would bind the same port.
     pub fn from_config(config: &Config, env: &Environment) -> Result<Self> {
         Ok(Self {
@@ -143,6 +156,7 @@ impl AscendOptions {
             hccn_conf_path: Self::hccn_conf_path(config, env)?,
             hccl_retries: Self::hccl_retries(config, env)?,
             hccl_control_port: Self::hccl_control_port(config, env)?,
+            hccl_bind_address: config.option(&HCCL_BIND_ADDRESS, env)?,
             ascend_backend: config.option(&ASCEND_BACKEND, env)?,
         })
     }
@@ -157,6 +171,7 @@ impl AscendOptions {
             OptionValue::new(&HCCL_RETRIES, Self::hccl_retries(config, env)),
             OptionValue::new(&HCCL_CONTROL_PORT, Self::hccl_control_port(config, env)),
             OptionValue::new(&ASCEND_BACKEND, config.option::<AscendBackend>(&ASCEND_BACKEND, env)),
+            OptionValue::new(&HCCL_BIND_ADDRESS, config.option::<std::net::IpAddr>(&HCCL_BIND_ADDRESS, env)),
         ]
     }
 
@@ -212,6 +227,22 @@ mod tests {
 
     fn env(pairs: &[(&str, &str)]) -> Environment {
         Environment::from_pairs(pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())))
+    }
+
+    #[test]
+    fn the_control_channel_bind_address() {
+        let env_of =
+            |pairs: &[(&str, &str)]| Environment::from_pairs(pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+        let c = Config::from_json_str(r#"{"hccl_bind_address": "10.0.0.5"}"#, None).unwrap();
+        let o = AscendOptions::from_config(&c, &env_of(&[])).unwrap();
+        assert_eq!(o.hccl_bind_address.map(|s| s.value), Some("10.0.0.5".parse().unwrap()));
+        let o = AscendOptions::from_config(&c, &env_of(&[("FERRY_HCCL_BIND_ADDRESS", "0.0.0.0")])).unwrap();
+        assert!(o.hccl_bind_address.is_some_and(|s| s.value.is_unspecified()));
+        let e = AscendOptions::from_config(&Config::default(), &env_of(&[("FERRY_HCCL_BIND_ADDRESS", "eth0")]));
+        assert_eq!(
+            e.unwrap_err().message(),
+            "environment variable FERRY_HCCL_BIND_ADDRESS=\"eth0\": not an IP address"
+        );
     }
 
     #[test]

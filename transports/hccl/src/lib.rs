@@ -751,8 +751,21 @@ impl HcclTransport {
         }
         let backends = Backends { asked, hixl: hixl_state, hccl: hccl_state };
 
-        let listener = tokio::net::TcpListener::bind(("0.0.0.0", control_port)).await.map_err(|e| {
-            Error::config(format!("ascend transport: cannot listen on 0.0.0.0:{control_port}")).with_source(e)
+        // The control channel listens where peers are told to reach it (the published host IP),
+        // as the TCP transport's data port and the P2P handshake listener do.
+        let bind_ip = options.hccl_bind_address.as_ref().map(|s| s.value).unwrap_or_else(|| {
+            me.host_ip.parse().unwrap_or_else(|_| {
+                tracing::info!(host = %me.host_ip, "ascend transport: the host is not an IP address: control channel on every address");
+                std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED)
+            })
+        });
+        let listener = tokio::net::TcpListener::bind((bind_ip, control_port)).await.map_err(|e| {
+            Error::config(format!(
+                "ascend transport: cannot listen on {}; set hccl_bind_address (FERRY_HCCL_BIND_ADDRESS) to one of \
+                 this host's addresses, or 0.0.0.0 for all",
+                std::net::SocketAddr::new(bind_ip, control_port)
+            ))
+            .with_source(e)
         })?;
         let control_port = listener
             .local_addr()

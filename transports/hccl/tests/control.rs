@@ -235,3 +235,17 @@ async fn without_a_host_to_publish_the_transport_refuses_to_start() {
     assert!(text.contains("rank_info.hostIp") && text.contains("local_hostname"), "{text}");
     assert!(text.contains("kv-engine:x"), "names the segment name: {text}");
 }
+
+/// The control channel listens on the host IP it publishes (`rank_info.hostIp`), not on every
+/// address of the host.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_control_channel_listens_on_the_published_host() {
+    let (_dir, lib) = emulator();
+    let conf = TempDir::new("ferry-hccn").unwrap();
+    let e = engine(lib, &conf).await;
+    let info = e.local_descriptor().rank_info.unwrap();
+    assert_eq!(info.host_ip, "127.0.0.1");
+    let port = u16::try_from(info.host_port).unwrap();
+    assert!(TcpStream::connect(("127.0.0.1", port)).await.is_ok());
+    assert!(TcpStream::connect(("127.0.0.2", port)).await.is_err(), "the control channel listens on every address");
+}

@@ -1,6 +1,7 @@
 //! The `tcp` transport's part of a segment descriptor: `tcp_data_host`, `tcp_data_port` and
-//! `tcp_proto_version`, flat top-level fields as Mooncake writes them, read and written through
-//! a typed view over the descriptor's fields ([`SegmentDescriptor::view`]).
+//! `tcp_proto_version`, flat top-level fields as Mooncake writes them, and Ferry's own
+//! `ferry_tcp_fence`, read and written through a typed view over the descriptor's fields
+//! ([`SegmentDescriptor::view`]).
 
 use ferry_core::{Result, SegmentDescriptor, SegmentName};
 use serde::{Deserialize, Serialize};
@@ -17,6 +18,10 @@ pub struct TcpEndpoint {
     /// `tcp_proto_version`: the wire protocol version (absent means 1).
     #[serde(rename = "tcp_proto_version", default, skip_serializing_if = "Option::is_none")]
     pub proto_version: Option<u32>,
+    /// `ferry_tcp_fence`: the target serves Ferry's fence requests (`1`; absent in Mooncake's
+    /// descriptors, whose targets are never sent one).
+    #[serde(rename = "ferry_tcp_fence", default, skip_serializing_if = "Option::is_none")]
+    pub fence: Option<u32>,
 }
 
 /// The view as read: every field optional, so a descriptor without them reads as no endpoint.
@@ -28,6 +33,8 @@ struct Published {
     tcp_data_port: Option<u16>,
     #[serde(default)]
     tcp_proto_version: Option<u32>,
+    #[serde(default)]
+    ferry_tcp_fence: Option<u32>,
 }
 
 impl TcpEndpoint {
@@ -40,7 +47,12 @@ impl TcpEndpoint {
     /// is not a string, ...).
     pub fn from_descriptor(d: &SegmentDescriptor) -> Result<Option<Self>> {
         let p: Published = d.view()?;
-        Ok(p.tcp_data_port.map(|port| Self { host: p.tcp_data_host, port, proto_version: p.tcp_proto_version }))
+        Ok(p.tcp_data_port.map(|port| Self {
+            host: p.tcp_data_host,
+            port,
+            proto_version: p.tcp_proto_version,
+            fence: p.ferry_tcp_fence,
+        }))
     }
 
     /// Writes the endpoint's fields into `d` (replacing any it had).
@@ -64,6 +76,12 @@ impl TcpEndpoint {
     pub fn version(&self) -> u32 {
         self.proto_version.unwrap_or(1)
     }
+
+    /// Whether the target serves fence requests: `ferry_tcp_fence` is 1 or more and it speaks
+    /// v2 (the fence's answer is a v2 status frame).
+    pub fn fences(&self) -> bool {
+        self.fence.is_some_and(|v| v >= 1) && self.version() >= 2
+    }
 }
 
 #[cfg(test)]
@@ -82,22 +100,24 @@ mod tests {
     fn reads_mooncakes_fields_and_writes_them_back_unchanged() {
         let mut d = SegmentDescriptor::from_json("wheel", WHEEL.as_bytes()).unwrap();
         let e = TcpEndpoint::from_descriptor(&d).unwrap().unwrap();
-        assert_eq!(e, TcpEndpoint { host: Some("192.0.2.2".into()), port: 16359, proto_version: Some(2) });
+        assert_eq!(e, TcpEndpoint { host: Some("192.0.2.2".into()), port: 16359, proto_version: Some(2), fence: None });
+        assert!(!e.fences(), "a Mooncake target is never sent a fence");
         assert_eq!((e.host_for(&d.name).as_deref(), e.version()), (Some("192.0.2.2"), 2));
         e.write_to(&mut d).unwrap();
         let back: Value = serde_json::from_slice(&d.to_json()).unwrap();
         assert_eq!(back, serde_json::from_str::<Value>(WHEEL).unwrap(), "the same JSON as the wheel's");
 
         let mut fresh = SegmentDescriptor::new("10.0.0.5:17000", "tcp");
-        TcpEndpoint { host: Some("10.0.0.5".into()), port: 18000, proto_version: Some(2) }
+        TcpEndpoint { host: Some("10.0.0.5".into()), port: 18000, proto_version: Some(2), fence: Some(1) }
             .write_to(&mut fresh)
             .unwrap();
         let flat: Value = serde_json::from_slice(&fresh.to_json()).unwrap();
         assert_eq!(
-            (&flat["tcp_data_host"], &flat["tcp_data_port"], &flat["tcp_proto_version"]),
-            (&Value::from("10.0.0.5"), &Value::from(18000), &Value::from(2)),
+            (&flat["tcp_data_host"], &flat["tcp_data_port"], &flat["tcp_proto_version"], &flat["ferry_tcp_fence"]),
+            (&Value::from("10.0.0.5"), &Value::from(18000), &Value::from(2), &Value::from(1)),
             "flat keys, Mooncake's names: {flat}"
         );
+        assert!(TcpEndpoint::from_descriptor(&fresh).unwrap().unwrap().fences());
     }
 
     #[test]
@@ -108,6 +128,8 @@ mod tests {
         let d = SegmentDescriptor::from_json("v1", v1).unwrap();
         let e = TcpEndpoint::from_descriptor(&d).unwrap().unwrap();
         assert_eq!((e.host_for(&d.name).as_deref(), e.version()), (Some("10.0.0.5"), 1), "the name's host, v1");
+        let v1_fence = TcpEndpoint { fence: Some(1), ..e };
+        assert!(!v1_fence.fences(), "a fence is answered with a v2 status frame");
         let bad = br#"{"name":"x:1","protocol":"tcp","tcp_data_port":70000}"#;
         let e = TcpEndpoint::from_descriptor(&SegmentDescriptor::from_json("bad", bad).unwrap()).unwrap_err();
         assert_eq!(e.kind(), ferry_core::ErrorKind::InvalidArgument);

@@ -7,6 +7,10 @@
 //! a broken connection, fails exactly the requests that connection carried, and the lane
 //! reconnects for the next one. A connection the peer closed while idle is reopened and the
 //! requests written to it retried (READ and WRITE are both idempotent).
+//!
+//! A connection dropped with a WRITE that failed on it is marked in the peer's [`PeerFence`]
+//! before that failure is reported; every lane checks the mark (one atomic load) before it
+//! writes a request and, while it is set, fences the peer first ([`crate::fence`]).
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -20,6 +24,7 @@ use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::mpsc;
 use tokio::time::{Instant, timeout_at};
 
+use crate::fence::PeerFence;
 use crate::io::write_all_vectored;
 use crate::memory::{bytes, bytes_mut};
 use crate::wire::{HEADER_LEN, Header, STATUS_LEN, Status};
@@ -80,6 +85,8 @@ impl Job {
 /// A peer's lanes.
 pub(crate) struct Peer {
     lanes: Vec<(mpsc::UnboundedSender<Job>, Arc<AtomicUsize>)>,
+    /// Connections of the lanes waiting to be fenced.
+    fence: Arc<PeerFence>,
     /// When the peer was created, and when a request was last queued, in milliseconds since
     /// then (for pruning peers nobody uses any more).
     created: std::time::Instant,
@@ -92,6 +99,13 @@ pub(crate) struct PeerAddr {
     pub(crate) host: String,
     pub(crate) port: u16,
     pub(crate) v2: bool,
+    /// The peer advertises fences (`ferry_tcp_fence`, over v2).
+    pub(crate) fence: bool,
+}
+
+/// Opens a data connection to `addr` (the lanes' and the fences' alike).
+pub(crate) async fn connect(addr: &PeerAddr) -> std::io::Result<TcpStream> {
+    TcpStream::connect((addr.host.as_str(), addr.port)).await
 }
 
 impl Peer {
@@ -103,21 +117,24 @@ impl Peer {
         io: &crate::IoThreads,
         stop: tokio::sync::watch::Receiver<bool>,
     ) -> Self {
+        let fence = Arc::new(PeerFence::new(addr.fence && addr.v2));
         let lanes = (0..lanes.max(1))
             .map(|_| {
                 let (tx, rx) = mpsc::unbounded_channel();
-                io.next().spawn(lane(addr.clone(), rx, stop.clone()));
+                io.next().spawn(lane(addr.clone(), rx, stop.clone(), fence.clone()));
                 (tx, Arc::new(AtomicUsize::new(0)))
             })
             .collect();
-        Self { lanes, created: std::time::Instant::now(), last_used_ms: std::sync::atomic::AtomicU64::new(0) }
+        Self { lanes, fence, created: std::time::Instant::now(), last_used_ms: std::sync::atomic::AtomicU64::new(0) }
     }
 
-    /// True when nothing is queued or in flight and nothing was queued for `idle`.
+    /// True when nothing is queued or in flight, nothing was queued for `idle`, and no fence is
+    /// due (forgetting the peer would forget the fence).
     pub(crate) fn unused_for(&self, idle: Duration) -> bool {
         let last = Duration::from_millis(self.last_used_ms.load(Ordering::Relaxed));
         self.lanes.iter().all(|(_, load)| load.load(Ordering::Relaxed) == 0)
             && self.created.elapsed().saturating_sub(last) >= idle
+            && !self.fence.pending()
     }
 
     /// Queues a request on the next lane. Fails (handing the job back) only when the lanes have
@@ -151,7 +168,12 @@ fn lost(addr: &PeerAddr, what: &str, e: impl std::fmt::Display) -> Error {
     Error::unreachable(format!("tcp peer {}:{}: {what}: {e}", addr.host, addr.port))
 }
 
-async fn lane(addr: PeerAddr, mut rx: mpsc::UnboundedReceiver<Job>, stop: tokio::sync::watch::Receiver<bool>) {
+async fn lane(
+    addr: PeerAddr,
+    mut rx: mpsc::UnboundedReceiver<Job>,
+    stop: tokio::sync::watch::Receiver<bool>,
+    fence: Arc<PeerFence>,
+) {
     let mut carry: VecDeque<Job> = VecDeque::new();
     loop {
         let job = match carry.pop_front() {
@@ -166,7 +188,7 @@ async fn lane(addr: PeerAddr, mut rx: mpsc::UnboundedReceiver<Job>, stop: tokio:
             continue;
         }
         let Some(job) = job.unexpired() else { continue };
-        let stream = match timeout_at(job.deadline, TcpStream::connect((addr.host.as_str(), addr.port))).await {
+        let stream = match timeout_at(job.deadline, connect(&addr)).await {
             Ok(Ok(s)) => s,
             outcome => {
                 let err = match outcome {
@@ -187,7 +209,7 @@ async fn lane(addr: PeerAddr, mut rx: mpsc::UnboundedReceiver<Job>, stop: tokio:
             }
         };
         carry.push_front(job);
-        carry = connection(&addr, stream, carry, &mut rx, stop.clone()).await;
+        carry = connection(&addr, stream, carry, &mut rx, stop.clone(), &fence).await;
     }
 }
 
@@ -199,10 +221,20 @@ async fn connection(
     mut queue: VecDeque<Job>,
     rx: &mut mpsc::UnboundedReceiver<Job>,
     stop: tokio::sync::watch::Receiver<bool>,
+    fence: &Arc<PeerFence>,
 ) -> VecDeque<Job> {
     if let Err(e) = stream.set_nodelay(true) {
         tracing::debug!(error = %e, "tcp initiator: set_nodelay failed");
     }
+    // The address the peer sees this connection from: what a fence names.
+    let local = match stream.local_addr() {
+        Ok(a) => a,
+        Err(e) => {
+            let err = lost(addr, "connection has no local address", e);
+            queue.drain(..).for_each(|j| j.finish(Err(err.duplicate())));
+            return queue;
+        }
+    };
     let (r, mut w) = stream.into_split();
     let (inflight_tx, inflight_rx) = mpsc::unbounded_channel::<(Job, u64)>();
     // How far the writer got: (every job numbered at most this has all its bytes in the socket,
@@ -210,7 +242,8 @@ async fn connection(
     // read from memory (a peer may answer before the payload was sent, or the connection may
     // fail in the middle of it), and reports success only if the whole payload went out.
     let (flushed, flushed_rx) = tokio::sync::watch::channel((0u64, false));
-    let mut reader = tokio::spawn(read_responses(addr.clone(), r, inflight_rx, flushed_rx, stop));
+    let marker = Marker { fence: fence.clone(), local };
+    let mut reader = tokio::spawn(read_responses(addr.clone(), r, inflight_rx, flushed_rx, stop, marker));
     let mut seq = 0u64;
     let mut buf = Vec::with_capacity(FLUSH_AT + HEADER_LEN + COALESCE);
     loop {
@@ -229,6 +262,24 @@ async fn connection(
                 continue;
             }
             let Some(job) = job.unexpired() else { continue };
+            if fence.pending() {
+                // A connection of this peer failed a WRITE: nothing more goes out before the
+                // peer confirmed that nothing of it will land. What is gathered was taken
+                // before that failure was reported, and goes first.
+                if !buf.is_empty() {
+                    outcome = flush(addr, &mut w, &[&buf], deadline.unwrap_or(job.deadline)).await;
+                    buf.clear();
+                    if outcome.is_err() {
+                        queue.push_front(job);
+                        break;
+                    }
+                    flushed.send_replace((seq, false));
+                }
+                if let Err(e) = fence.settle(addr, job.deadline).await {
+                    job.finish(Err(e));
+                    continue;
+                }
+            }
             // The writer reads the request through the batch; the job itself goes to whoever
             // completes it (the reader, or `unacked` for a v1 WRITE).
             let (batch, index, job_deadline) = (job.batch.clone(), job.index, job.deadline);
@@ -339,6 +390,22 @@ async fn flush(addr: &PeerAddr, w: &mut OwnedWriteHalf, parts: &[&[u8]], deadlin
     }
 }
 
+/// What a reader marks for fencing: this connection, in its peer's fence state.
+struct Marker {
+    fence: Arc<PeerFence>,
+    local: std::net::SocketAddr,
+}
+
+impl Marker {
+    /// Marks the connection when one of `jobs` is a WRITE (a READ leaves nothing behind at the
+    /// target). Called before any of them is completed.
+    fn mark_if_writes<'a>(&self, mut jobs: impl Iterator<Item = &'a Job>) {
+        if self.fence.supported() && jobs.any(|j| j.request().request.opcode == Opcode::Write) {
+            self.fence.mark(self.local);
+        }
+    }
+}
+
 /// Reads responses in request order. Returns the requests to retry when the peer closed the
 /// connection while nothing was in flight.
 async fn read_responses(
@@ -347,6 +414,7 @@ async fn read_responses(
     mut inflight: mpsc::UnboundedReceiver<(Job, u64)>,
     mut flushed: tokio::sync::watch::Receiver<(u64, bool)>,
     mut stop: tokio::sync::watch::Receiver<bool>,
+    marker: Marker,
 ) -> VecDeque<Job> {
     // A WRITE is completed (whatever its outcome) only once the writer no longer reads its
     // payload: completing releases the caller's memory. A status that came before the whole
@@ -359,6 +427,8 @@ async fn read_responses(
                 Err(_) => false, // the writer is gone
             };
             if !sent && outcome.is_ok() {
+                // The payload's rest may still reach the peer on this connection.
+                marker.mark_if_writes(std::iter::once(&job));
                 outcome = Err(Error::unreachable(format!(
                     "tcp peer {}:{}: answered before the whole payload was sent, which then failed",
                     addr.host, addr.port
@@ -367,7 +437,7 @@ async fn read_responses(
         }
         job.finish(outcome);
     };
-    let failure = loop {
+    let (failure, job, seq) = loop {
         let job = tokio::select! {
             biased;
             job = inflight.recv() => match job {
@@ -382,6 +452,12 @@ async fn read_responses(
                 while let Ok((j, _)) = inflight.try_recv() {
                     retry.push_back(j); // not completed: the writer may still be sending it
                 }
+                // A clean close means the peer serves nothing more on it; anything else (a
+                // reset, a stray byte) leaves that open, and the writes retried elsewhere must
+                // not be overtaken by it.
+                if !matches!(closed, Ok(0)) {
+                    marker.mark_if_writes(retry.iter());
+                }
                 return retry;
             }
         };
@@ -395,8 +471,7 @@ async fn read_responses(
                     ErrorKind::Shutdown,
                     format!("tcp peer {}:{}: transport shut down while waiting for the response", addr.host, addr.port),
                 );
-                done(job, seq, Err(err.duplicate())).await;
-                break err;
+                break (err, job, seq);
             }
         };
         match read {
@@ -410,22 +485,28 @@ async fn read_responses(
                     }
                     _ => "connection lost",
                 };
-                let err = lost(&addr, what, e);
-                done(job, seq, Err(err.duplicate())).await;
-                break err;
+                break (lost(&addr, what, e), job, seq);
             }
             Err(_) => {
                 let err = Error::timeout(format!(
                     "tcp peer {}:{}: no response before the request's deadline",
                     addr.host, addr.port
                 ));
-                done(job, seq, Err(err.duplicate())).await;
-                break err;
+                break (err, job, seq);
             }
         }
     };
+    // The connection is dropped with everything it carried. Before any of it is reported
+    // failed, the connection is marked for fencing if a WRITE is among it: a caller told of the
+    // failure may reuse the range at once.
     inflight.close();
-    while let Some((j, seq)) = inflight.recv().await {
+    let mut rest = Vec::new();
+    while let Some(j) = inflight.recv().await {
+        rest.push(j);
+    }
+    marker.mark_if_writes(std::iter::once(&job).chain(rest.iter().map(|(j, _)| j)));
+    done(job, seq, Err(failure.duplicate())).await;
+    for (j, seq) in rest {
         done(j, seq, Err(failure.duplicate())).await;
     }
     VecDeque::new()

@@ -49,6 +49,19 @@ impl InBuf {
         Ok(n)
     }
 
+    /// Reads what `stream` has already received, without waiting: `Ok(0)` at end of stream,
+    /// `WouldBlock` when nothing is there.
+    pub(crate) fn try_fill(&mut self, stream: &tokio::net::TcpStream) -> std::io::Result<usize> {
+        if self.start > 0 {
+            self.buf.copy_within(self.start..self.end, 0);
+            self.end -= self.start;
+            self.start = 0;
+        }
+        let n = stream.try_read(&mut self.buf[self.end..])?;
+        self.end += n;
+        Ok(n)
+    }
+
     /// Takes `N` bytes if buffered.
     pub(crate) fn take<const N: usize>(&mut self) -> Option<[u8; N]> {
         if self.len() < N {

@@ -4,20 +4,29 @@
 //! (reference `mooncake-wire.md` §5): a Ferry engine reads and writes Mooncake targets, and
 //! Mooncake initiators read and write Ferry targets.
 //!
-//! - **Target**: listens on `tcp_data_port` (published in the descriptor with `tcp_data_host`
-//!   and `tcp_proto_version: 2`), checks every request against the engine's registered memory
-//!   before touching a byte, answers v2 status frames, and serves v1 peers too.
+//! - **Target**: listens on `tcp_data_port` of the published host (`tcp_bind_address` chooses
+//!   another address), publishes it with `tcp_data_host`, `tcp_proto_version: 2` and
+//!   `ferry_tcp_fence: 1`, checks every request against the engine's registered memory before
+//!   touching a byte, answers v2 status frames, serves v1 peers too, and bounds what idle,
+//!   slow and numerous connections can hold ([`options::MAX_CONNECTIONS_PER_IP`], deadlines per
+//!   header and per request, a backoff when file descriptors run out).
 //! - **Initiator**: `tcp_lanes` persistent connections per peer (default 4), requests pipelined
 //!   on each, payloads moved between the socket and registered memory without intermediate
 //!   buffers (payloads up to 64 KiB are coalesced with their header into one write), a deadline
 //!   on every request, and a lost connection failing exactly the requests it carried. Peers
-//!   whose descriptor advertises `tcp_proto_version` < 2 (or none) are spoken to in v1.
+//!   whose descriptor advertises `tcp_proto_version` < 2 (or none) are spoken to in v1. A
+//!   connection that failed a WRITE is fenced before anything more goes to a peer that
+//!   advertises `ferry_tcp_fence` ([`fence`] module): a request that failed never
+//!   lands after a later one succeeded.
 //!
 //! The transport owns its config fields ([`options`]: `tcp_lanes`, `tcp_data_port`,
-//! `tcp_io_threads`, declared to the engine through [`TcpTransportFactory`]) and its part of the
-//! descriptor ([`TcpEndpoint`], a typed view over the descriptor's flat fields).
+//! `tcp_io_threads`, `tcp_bind_address`, `tcp_max_connections_per_ip`, declared to the engine
+//! through [`TcpTransportFactory`]) and its part of the descriptor ([`TcpEndpoint`], a typed
+//! view over the descriptor's flat fields).
 
+mod conns;
 mod endpoint;
+pub mod fence;
 mod initiator;
 mod io;
 mod memory;
@@ -26,7 +35,8 @@ mod target;
 pub mod wire;
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::net::{IpAddr, Ipv4Addr};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -48,8 +58,11 @@ pub const PROTOCOL: &str = "tcp";
 pub const PROTO_VERSION: u32 = 2;
 /// A peer without requests for this long is forgotten when another one is added.
 pub const PEER_IDLE: Duration = Duration::from_secs(300);
-/// A target closes a connection idle for this long (initiators reconnect transparently).
+/// A target closes a connection that served no request inside registered memory for this long
+/// (initiators reconnect transparently).
 pub const TARGET_IDLE: Duration = Duration::from_secs(120);
+/// Version of Ferry's fence request this transport serves (published as `ferry_tcp_fence`).
+pub const FENCE_VERSION: u32 = 1;
 
 /// Factory for the `tcp` transport.
 #[derive(Debug, Default, Clone, Copy)]
@@ -104,14 +117,11 @@ impl TcpTransport {
         let host =
             SegmentName::parse(&ctx.segment_name).map(SegmentName::into_host).unwrap_or_else(|| "127.0.0.1".to_owned());
         let port = options.port();
-        let listener = TcpListener::bind(("0.0.0.0", port)).await.map_err(|e| {
-            Error::new(ferry_core::ErrorKind::Config, format!("tcp transport: cannot listen on 0.0.0.0:{port}"))
-                .with_source(e)
-        })?;
-        let port = listener
-            .local_addr()
-            .map_err(|e| Error::transport("tcp transport: no local address").with_source(e))?
-            .port();
+        raise_open_file_limit();
+        let listener = listen(&options, &host, port).await?;
+        let bound =
+            listener.local_addr().map_err(|e| Error::transport("tcp transport: no local address").with_source(e))?;
+        let port = bound.port();
         let timeout = cfg.transfer_timeout();
         let limits = Arc::new(TargetLimits {
             idle: TARGET_IDLE,
@@ -119,10 +129,11 @@ impl TcpTransport {
             io: timeout,
             max_drain: 16 << 20,
             max_connections: 4096,
+            per_ip: options.connections_per_ip() as usize,
         });
         let (stop, stop_rx) = watch::channel(false);
         let server = ctx.runtime.spawn(target::serve(listener, ctx.memory.clone(), limits, stop_rx));
-        tracing::info!(%host, port, "tcp transport listening");
+        tracing::info!(%host, port, %bound, "tcp transport listening");
         let lanes = options.lane_count();
         Ok(Self {
             host,
@@ -143,7 +154,12 @@ impl TcpTransport {
 
     /// The endpoint this transport publishes.
     pub fn endpoint(&self) -> TcpEndpoint {
-        TcpEndpoint { host: Some(self.host.clone()), port: self.port, proto_version: Some(PROTO_VERSION) }
+        TcpEndpoint {
+            host: Some(self.host.clone()),
+            port: self.port,
+            proto_version: Some(PROTO_VERSION),
+            fence: Some(FENCE_VERSION),
+        }
     }
 
     /// The peer `d` describes: its address read from the descriptor, its lanes found or started.
@@ -153,7 +169,7 @@ impl TcpTransport {
         let host = endpoint
             .host_for(&d.name)
             .ok_or_else(|| Error::invalid(format!("segment `{}` publishes no tcp_data_host", d.name)))?;
-        let addr = PeerAddr { host, port: endpoint.port, v2: endpoint.version() >= 2 };
+        let addr = PeerAddr { host, port: endpoint.port, v2: endpoint.version() >= 2, fence: endpoint.fences() };
         let mut peers = self.peers.lock().unwrap_or_else(|p| p.into_inner());
         if !peers.contains_key(&addr) {
             // A new peer: forget the ones nobody used for a while (a peer restarted on another
@@ -165,6 +181,61 @@ impl TcpTransport {
             .or_insert_with(|| Arc::new(Peer::start(addr, self.lanes, &self.io, self.stop.subscribe())))
             .clone())
     }
+}
+
+/// The address the data port listens on, and why: `tcp_bind_address` when set, else the
+/// published host when it is an IP address, else every address (a name may resolve here to
+/// another address than the one peers reach, `/etc/hosts` often maps a host's name to
+/// 127.0.1.1).
+fn bind_address(options: &TcpOptions, host: &str) -> (IpAddr, &'static str) {
+    if let Some(s) = &options.bind_address {
+        return (s.value, "tcp_bind_address");
+    }
+    match host.parse::<IpAddr>() {
+        Ok(ip) => (ip, "the segment name's host"),
+        Err(_) => (IpAddr::V4(Ipv4Addr::UNSPECIFIED), "every address: the segment name's host is not an IP address"),
+    }
+}
+
+/// Binds the data port on [`bind_address`]. An address that cannot be bound (one that is not
+/// this host's) is an error naming the option, as it is for the P2P handshake listener, which
+/// follows the same rule.
+async fn listen(options: &TcpOptions, host: &str, port: u16) -> Result<TcpListener> {
+    let (ip, why) = bind_address(options, host);
+    match TcpListener::bind((ip, port)).await {
+        Ok(l) => {
+            if ip.is_unspecified() && options.bind_address.is_none() {
+                tracing::info!(%host, "tcp transport: listening on every address: {why}");
+            }
+            Ok(l)
+        }
+        Err(e) => Err(Error::new(
+            ferry_core::ErrorKind::Config,
+            format!(
+                "tcp transport: cannot listen on {} ({why}); set tcp_bind_address (FERRY_TCP_BIND_ADDRESS) to one \
+                 of this host's addresses, or 0.0.0.0 for all",
+                std::net::SocketAddr::new(ip, port)
+            ),
+        )
+        .with_source(e)),
+    }
+}
+
+/// Raises this process's soft limit on open files to its hard limit, once: every connection
+/// of the data port takes a descriptor, and a soft limit of 1024 is soon reached by a busy
+/// target. Says what it did (or why not) once.
+fn raise_open_file_limit() {
+    static DONE: OnceLock<()> = OnceLock::new();
+    DONE.get_or_init(|| {
+        let before = rlimit::getrlimit(rlimit::Resource::NOFILE).map(|(soft, _)| soft);
+        match (before, rlimit::increase_nofile_limit(u64::MAX)) {
+            (Ok(before), Ok(now)) if now > before => {
+                tracing::info!(from = before, to = now, "tcp transport: raised the soft limit on open files")
+            }
+            (_, Ok(_)) => {}
+            (_, Err(e)) => tracing::warn!(error = %e, "tcp transport: could not raise the soft limit on open files"),
+        }
+    });
 }
 
 /// Threads that run the initiator's lanes, each a single-threaded runtime.
@@ -284,9 +355,26 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_data_port_binds_the_published_host_unless_told_otherwise() {
+        let none = TcpOptions::default();
+        assert_eq!(bind_address(&none, "10.0.0.5").0, "10.0.0.5".parse::<IpAddr>().unwrap());
+        assert_eq!(bind_address(&none, "::1").0, "::1".parse::<IpAddr>().unwrap());
+        let (ip, why) = bind_address(&none, "node-7.cluster");
+        assert!(ip.is_unspecified() && why.contains("not an IP address"), "{why}");
+        let told = TcpOptions {
+            bind_address: Some(ferry_core::Setting {
+                value: "0.0.0.0".parse().unwrap(),
+                source: ferry_core::FieldSource::Env("FERRY_TCP_BIND_ADDRESS"),
+            }),
+            ..TcpOptions::default()
+        };
+        assert_eq!(bind_address(&told, "10.0.0.5"), ("0.0.0.0".parse().unwrap(), "tcp_bind_address"));
+    }
+
+    #[test]
     fn an_idle_peer_is_prunable_and_a_fresh_one_is_not() {
         let io = IoThreads::start(1).unwrap();
-        let addr = PeerAddr { host: "127.0.0.1".into(), port: 1, v2: true };
+        let addr = PeerAddr { host: "127.0.0.1".into(), port: 1, v2: true, fence: true };
         let (_stop, stop_rx) = tokio::sync::watch::channel(false);
         let peer = Peer::start(addr, 2, &io, stop_rx);
         assert!(peer.unused_for(Duration::ZERO), "no load, no use: prunable at once");

@@ -1,7 +1,9 @@
-//! The `tcp` transport's config fields: `tcp_lanes`, `tcp_data_port` and `tcp_io_threads`,
-//! declared as [`OptionSpec`]s and read from the config's unknown fields and the environment
+//! The `tcp` transport's config fields: `tcp_lanes`, `tcp_data_port`, `tcp_io_threads`,
+//! `tcp_bind_address` and `tcp_max_connections_per_ip`, declared as [`OptionSpec`]s and read from the config's unknown fields and the environment
 //! ([`Config::option`]), each with where its value came from, and checked here: a value out of
 //! range is an error naming the field (or the variable) and the accepted range, never clamped.
+
+use std::net::IpAddr;
 
 use ferry_core::{Config, Environment, OptionSpec, OptionValue, Result, Setting};
 
@@ -34,8 +36,34 @@ pub const IO_THREADS: OptionSpec = OptionSpec {
     doc: "TCP transport: threads running the initiator's lanes, 1 to 64",
 };
 
+/// `tcp_bind_address` (`FERRY_TCP_BIND_ADDRESS`): the address the data port listens on.
+pub const BIND_ADDRESS: OptionSpec = OptionSpec {
+    key: "tcp_bind_address",
+    env: Some("FERRY_TCP_BIND_ADDRESS"),
+    env_invalid: "not an IP address",
+    default: "the segment name's host when it is an IP address, else every address",
+    doc: "TCP transport: IP address the data port listens on (`0.0.0.0` or `::` for every address)",
+};
+
+/// `tcp_max_connections_per_ip` (`FERRY_TCP_MAX_CONNECTIONS_PER_IP`): connections the target
+/// keeps per remote IP address before it closes the idlest of them for a new one.
+pub const MAX_CONNECTIONS_PER_IP: OptionSpec = OptionSpec {
+    key: "tcp_max_connections_per_ip",
+    env: Some("FERRY_TCP_MAX_CONNECTIONS_PER_IP"),
+    env_invalid: "not a whole number",
+    default: "64",
+    doc: "TCP transport: connections per remote IP address before the target closes the idlest of them for a \
+          new one (connections in the middle of a request are never closed), 1 to 65536",
+};
+
 /// Every option the `tcp` transport declares.
-pub const OPTIONS: &[OptionSpec] = &[LANES, DATA_PORT, IO_THREADS];
+pub const OPTIONS: &[OptionSpec] = &[LANES, DATA_PORT, IO_THREADS, BIND_ADDRESS, MAX_CONNECTIONS_PER_IP];
+
+/// Default [`MAX_CONNECTIONS_PER_IP`].
+pub const DEFAULT_MAX_CONNECTIONS_PER_IP: u32 = 64;
+
+/// The accepted [`MAX_CONNECTIONS_PER_IP`].
+pub const CONNECTIONS_PER_IP_RANGE: std::ops::RangeInclusive<u32> = 1..=65_536;
 
 /// Default connections per peer.
 pub const DEFAULT_LANES: u32 = 4;
@@ -53,6 +81,10 @@ pub struct TcpOptions {
     pub data_port: Option<Setting<u16>>,
     /// [`IO_THREADS`], within [`LANES_RANGE`].
     pub io_threads: Option<Setting<u32>>,
+    /// [`BIND_ADDRESS`].
+    pub bind_address: Option<Setting<IpAddr>>,
+    /// [`MAX_CONNECTIONS_PER_IP`], within [`CONNECTIONS_PER_IP_RANGE`].
+    pub max_connections_per_ip: Option<Setting<u32>>,
 }
 
 impl TcpOptions {
@@ -61,14 +93,41 @@ impl TcpOptions {
     /// # Errors
     /// [`ErrorKind::Config`](ferry_core::ErrorKind::Config): a field of the wrong type (naming
     /// the file, the field and its position), a variable that does not parse (naming it and its
-    /// value), a number of lanes or threads outside 1 to 64, and a fixed data port together with
+    /// value), a number of lanes or threads outside 1 to 64, a bind address that is not an IP
+    /// address, a connection limit outside 1 to 65536, and a fixed data port together with
     /// `base_port`, where every rank of the node shares the config and would bind the same port.
     pub fn from_config(config: &Config, env: &Environment) -> Result<Self> {
         Ok(Self {
             lanes: Self::lanes(config, env)?,
             data_port: Self::data_port(config, env)?,
             io_threads: Self::io_threads(config, env)?,
+            bind_address: config.option::<IpAddr>(&BIND_ADDRESS, env)?,
+            max_connections_per_ip: Self::max_connections_per_ip(config, env)?,
         })
+    }
+
+    /// Connections per remote IP address: [`MAX_CONNECTIONS_PER_IP`], else
+    /// [`DEFAULT_MAX_CONNECTIONS_PER_IP`].
+    pub fn connections_per_ip(&self) -> u32 {
+        self.max_connections_per_ip.as_ref().map_or(DEFAULT_MAX_CONNECTIONS_PER_IP, |s| s.value)
+    }
+
+    /// [`MAX_CONNECTIONS_PER_IP`] alone, checked.
+    pub fn max_connections_per_ip(config: &Config, env: &Environment) -> Result<Option<Setting<u32>>> {
+        let setting = config.option::<u32>(&MAX_CONNECTIONS_PER_IP, env)?;
+        match setting {
+            Some(s) if !CONNECTIONS_PER_IP_RANGE.contains(&s.value) => Err(config.option_error(
+                &MAX_CONNECTIONS_PER_IP,
+                &s.source,
+                &format!(
+                    "is {}; expected {} to {} connections",
+                    s.value,
+                    CONNECTIONS_PER_IP_RANGE.start(),
+                    CONNECTIONS_PER_IP_RANGE.end()
+                ),
+            )),
+            s => Ok(s),
+        }
     }
 
     /// Connections per peer: [`LANES`], else [`DEFAULT_LANES`].
@@ -126,6 +185,8 @@ impl TcpOptions {
             OptionValue::new(&LANES, Self::lanes(config, env)),
             OptionValue::new(&DATA_PORT, Self::data_port(config, env)),
             OptionValue::new(&IO_THREADS, Self::io_threads(config, env)),
+            OptionValue::new(&BIND_ADDRESS, config.option::<IpAddr>(&BIND_ADDRESS, env)),
+            OptionValue::new(&MAX_CONNECTIONS_PER_IP, Self::max_connections_per_ip(config, env)),
         ]
     }
 }
@@ -253,11 +314,33 @@ mod tests {
     }
 
     #[test]
+    fn bind_address_and_connections_per_ip() {
+        let c = Config::from_json_str(r#"{"tcp_bind_address": "0.0.0.0", "tcp_max_connections_per_ip": 8}"#, None);
+        let o = TcpOptions::from_config(&c.unwrap(), &env(&[])).unwrap();
+        assert_eq!(o.bind_address.as_ref().map(|s| s.value), Some("0.0.0.0".parse().unwrap()));
+        assert_eq!(o.connections_per_ip(), 8);
+        let o = TcpOptions::from_config(&Config::default(), &env(&[("FERRY_TCP_BIND_ADDRESS", "::1")])).unwrap();
+        assert_eq!(o.bind_address.as_ref().map(|s| s.value), Some("::1".parse().unwrap()));
+        assert_eq!(o.connections_per_ip(), DEFAULT_MAX_CONNECTIONS_PER_IP);
+        let e = TcpOptions::from_config(&Config::default(), &env(&[("FERRY_TCP_BIND_ADDRESS", "eth0")])).unwrap_err();
+        assert_eq!(e.message(), "environment variable FERRY_TCP_BIND_ADDRESS=\"eth0\": not an IP address");
+        let c = Config::from_json_str("{\n  \"tcp_max_connections_per_ip\": 0\n}", None).unwrap();
+        let e = TcpOptions::from_config(&c, &env(&[])).unwrap_err();
+        assert!(
+            e.message().contains("field `tcp_max_connections_per_ip` at line 2 column 3: is 0; expected 1 to 65536"),
+            "{e}"
+        );
+    }
+
+    #[test]
     fn values_show_each_option_checked() {
         let c = Config::from_json_str(r#"{"tcp_lanes": 0, "tcp_io_threads": 2}"#, None).unwrap();
         let values = TcpOptions::values(&c, &env(&[("FERRY_TCP_DATA_PORT", "18000")]));
         let keys: Vec<&str> = values.iter().map(|v| v.spec.key).collect();
-        assert_eq!(keys, ["tcp_lanes", "tcp_data_port", "tcp_io_threads"]);
+        assert_eq!(
+            keys,
+            ["tcp_lanes", "tcp_data_port", "tcp_io_threads", "tcp_bind_address", "tcp_max_connections_per_ip"]
+        );
         assert!(values[0].setting.as_ref().unwrap_err().message().contains("is 0; expected 1 to 64"));
         let port = values[1].setting.as_ref().unwrap().as_ref().unwrap();
         assert_eq!((port.value.as_str(), &port.source), ("18000", &FieldSource::Env("FERRY_TCP_DATA_PORT")));

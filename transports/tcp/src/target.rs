@@ -1,10 +1,17 @@
 //! The target side: serves READ and WRITE requests from any initiator (Ferry or Mooncake)
-//! against this engine's registered memory.
+//! against this engine's registered memory, and Ferry's fence requests ([`crate::fence`]).
 //!
 //! Every request is checked against the memory registry before a byte is read or written. A
 //! rejected v2 request gets status 1 and the connection keeps serving (a rejected WRITE's
 //! payload is drained when it is small enough, else the connection is closed). Malformed
 //! headers, slow or stalled peers and v1 rejections close the offending connection only.
+//!
+//! Deadlines are absolute: a header must be complete within [`TargetLimits::header`] of its
+//! first byte, a request (its payload included) within [`TargetLimits::io`] of its header, and a
+//! connection must serve a request inside registered memory at least every
+//! [`TargetLimits::idle`] (rejected and empty requests do not count). Connections are admitted
+//! through the [`ConnTable`], which closes the idlest one of a remote address that reached
+//! [`TargetLimits::per_ip`].
 //!
 //! Once the engine is shutting down (its memory registry is closed), a request is answered by
 //! closing its connection: the status frame is Mooncake's and has no code for "shutting down",
@@ -18,8 +25,10 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
-use tokio::time::timeout;
+use tokio::time::{Instant, timeout_at};
 
+use crate::conns::{Admitted, Conn, ConnTable, LogThrottle, Stop};
+use crate::fence;
 use crate::io::{InBuf, write_all_vectored};
 use crate::memory::{bytes, bytes_mut};
 use crate::wire::{HEADER_LEN, Header, Status};
@@ -27,23 +36,35 @@ use crate::wire::{HEADER_LEN, Header, Status};
 /// Limits of the target side.
 #[derive(Debug, Clone)]
 pub(crate) struct TargetLimits {
-    /// Time a connection may sit idle between requests before it is closed.
+    /// Time a connection may go without serving a request inside registered memory (counted
+    /// from its last one, or from its start) before it is closed.
     pub(crate) idle: Duration,
     /// Time to receive the rest of a header once its first byte arrived (slow-loris guard).
     pub(crate) header: Duration,
-    /// Time to move one request's payload.
+    /// Time to serve one request, its payload included, from its header on.
     pub(crate) io: Duration,
     /// Largest rejected WRITE payload drained to keep a connection; larger ones close it.
     pub(crate) max_drain: u64,
     /// Connections served at once; further ones wait in the accept queue.
     pub(crate) max_connections: usize,
+    /// Connections per remote IP address before the idlest of them is closed for a new one.
+    pub(crate) per_ip: usize,
 }
+
+/// Sleep after a failed accept that was not for want of file descriptors.
+const ACCEPT_RETRY: Duration = Duration::from_millis(10);
+/// First and longest sleep after accepts that failed for want of file descriptors (or memory).
+const EXHAUSTED_BACKOFF: (Duration, Duration) = (Duration::from_millis(50), Duration::from_secs(1));
+/// At most one "accept failed" line per this period, with the count of failures.
+pub(crate) const ACCEPT_LOG_PERIOD: Duration = Duration::from_secs(10);
 
 /// Why a connection was closed.
 #[derive(Debug)]
 enum Close {
     Eof,
     Idle,
+    Evicted,
+    Fenced,
     Shutdown,
     Protocol(String),
     Io(std::io::Error),
@@ -54,6 +75,8 @@ impl std::fmt::Display for Close {
         match self {
             Close::Eof => f.write_str("peer closed the connection"),
             Close::Idle => f.write_str("idle timeout"),
+            Close::Evicted => f.write_str("idle, closed for a new connection from the same address"),
+            Close::Fenced => f.write_str("fenced by its initiator"),
             Close::Shutdown => f.write_str("the engine is shutting down"),
             Close::Protocol(why) => write!(f, "protocol: {why}"),
             Close::Io(e) => write!(f, "i/o: {e}"),
@@ -67,6 +90,12 @@ impl From<std::io::Error> for Close {
     }
 }
 
+/// Whether a failed accept means the process (or system) is out of file descriptors or memory:
+/// retrying at once would fail again.
+fn exhausted(e: &std::io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM))
+}
+
 /// Accepts connections until `stop` turns true, then aborts and awaits every connection task.
 pub(crate) async fn serve(
     listener: TcpListener,
@@ -75,7 +104,10 @@ pub(crate) async fn serve(
     mut stop: watch::Receiver<bool>,
 ) {
     let mut conns = JoinSet::new();
+    let table = ConnTable::new(limits.per_ip);
     let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections));
+    let failures = LogThrottle::new(ACCEPT_LOG_PERIOD);
+    let mut backoff = Duration::ZERO;
     loop {
         let permit = tokio::select! {
             p = slots.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break },
@@ -88,13 +120,15 @@ pub(crate) async fn serve(
         while conns.try_join_next().is_some() {}
         match accepted {
             Ok((stream, peer)) => {
+                backoff = Duration::ZERO;
                 let memory = memory.clone();
                 let limits = limits.clone();
+                let admitted = table.admit(peer);
                 conns.spawn(async move {
                     let _permit = permit;
-                    let outcome = serve_connection(stream, &memory, &limits).await;
+                    let outcome = serve_connection(stream, &admitted, &memory, &limits).await;
                     match outcome {
-                        Close::Eof | Close::Idle | Close::Shutdown => {
+                        Close::Eof | Close::Idle | Close::Evicted | Close::Fenced | Close::Shutdown => {
                             tracing::trace!(%peer, reason = %outcome, "tcp target: connection closed")
                         }
                         other => tracing::debug!(%peer, reason = %other, "tcp target: connection closed"),
@@ -102,55 +136,121 @@ pub(crate) async fn serve(
                 });
             }
             Err(e) => {
-                tracing::warn!(error = %e, "tcp target: accept failed");
-                tokio::time::sleep(Duration::from_millis(10)).await;
+                // Out of descriptors, the pending connection stays queued and every retry fails
+                // until one is freed: back off, and say so once per period, not once per retry.
+                backoff = if exhausted(&e) {
+                    (backoff * 2).clamp(EXHAUSTED_BACKOFF.0, EXHAUSTED_BACKOFF.1)
+                } else {
+                    ACCEPT_RETRY
+                };
+                if let Some(count) = failures.tick() {
+                    tracing::warn!(
+                        error = %e,
+                        failures = count,
+                        retry_in = ?backoff,
+                        "tcp target: accept failed (this line repeats at most every {ACCEPT_LOG_PERIOD:?}, with the count since the last)"
+                    );
+                }
+                tokio::select! {
+                    () = tokio::time::sleep(backoff) => {}
+                    _ = stop.changed() => break,
+                }
             }
         }
     }
     conns.shutdown().await;
 }
 
-async fn serve_connection(mut stream: TcpStream, memory: &MemoryRegistry, limits: &TargetLimits) -> Close {
+async fn serve_connection(
+    mut stream: TcpStream,
+    admitted: &Admitted,
+    memory: &MemoryRegistry,
+    limits: &TargetLimits,
+) -> Close {
     if let Err(e) = stream.set_nodelay(true) {
         return Close::Io(e);
     }
+    let conn = admitted.conn();
     // Pipelined headers arrive together: one read serves many of them.
     let mut input = InBuf::new(64 * 1024);
+    let mut idle_until = Instant::now() + limits.idle;
     loop {
+        let mut header_due: Option<Instant> = None;
         let hdr = loop {
             if let Some(h) = input.take::<HEADER_LEN>() {
                 break h;
             }
-            // Between requests a connection may idle; once a header started it must complete.
-            let wait = if input.len() == 0 { limits.idle } else { limits.header };
-            match timeout(wait, input.fill(&mut stream)).await {
-                Err(_) if input.len() == 0 => return Close::Idle,
-                Err(_) => return Close::Protocol("header not completed in time".into()),
-                Ok(Ok(0)) if input.len() == 0 => return Close::Eof,
-                Ok(Ok(0)) => return Close::Protocol("connection closed inside a header".into()),
-                Ok(Ok(_)) => {}
-                Ok(Err(e)) => return Close::Io(e),
+            if input.len() == 0 {
+                // Between requests: until the idle deadline, or until asked to stop.
+                tokio::select! {
+                    biased;
+                    read = timeout_at(idle_until, input.fill(&mut stream)) => match read {
+                        Err(_) => return Close::Idle,
+                        Ok(Ok(0)) => return Close::Eof,
+                        Ok(Ok(_)) => {}
+                        Ok(Err(e)) => return Close::Io(e),
+                    },
+                    () = conn.idle_wake.notified() => match conn.stop() {
+                        Some(Stop::Fenced) => return Close::Fenced,
+                        // Evicted: close unless a request's first bytes are already here.
+                        Some(Stop::Evicted) => match input.try_fill(&stream) {
+                            Ok(0) => return Close::Eof,
+                            Ok(_) => conn.decline_eviction(),
+                            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Close::Evicted,
+                            Err(e) => return Close::Io(e),
+                        },
+                        None => {}
+                    },
+                }
+            } else {
+                // Once a header started it must complete, by one deadline however it trickles.
+                let due = *header_due.get_or_insert_with(|| Instant::now() + limits.header);
+                match timeout_at(due, input.fill(&mut stream)).await {
+                    Err(_) => return Close::Protocol("header not completed in time".into()),
+                    Ok(Ok(0)) => return Close::Protocol("connection closed inside a header".into()),
+                    Ok(Ok(_)) => {}
+                    Ok(Err(e)) => return Close::Io(e),
+                }
             }
         };
+        if fence::is_fence(&hdr) {
+            let size = u64::from_le_bytes(hdr[..8].try_into().expect("8 bytes"));
+            let due = Instant::now() + limits.header;
+            match fence::serve(&mut stream, &mut input, size, admitted, due).await {
+                Ok(_) => continue, // not a request inside registered memory: the idle deadline stays
+                Err(e) => return Close::Protocol(format!("fence request: {e}")),
+            }
+        }
         let header = match Header::decode(&hdr) {
             Ok(h) => h,
             Err(e) => return Close::Protocol(e.to_string()),
         };
-        match timeout(limits.io, serve_request(&mut stream, &mut input, memory, header, limits)).await {
+        if conn.fenced() {
+            return Close::Fenced;
+        }
+        let due = Instant::now() + limits.io;
+        match timeout_at(due, serve_request(&mut stream, &mut input, memory, header, limits, conn)).await {
             Err(_) => return Close::Protocol(format!("request {header:?} not completed in {:?}", limits.io)),
             Ok(Err(close)) => return close,
-            Ok(Ok(())) => {}
+            Ok(Ok(true)) => {
+                admitted.served();
+                idle_until = Instant::now() + limits.idle;
+            }
+            Ok(Ok(false)) => {}
         }
     }
 }
 
+/// Serves one request; `Ok(true)` when it was inside registered memory (served), `Ok(false)`
+/// when it was rejected.
 async fn serve_request(
     stream: &mut TcpStream,
     input: &mut InBuf,
     memory: &MemoryRegistry,
     h: Header,
     limits: &TargetLimits,
-) -> Result<(), Close> {
+    conn: &Conn,
+) -> Result<bool, Close> {
     let lease = match h.size {
         0 => None,
         _ => match memory.lease(h.addr, h.size) {
@@ -165,17 +265,32 @@ async fn serve_request(
             let data =
                 bytes(&region, h.addr, h.size).ok_or_else(|| Close::Protocol("lease does not cover range".into()))?;
             let status: &[u8] = if h.v2 { &ok } else { &[] };
+            conn.set_busy(true);
             write_all_vectored(stream, &[status, data]).await?;
-            Ok(())
+            conn.set_busy(false);
+            Ok(true)
         }
         (Opcode::Write, Some(region)) => {
             let data = bytes_mut(&region, h.addr, h.size)
                 .ok_or_else(|| Close::Protocol("lease does not cover range".into()))?;
-            input.read_exact(stream, data).await?;
+            conn.set_busy(true);
+            // The payload is copied into memory under `copying`, and the copy stops as soon as a
+            // fence names this connection: once a fence holds the lock, nothing more lands.
+            let copying = conn.copying.lock().await;
+            if conn.fenced() {
+                return Err(Close::Fenced);
+            }
+            tokio::select! {
+                biased;
+                copied = input.read_exact(stream, data) => copied?,
+                () = conn.fence_wake.notified() => return Err(Close::Fenced),
+            }
+            drop(copying);
             if h.v2 {
                 stream.write_all(&ok).await?;
             }
-            Ok(())
+            conn.set_busy(false);
+            Ok(true)
         }
         (op, None) => {
             tracing::debug!(
@@ -195,7 +310,82 @@ async fn serve_request(
                 input.skip(stream, h.size).await?;
             }
             stream.write_all(&Status::Rejected.encode()).await?;
-            Ok(())
+            Ok(false)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::{Read, Write};
+
+    use ferry_core::Location;
+
+    use super::*;
+
+    /// A target over a registered buffer of 4 KiB with an idle limit of 600 ms; its port.
+    async fn target(buf: &[u8]) -> (u16, watch::Sender<bool>) {
+        let memory = Arc::new(MemoryRegistry::new());
+        #[allow(unsafe_code)]
+        // SAFETY: the test's buffer outlives the target (the test awaits nothing after it).
+        unsafe { memory.register(buf.as_ptr() as u64, buf.len() as u64, Location::Cpu(0)) }.unwrap();
+        let limits = Arc::new(TargetLimits {
+            idle: Duration::from_millis(600),
+            header: Duration::from_millis(500),
+            io: Duration::from_secs(1),
+            max_drain: 1 << 20,
+            max_connections: 64,
+            per_ip: 64,
+        });
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let (stop, stop_rx) = watch::channel(false);
+        tokio::spawn(serve(listener, memory, limits, stop_rx));
+        (port, stop)
+    }
+
+    /// Sends `request` every 150 ms for 2 s, reading what comes back; the time the target
+    /// closed the connection, if it did.
+    fn keep_asking(port: u16, request: [u8; HEADER_LEN]) -> Option<Duration> {
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        s.set_read_timeout(Some(Duration::from_millis(100))).unwrap();
+        let t = std::time::Instant::now();
+        while t.elapsed() < Duration::from_secs(2) {
+            if s.write_all(&request).is_err() {
+                return Some(t.elapsed());
+            }
+            let mut b = [0u8; 64];
+            match s.read(&mut b) {
+                Ok(0) => return Some(t.elapsed()),
+                Err(e) if !matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+                    return Some(t.elapsed());
+                }
+                _ => {}
+            }
+            std::thread::sleep(Duration::from_millis(150));
+        }
+        None
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn only_served_requests_keep_a_connection_open() {
+        let buf = vec![0u8; 4096];
+        let (port, _stop) = target(&buf).await;
+        let addr = buf.as_ptr() as u64;
+        let empty = Header { size: 0, addr, opcode: Opcode::Read, v2: true }.encode();
+        let outside = Header { size: 8, addr: 8, opcode: Opcode::Read, v2: true }.encode();
+        let real = Header { size: 8, addr, opcode: Opcode::Read, v2: true }.encode();
+        let (empty, outside, real) = tokio::join!(
+            tokio::task::spawn_blocking(move || keep_asking(port, empty)),
+            tokio::task::spawn_blocking(move || keep_asking(port, outside)),
+            tokio::task::spawn_blocking(move || keep_asking(port, real)),
+        );
+        for (what, closed) in [("empty", empty.unwrap()), ("rejected", outside.unwrap())] {
+            assert!(
+                closed.is_some_and(|t| t < Duration::from_millis(1500)),
+                "{what} requests every 150 ms kept an idle connection open: closed after {closed:?} (idle limit 600 ms)"
+            );
+        }
+        assert_eq!(real.unwrap(), None, "served requests keep a connection open");
     }
 }

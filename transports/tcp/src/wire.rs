@@ -5,6 +5,9 @@
 //! header (24 bytes): u64 size LE | u64 addr LE | u8 opcode (READ 0, WRITE 1; 0x80 = v2) | 7 pad
 //! status (8 bytes, v2 only): u64 LE, high 32 bits = 0x4D435456 ("MCTV"), low 32 = 0 OK / 1 rejected
 //! ```
+//!
+//! Ferry adds one request of its own, sent only to peers that advertise it: the fence
+//! ([`FENCE_OPCODE`], see the crate's `fence` module).
 
 use ferry_core::Opcode;
 
@@ -14,6 +17,10 @@ pub const HEADER_LEN: usize = 24;
 pub const STATUS_LEN: usize = 8;
 /// Bit set in the opcode byte for v2 framing.
 pub const V2_FLAG: u8 = 0x80;
+/// Opcode (without the v2 bit) of Ferry's fence request. Never sent to a peer whose descriptor
+/// lacks `ferry_tcp_fence` (Mooncake's peers); [`Header::decode`] refuses it like any opcode other
+/// than READ and WRITE.
+pub const FENCE_OPCODE: u8 = 0x46;
 /// Magic in the high 32 bits of a status frame.
 pub const STATUS_MAGIC: u32 = 0x4D43_5456;
 
