@@ -129,14 +129,21 @@ pub fn default_resolvers() -> ResolverRegistry {
     registry
 }
 
-/// The config options the transports compiled in declare beyond the core's fields
-/// ([`TransportFactory::options`] of each of [`default_transports`]; with the `tcp` feature
-/// `tcp_lanes`, `tcp_data_port`, `tcp_io_threads`, with `hccl` the Ascend side's
-/// `rank_table_path`, `hccn_conf_path`, `hccl_retries`, `hccl_control_port`, `ascend_backend`).
-/// A config's other unknown fields are read by nothing in this build
-/// ([`Config::undeclared_fields`]).
+/// The config options the transports and metadata backends compiled in declare beyond the
+/// core's fields ([`TransportFactory::options`] of each of [`default_transports`], then
+/// [`MetadataRegistry::options`] of [`default_metadata`]; with the `tcp` feature `tcp_lanes`,
+/// `tcp_data_port`, `tcp_io_threads`, with `hccl` the Ascend side's `rank_table_path`,
+/// `hccn_conf_path`, `hccl_retries`, `hccl_control_port`, `ascend_backend`, with `tcp` or `p2p`
+/// peer authentication's `auth_secret`, `auth_secret_file`). A config's other unknown fields
+/// are read by nothing in this build ([`Config::undeclared_fields`]).
 pub fn declared_options() -> Vec<&'static OptionSpec> {
-    default_transports().options()
+    let mut options = default_transports().options();
+    for spec in default_metadata().options() {
+        if !options.iter().any(|o| o.key == spec.key) {
+            options.push(spec);
+        }
+    }
+    options
 }
 
 /// An engine builder on the embedded default config with every compiled-in transport, metadata

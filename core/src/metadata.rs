@@ -10,7 +10,9 @@ use tokio::sync::mpsc;
 
 use crate::config::{Config, MetadataServer};
 use crate::control::{ControlChannel, NoControlChannel};
+use crate::environment::Environment;
 use crate::error::{Error, Result};
+use crate::options::{OptionSpec, OptionValue};
 
 /// What changed under a watched prefix.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -188,6 +190,19 @@ pub trait ControlChannelFactory: Send + Sync + 'static {
     /// peers' listeners). Fails when its listener cannot start (a configured port in use, for
     /// example), with an error naming what it tried.
     async fn start(&self, store: Arc<dyn MetadataStore>, config: &Config) -> Result<Arc<dyn ControlChannel>>;
+
+    /// The config options its channels read beyond the core's fields, as
+    /// [`TransportFactory::options`](crate::TransportFactory::options) declares a transport's
+    /// (see [`crate::options`]). The default declares none.
+    fn options(&self) -> &'static [OptionSpec] {
+        &[]
+    }
+
+    /// The effective value of each of [`options`](Self::options), read and checked as
+    /// [`start`](Self::start) reads them. The default shows each as set, unchecked.
+    fn read_options(&self, config: &Config, env: &Environment) -> Vec<OptionValue> {
+        self.options().iter().map(|spec| OptionValue::as_set(spec, config, env)).collect()
+    }
 }
 
 /// Builds the metadata store for one kind of `metadata_server` (`http`, `etcd`, `redis`, `p2p`).
@@ -202,6 +217,19 @@ pub trait MetadataFactory: Send + Sync + 'static {
     /// Connects to the server named in `server` (validated at start: an unreachable server is an
     /// error naming the endpoint and what was tried).
     async fn connect(&self, server: &MetadataServer, config: &Config) -> Result<Arc<dyn MetadataStore>>;
+
+    /// The config options its stores read beyond the core's fields, as
+    /// [`TransportFactory::options`](crate::TransportFactory::options) declares a transport's
+    /// (see [`crate::options`]). The default declares none.
+    fn options(&self) -> &'static [OptionSpec] {
+        &[]
+    }
+
+    /// The effective value of each of [`options`](Self::options), read and checked as
+    /// [`connect`](Self::connect) reads them. The default shows each as set, unchecked.
+    fn read_options(&self, config: &Config, env: &Environment) -> Vec<OptionValue> {
+        self.options().iter().map(|spec| OptionValue::as_set(spec, config, env)).collect()
+    }
 }
 
 /// A metadata store and the control channel beside it, as [`MetadataRegistry::connect`] built
@@ -264,6 +292,40 @@ impl MetadataRegistry {
         k.sort_unstable();
         k.dedup();
         k
+    }
+
+    /// The options every installed store factory and the control channel declare
+    /// ([`MetadataFactory::options`], [`ControlChannelFactory::options`]), stores by kind, then
+    /// the channel, each key once.
+    pub fn options(&self) -> Vec<&'static OptionSpec> {
+        let stores = self.sorted_factories().flat_map(|f| f.options());
+        let mut options: Vec<&'static OptionSpec> = Vec::new();
+        for spec in stores.chain(self.channel.iter().flat_map(|c| c.options())) {
+            if !options.iter().any(|o| o.key == spec.key) {
+                options.push(spec);
+            }
+        }
+        options
+    }
+
+    /// The effective value of each of [`options`](Self::options) under `config` and `env`, as
+    /// the factory declaring it reads it (the first to declare a key shows it).
+    pub fn read_options(&self, config: &Config, env: &Environment) -> Vec<OptionValue> {
+        let stores = self.sorted_factories().flat_map(|f| f.read_options(config, env));
+        let mut values: Vec<OptionValue> = Vec::new();
+        for v in stores.chain(self.channel.iter().flat_map(|c| c.read_options(config, env))) {
+            if !values.iter().any(|o| o.spec.key == v.spec.key) {
+                values.push(v);
+            }
+        }
+        values
+    }
+
+    /// The store factories in the order of their kinds.
+    fn sorted_factories(&self) -> impl Iterator<Item = &Arc<dyn MetadataFactory>> {
+        let mut factories: Vec<_> = self.factories.iter().collect();
+        factories.sort_unstable_by_key(|(kind, _)| **kind);
+        factories.into_iter().map(|(_, f)| f)
     }
 
     /// The name of the control channel started beside stores, if one is installed.
@@ -449,6 +511,55 @@ mod tests {
         // The store alone starts nothing.
         assert_eq!(r.connect_store(&cfg("http://h:1/metadata")).await.unwrap().name(), "embedded");
         assert_eq!(beside.0.load(std::sync::atomic::Ordering::SeqCst), 1);
+    }
+
+    /// Declares `widget_token` (and, as the channel, `widget_token` again and `widget_port`).
+    const TOKEN: OptionSpec =
+        OptionSpec { key: "widget_token", env: Some("FERRY_WIDGET_TOKEN"), env_invalid: "", default: "none", doc: "t" };
+    const PORT: OptionSpec = OptionSpec { key: "widget_port", env: None, env_invalid: "", default: "0", doc: "p" };
+    struct Declaring;
+    #[async_trait]
+    impl MetadataFactory for Declaring {
+        fn kind(&self) -> &'static str {
+            "widget"
+        }
+        async fn connect(&self, _: &MetadataServer, _: &Config) -> Result<Arc<dyn MetadataStore>> {
+            Ok(InProcessMetadata::new())
+        }
+        fn options(&self) -> &'static [OptionSpec] {
+            &[TOKEN]
+        }
+    }
+    struct DeclaringChannel;
+    #[async_trait]
+    impl ControlChannelFactory for DeclaringChannel {
+        fn name(&self) -> &'static str {
+            "declaring"
+        }
+        async fn start(&self, _: Arc<dyn MetadataStore>, _: &Config) -> Result<Arc<dyn ControlChannel>> {
+            Ok(Arc::new(Named("declaring")))
+        }
+        fn options(&self) -> &'static [OptionSpec] {
+            &[TOKEN, PORT]
+        }
+    }
+
+    #[test]
+    fn stores_and_channels_declare_options_each_key_once() {
+        let mut r = MetadataRegistry::new();
+        assert!(r.options().is_empty());
+        r.install(Arc::new(Stores("http")));
+        r.install(Arc::new(Declaring));
+        r.install_channel(Arc::new(DeclaringChannel));
+        let keys: Vec<&str> = r.options().iter().map(|o| o.key).collect();
+        assert_eq!(keys, ["widget_token", "widget_port"]);
+        let cfg = Config::from_json_str(r#"{"widget_token": "abc", "widget_port": 7, "other": 1}"#, None).unwrap();
+        let env = Environment::from_pairs([("FERRY_WIDGET_TOKEN", "from-env")]);
+        let values = r.read_options(&cfg, &env);
+        let shown: Vec<(&str, String)> =
+            values.iter().map(|v| (v.spec.key, v.setting.as_ref().unwrap().as_ref().unwrap().value.clone())).collect();
+        assert_eq!(shown, [("widget_token", "from-env".to_owned()), ("widget_port", "7".to_owned())]);
+        assert_eq!(cfg.undeclared_fields(r.options()), ["other"]);
     }
 
     #[tokio::test]
