@@ -95,18 +95,20 @@ pub(crate) struct PeerAddr {
 }
 
 impl Peer {
-    /// Starts `lanes` lane tasks for `addr` on `runtime`. When `stop` turns true (the transport
-    /// shuts down), requests waiting for a response fail at once instead of at their deadline.
+    /// Starts `lanes` lane tasks for `addr` on `runtime`, each proving `auth` (when set) on every
+    /// connection it opens. When `stop` turns true (the transport shuts down), requests waiting
+    /// for a response fail at once instead of at their deadline.
     pub(crate) fn start(
         addr: PeerAddr,
         lanes: usize,
         io: &crate::IoThreads,
+        auth: Option<Arc<ferry_peer_auth::PeerSecret>>,
         stop: tokio::sync::watch::Receiver<bool>,
     ) -> Self {
         let lanes = (0..lanes.max(1))
             .map(|_| {
                 let (tx, rx) = mpsc::unbounded_channel();
-                io.next().spawn(lane(addr.clone(), rx, stop.clone()));
+                io.next().spawn(lane(addr.clone(), rx, auth.clone(), stop.clone()));
                 (tx, Arc::new(AtomicUsize::new(0)))
             })
             .collect();
@@ -151,7 +153,12 @@ fn lost(addr: &PeerAddr, what: &str, e: impl std::fmt::Display) -> Error {
     Error::unreachable(format!("tcp peer {}:{}: {what}: {e}", addr.host, addr.port))
 }
 
-async fn lane(addr: PeerAddr, mut rx: mpsc::UnboundedReceiver<Job>, stop: tokio::sync::watch::Receiver<bool>) {
+async fn lane(
+    addr: PeerAddr,
+    mut rx: mpsc::UnboundedReceiver<Job>,
+    auth: Option<Arc<ferry_peer_auth::PeerSecret>>,
+    stop: tokio::sync::watch::Receiver<bool>,
+) {
     let mut carry: VecDeque<Job> = VecDeque::new();
     loop {
         let job = match carry.pop_front() {
@@ -166,15 +173,16 @@ async fn lane(addr: PeerAddr, mut rx: mpsc::UnboundedReceiver<Job>, stop: tokio:
             continue;
         }
         let Some(job) = job.unexpired() else { continue };
-        let stream = match timeout_at(job.deadline, TcpStream::connect((addr.host.as_str(), addr.port))).await {
-            Ok(Ok(s)) => s,
-            outcome => {
-                let err = match outcome {
-                    Ok(Err(e)) => lost(&addr, "cannot connect", e),
-                    _ => {
-                        Error::timeout(format!("tcp peer {}:{}: connect did not finish in time", addr.host, addr.port))
-                    }
-                };
+        let connected = match timeout_at(job.deadline, TcpStream::connect((addr.host.as_str(), addr.port))).await {
+            Ok(Ok(s)) => crate::auth::prove(s, auth.as_deref(), &addr.host, addr.port, job.deadline).await,
+            Ok(Err(e)) => Err(lost(&addr, "cannot connect", e)),
+            Err(_) => {
+                Err(Error::timeout(format!("tcp peer {}:{}: connect did not finish in time", addr.host, addr.port)))
+            }
+        };
+        let stream = match connected {
+            Ok(s) => s,
+            Err(err) => {
                 // Everything already waiting for this peer would fail the same way.
                 job.finish(Err(err.duplicate()));
                 for j in carry.drain(..) {

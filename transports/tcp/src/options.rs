@@ -2,6 +2,10 @@
 //! declared as [`OptionSpec`]s and read from the config's unknown fields and the environment
 //! ([`Config::option`]), each with where its value came from, and checked here: a value out of
 //! range is an error naming the field (or the variable) and the accepted range, never clamped.
+//!
+//! The transport also reads peer authentication's `auth_secret` and `auth_secret_file`
+//! (declared by `ferry-peer-auth`, listed here among its options: see the crate-level docs of
+//! `auth`).
 
 use ferry_core::{Config, Environment, OptionSpec, OptionValue, Result, Setting};
 
@@ -34,8 +38,9 @@ pub const IO_THREADS: OptionSpec = OptionSpec {
     doc: "TCP transport: threads running the initiator's lanes, 1 to 64",
 };
 
-/// Every option the `tcp` transport declares.
-pub const OPTIONS: &[OptionSpec] = &[LANES, DATA_PORT, IO_THREADS];
+/// Every option the `tcp` transport declares: its own and peer authentication's.
+pub const OPTIONS: &[OptionSpec] =
+    &[LANES, DATA_PORT, IO_THREADS, ferry_peer_auth::options::SECRET, ferry_peer_auth::options::SECRET_FILE];
 
 /// Default connections per peer.
 pub const DEFAULT_LANES: u32 = 4;
@@ -120,13 +125,16 @@ impl TcpOptions {
         Ok(port)
     }
 
-    /// Each option's effective value, checked (for `ferry doctor`).
+    /// Each option's effective value, checked (for `ferry doctor`); the secret is never shown
+    /// ([`ferry_peer_auth::options::values`]).
     pub fn values(config: &Config, env: &Environment) -> Vec<OptionValue> {
-        vec![
+        let mut values = vec![
             OptionValue::new(&LANES, Self::lanes(config, env)),
             OptionValue::new(&DATA_PORT, Self::data_port(config, env)),
             OptionValue::new(&IO_THREADS, Self::io_threads(config, env)),
-        ]
+        ];
+        values.extend(ferry_peer_auth::options::values(config, env));
+        values
     }
 }
 
@@ -257,7 +265,7 @@ mod tests {
         let c = Config::from_json_str(r#"{"tcp_lanes": 0, "tcp_io_threads": 2}"#, None).unwrap();
         let values = TcpOptions::values(&c, &env(&[("FERRY_TCP_DATA_PORT", "18000")]));
         let keys: Vec<&str> = values.iter().map(|v| v.spec.key).collect();
-        assert_eq!(keys, ["tcp_lanes", "tcp_data_port", "tcp_io_threads"]);
+        assert_eq!(keys, ["tcp_lanes", "tcp_data_port", "tcp_io_threads", "auth_secret", "auth_secret_file"]);
         assert!(values[0].setting.as_ref().unwrap_err().message().contains("is 0; expected 1 to 64"));
         let port = values[1].setting.as_ref().unwrap().as_ref().unwrap();
         assert_eq!((port.value.as_str(), &port.source), ("18000", &FieldSource::Env("FERRY_TCP_DATA_PORT")));

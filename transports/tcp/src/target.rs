@@ -16,6 +16,7 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio::time::timeout;
 
+use crate::auth::DataAuth;
 use crate::io::{InBuf, write_all_vectored};
 use crate::memory::{bytes, bytes_mut};
 use crate::wire::{HEADER_LEN, Header, Status};
@@ -62,10 +63,12 @@ impl From<std::io::Error> for Close {
 }
 
 /// Accepts connections until `stop` turns true, then aborts and awaits every connection task.
+/// Each connection is served only once `auth` admits it (at once when authentication is off).
 pub(crate) async fn serve(
     listener: TcpListener,
     memory: Arc<MemoryRegistry>,
     limits: Arc<TargetLimits>,
+    auth: DataAuth,
     mut stop: watch::Receiver<bool>,
 ) {
     let mut conns = JoinSet::new();
@@ -81,11 +84,15 @@ pub(crate) async fn serve(
         };
         while conns.try_join_next().is_some() {}
         match accepted {
-            Ok((stream, peer)) => {
+            Ok((mut stream, peer)) => {
                 let memory = memory.clone();
                 let limits = limits.clone();
+                let auth = auth.clone();
                 conns.spawn(async move {
                     let _permit = permit;
+                    if !auth.admit(&mut stream, peer, limits.header).await {
+                        return;
+                    }
                     let outcome = serve_connection(stream, &memory, &limits).await;
                     match outcome {
                         Close::Eof | Close::Idle => {

@@ -216,6 +216,7 @@ impl SilentPeer {
             host: Some("127.0.0.1".into()),
             port: data_port,
             proto_version: Some(2),
+            auth: None,
         };
         endpoint.write_to(&mut d).unwrap();
         d.buffers.push(ferry::BufferDesc {
