@@ -18,9 +18,16 @@
 //! Limits: frames above 1 MiB or of length zero are refused, every frame must arrive within the
 //! handshake timeout (10 s), and each connection serves one request, so a slow or hostile client
 //! holds a single task for at most that long.
+//!
+//! Authentication (opt-in): with a shared secret configured (`auth_secret_file`,
+//! `FERRY_AUTH_SECRET_FILE`, `FERRY_AUTH_SECRET`), every handshake connection, both ways, starts
+//! with `ferry-peer-auth`'s mutual proof (see [`auth`]): only peers with the secret fetch this
+//! engine's descriptor, notify it or probe it, and Mooncake peers are refused. Without a secret
+//! the handshake is Mooncake's, unchanged.
 
 #![forbid(unsafe_code)]
 
+pub mod auth;
 pub mod frame;
 
 use std::collections::{HashMap, VecDeque};
@@ -29,13 +36,15 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use ferry_core::{
-    Config, ControlChannel, ControlChannelFactory, Error, ErrorKind, MetadataFactory, MetadataKeys, MetadataServer,
-    MetadataStore, Notification, Result, RpcMeta, SegmentName,
+    Config, ControlChannel, ControlChannelFactory, Environment, Error, ErrorKind, MetadataFactory, MetadataKeys,
+    MetadataServer, MetadataStore, Notification, OptionSpec, OptionValue, Result, RpcMeta, SegmentName,
 };
+use ferry_peer_auth::PeerSecret;
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
+use crate::auth::ListenerAuth;
 use crate::frame::{DEFAULT_MAX_FRAME, FrameType, read_frame, write_frame};
 
 /// Time allowed for one handshake exchange (connect, request, reply).
@@ -99,6 +108,15 @@ impl MetadataFactory for P2pMetadataFactory {
         debug_assert_eq!(server, &MetadataServer::P2pHandshake);
         Ok(Arc::new(P2pMetadata::start(config).await?))
     }
+
+    /// Peer authentication's `auth_secret` and `auth_secret_file`.
+    fn options(&self) -> &'static [OptionSpec] {
+        ferry_peer_auth::options::OPTIONS
+    }
+
+    fn read_options(&self, config: &Config, env: &Environment) -> Vec<OptionValue> {
+        ferry_peer_auth::options::values(config, env)
+    }
 }
 
 #[derive(Default)]
@@ -116,6 +134,7 @@ pub struct HandshakeListener {
     host: String,
     port: u16,
     shared: Arc<Shared>,
+    auth: ListenerAuth,
     stop: watch::Sender<bool>,
     /// The accept loop (it owns the listening socket).
     task: Mutex<Option<tokio::task::JoinHandle<()>>>,
@@ -171,8 +190,10 @@ pub enum RpcPortChoice {
 
 impl HandshakeListener {
     /// Binds the RPC port `choice` says and starts answering handshakes. A free port is drawn
-    /// from 15000..17000; a configured one that cannot be bound is an error naming it.
+    /// from 15000..17000; a configured one that cannot be bound is an error naming it. With a
+    /// peer authentication secret configured, every connection must prove it knows it.
     pub async fn start(config: &Config, choice: RpcPortChoice) -> Result<Self> {
+        let auth = ListenerAuth::load(config, &Environment::process())?;
         let configured = config
             .local_segment_name()
             .ok()
@@ -224,9 +245,10 @@ impl HandshakeListener {
             .port();
         let shared = Arc::new(Shared::default());
         let (stop, stop_rx) = watch::channel(false);
-        let task = Mutex::new(Some(tokio::spawn(serve(listener, shared.clone(), stop_rx))));
-        tracing::info!(%host, port, "P2P handshake listening");
-        Ok(Self { host, port, shared, stop, task })
+        let task = Mutex::new(Some(tokio::spawn(serve(listener, shared.clone(), auth.clone(), stop_rx))));
+        let authentication = if auth.secret().is_some() { ferry_peer_auth::SCHEME } else { "off" };
+        tracing::info!(%host, port, authentication, "P2P handshake listening");
+        Ok(Self { host, port, shared, auth, stop, task })
     }
 
     /// Stops answering and closes the listening socket; returns when the port is free (or after
@@ -246,6 +268,12 @@ impl HandshakeListener {
         self.port
     }
 
+    /// The secret this engine proves with on the handshakes it starts (`None`: authentication
+    /// off).
+    pub fn secret(&self) -> Option<&PeerSecret> {
+        self.auth.secret()
+    }
+
     /// Sets the descriptor answered to Metadata frames (`None`: refuse them).
     fn serve_descriptor(&self, descriptor: Option<Vec<u8>>) {
         *self.shared.served.lock().unwrap_or_else(|p| p.into_inner()) = descriptor;
@@ -257,10 +285,16 @@ impl HandshakeListener {
     }
 }
 
-/// Sends `notification` to the handshake listener at `host:port` and checks it was accepted.
-pub async fn send_notification(host: &str, port: u16, notification: &Notification) -> Result<()> {
+/// Sends `notification` to the handshake listener at `host:port` and checks it was accepted,
+/// proving `auth` first when set.
+pub async fn send_notification(
+    host: &str,
+    port: u16,
+    notification: &Notification,
+    auth: Option<&PeerSecret>,
+) -> Result<()> {
     let body = serde_json::to_vec(notification).expect("json");
-    let reply = exchange(host, port, FrameType::Notify, &body).await?;
+    let reply = exchange(host, port, FrameType::Notify, &body, auth).await?;
     let ok = serde_json::from_slice::<Notification>(&reply).map(|n| n.notify_msg == "success").unwrap_or(false);
     if !ok {
         return Err(Error::new(
@@ -275,9 +309,9 @@ pub async fn send_notification(host: &str, port: u16, notification: &Notificatio
 }
 
 /// Sends a Probe to the handshake listener at `host:port` and checks it answered
-/// `{"status": "success"}` (Mooncake's `send_probe`).
-pub async fn send_probe(host: &str, port: u16) -> Result<()> {
-    let reply = exchange(host, port, FrameType::Probe, b"{}").await?;
+/// `{"status": "success"}` (Mooncake's `send_probe`), proving `auth` first when set.
+pub async fn send_probe(host: &str, port: u16, auth: Option<&PeerSecret>) -> Result<()> {
+    let reply = exchange(host, port, FrameType::Probe, b"{}", auth).await?;
     let ok = serde_json::from_slice::<serde_json::Value>(&reply)
         .map(|v| v.get("status").and_then(|s| s.as_str()) == Some("success"))
         .unwrap_or(false);
@@ -290,22 +324,38 @@ pub async fn send_probe(host: &str, port: u16) -> Result<()> {
     Ok(())
 }
 
-/// One request/reply exchange with the handshake listener at `host:port`.
-async fn exchange(host: &str, port: u16, kind: FrameType, payload: &[u8]) -> Result<Vec<u8>> {
+/// One request/reply exchange with the handshake listener at `host:port`, after proving `auth`
+/// when set.
+async fn exchange(
+    host: &str,
+    port: u16,
+    kind: FrameType,
+    payload: &[u8],
+    auth: Option<&PeerSecret>,
+) -> Result<Vec<u8>> {
+    let deadline = tokio::time::Instant::now() + HANDSHAKE_TIMEOUT;
+    let failed =
+        |e: std::io::Error| Error::unreachable(format!("P2P handshake with {host}:{port} failed: {e}")).with_source(e);
     let talk = async {
-        let mut s = TcpStream::connect((host, port)).await?;
-        s.set_nodelay(true)?;
-        write_frame(&mut s, kind, payload).await?;
-        let reply = read_frame(&mut s, DEFAULT_MAX_FRAME, HANDSHAKE_TIMEOUT).await?;
-        Ok::<_, std::io::Error>(reply)
+        let mut s = TcpStream::connect((host, port)).await.map_err(failed)?;
+        s.set_nodelay(true).map_err(failed)?;
+        auth::prove(&mut s, auth, host, port, deadline).await?;
+        write_frame(&mut s, kind, payload).await.map_err(failed)?;
+        read_frame(&mut s, DEFAULT_MAX_FRAME, HANDSHAKE_TIMEOUT).await.map_err(failed)
     };
-    match tokio::time::timeout(HANDSHAKE_TIMEOUT, talk).await {
+    match tokio::time::timeout_at(deadline, talk).await {
+        Ok(Ok(reply))
+            if auth.is_none()
+                && let Some(e) = auth::required_by(&reply.payload, host, port) =>
+        {
+            Err(e)
+        }
         Ok(Ok(reply)) if reply.kind == kind => Ok(reply.payload),
         Ok(Ok(reply)) => Err(Error::transport(format!(
             "P2P handshake with {host}:{port}: answered a {kind:?} frame with a {:?} frame",
             reply.kind
         ))),
-        Ok(Err(e)) => Err(Error::unreachable(format!("P2P handshake with {host}:{port} failed: {e}")).with_source(e)),
+        Ok(Err(e)) => Err(e),
         Err(_) => {
             Err(Error::timeout(format!("P2P handshake with {host}:{port} did not finish in {HANDSHAKE_TIMEOUT:?}")))
         }
@@ -337,7 +387,7 @@ impl P2pMetadata {
 
     async fn exchange(&self, segment: &str, kind: FrameType, payload: &[u8]) -> Result<Vec<u8>> {
         let (host, port) = host_port(segment)?;
-        exchange(&host, port, kind, payload).await
+        exchange(&host, port, kind, payload, self.channel.listener.secret()).await
     }
 }
 
@@ -430,12 +480,12 @@ impl ControlChannel for P2pChannel {
 
     async fn notify(&self, segment: &str, notification: &Notification) -> Result<()> {
         let (host, port) = host_port(segment)?;
-        send_notification(&host, port, notification).await
+        send_notification(&host, port, notification, self.listener.secret()).await
     }
 
     async fn probe(&self, segment: &str) -> Result<()> {
         let (host, port) = host_port(segment)?;
-        send_probe(&host, port).await
+        send_probe(&host, port, self.listener.secret()).await
     }
 
     fn drain_notifications(&self) -> Vec<Notification> {
@@ -528,8 +578,11 @@ impl ControlChannel for HandshakeChannel {
         if rpc.rpc_port == 0 || rpc.ip_or_host_name.is_empty() {
             return Ok(());
         }
-        let probe = tokio::time::timeout(OWNER_PROBE_TIMEOUT, send_probe(&rpc.ip_or_host_name, rpc.rpc_port)).await;
-        if matches!(probe, Ok(Ok(()))) {
+        let probe = send_probe(&rpc.ip_or_host_name, rpc.rpc_port, self.listener.secret());
+        let probe = tokio::time::timeout(OWNER_PROBE_TIMEOUT, probe).await;
+        // A listener that refused this engine's authentication (or asked for it) answered all
+        // the same: it is alive.
+        if matches!(&probe, Ok(Ok(()))) || matches!(&probe, Ok(Err(e)) if e.kind() == ErrorKind::Config) {
             return Err(Error::new(
                 ErrorKind::AlreadyExists,
                 format!(
@@ -553,12 +606,12 @@ impl ControlChannel for HandshakeChannel {
 
     async fn notify(&self, segment: &str, notification: &Notification) -> Result<()> {
         let rpc = self.listener_of(segment, "send a notification").await?;
-        send_notification(&rpc.ip_or_host_name, rpc.rpc_port, notification).await
+        send_notification(&rpc.ip_or_host_name, rpc.rpc_port, notification, self.listener.secret()).await
     }
 
     async fn probe(&self, segment: &str) -> Result<()> {
         let rpc = self.listener_of(segment, "send a probe").await?;
-        send_probe(&rpc.ip_or_host_name, rpc.rpc_port).await
+        send_probe(&rpc.ip_or_host_name, rpc.rpc_port, self.listener.secret()).await
     }
 
     fn drain_notifications(&self) -> Vec<Notification> {
@@ -585,9 +638,18 @@ impl ControlChannelFactory for HandshakeChannelFactory {
     async fn start(&self, store: Arc<dyn MetadataStore>, config: &Config) -> Result<Arc<dyn ControlChannel>> {
         Ok(Arc::new(HandshakeChannel::start(store, config).await?))
     }
+
+    /// Peer authentication's `auth_secret` and `auth_secret_file`.
+    fn options(&self) -> &'static [OptionSpec] {
+        ferry_peer_auth::options::OPTIONS
+    }
+
+    fn read_options(&self, config: &Config, env: &Environment) -> Vec<OptionValue> {
+        ferry_peer_auth::options::values(config, env)
+    }
 }
 
-async fn serve(listener: TcpListener, shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
+async fn serve(listener: TcpListener, shared: Arc<Shared>, auth: ListenerAuth, mut stop: watch::Receiver<bool>) {
     let mut conns = tokio::task::JoinSet::new();
     // At most MAX_CONNECTIONS handshakes at once; more wait in the accept queue.
     let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
@@ -602,10 +664,14 @@ async fn serve(listener: TcpListener, shared: Arc<Shared>, mut stop: watch::Rece
         };
         while conns.try_join_next().is_some() {}
         match accepted {
-            Ok((stream, peer)) => {
+            Ok((mut stream, peer)) => {
                 let shared = shared.clone();
+                let auth = auth.clone();
                 conns.spawn(async move {
                     let _permit = permit;
+                    if !auth.admit(&mut stream, peer, HANDSHAKE_TIMEOUT).await {
+                        return;
+                    }
                     if let Err(e) = answer(stream, &shared).await {
                         tracing::debug!(%peer, error = %e, "P2P handshake: connection closed");
                     }
