@@ -39,8 +39,8 @@ impl std::fmt::Display for AuthError {
             AuthError::Io(e) => write!(f, "the connection failed during authentication: {e}"),
             AuthError::Timeout => f.write_str("authentication did not complete in time"),
             AuthError::NotFerry(_) => f.write_str(
-                "the peer did not start with Ferry authentication: it is a peer without Ferry authentication \
-                 (a Mooncake engine, or a Ferry engine without the auth secret)",
+                "it sent no Ferry authentication hello (its first bytes are a Mooncake request or frame): a peer \
+                 without Ferry authentication, such as a Mooncake engine or a Ferry engine without the auth secret",
             ),
             AuthError::Unanswered(how) => write!(
                 f,

@@ -1,6 +1,6 @@
-//! The log of refused peers: one warning per peer address and interval, however often it
-//! retries, so a Mooncake engine (or a misconfigured Ferry one) reconnecting in a loop cannot
-//! flood the log.
+//! The log of refused peers: one warning per peer address, kind of refusal and interval, however
+//! often it retries, so a Mooncake engine (or a misconfigured Ferry one) reconnecting in a loop
+//! cannot flood the log.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -12,12 +12,33 @@ use crate::exchange::AuthError;
 /// Peers remembered at once; past this, those not logged within the interval are forgotten.
 const MAX_PEERS: usize = 4096;
 
-/// Rate-limited warnings about refused peers, per peer IP address.
+/// Rate-limited warnings about refused peers, per peer IP address and kind of refusal.
 #[derive(Debug)]
 pub struct RefusalLog {
     what: &'static str,
     interval: Duration,
-    peers: Mutex<HashMap<IpAddr, Entry>>,
+    peers: Mutex<HashMap<(IpAddr, Reason), Entry>>,
+}
+
+/// The kinds of refusal logged apart (a Mooncake engine and a Ferry engine with another secret
+/// on one host are two warnings).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Reason {
+    NoAuthentication,
+    WrongSecret,
+    Slow,
+    Other,
+}
+
+impl Reason {
+    fn of(why: &AuthError) -> Self {
+        match why {
+            AuthError::NotFerry(_) | AuthError::Unanswered(_) => Reason::NoAuthentication,
+            AuthError::BadProof | AuthError::Refused => Reason::WrongSecret,
+            AuthError::Timeout => Reason::Slow,
+            AuthError::Version(_) | AuthError::Io(_) => Reason::Other,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -35,20 +56,22 @@ impl RefusalLog {
     }
 
     /// Records that `peer` was refused for `why`; logs a warning unless one was logged for its
-    /// address within the interval. Returns whether it logged.
+    /// address and that kind of refusal within the interval. Returns whether it logged.
     pub fn refused(&self, peer: SocketAddr, why: &AuthError) -> bool {
         let now = Instant::now();
+        let reason = Reason::of(why);
+        let key = (peer.ip(), reason);
         let mut peers = self.peers.lock().unwrap_or_else(|p| p.into_inner());
-        if !peers.contains_key(&peer.ip()) && peers.len() >= MAX_PEERS {
+        if !peers.contains_key(&key) && peers.len() >= MAX_PEERS {
             let interval = self.interval;
             peers.retain(|_, e| now.duration_since(e.logged) < interval);
         }
         // Past the bound, every new address shares one entry (the unspecified address): many
-        // peers at once still cost one warning per interval.
-        let key = if peers.len() < MAX_PEERS || peers.contains_key(&peer.ip()) {
-            peer.ip()
+        // peers at once still cost one warning per interval and kind.
+        let key = if peers.len() < MAX_PEERS || peers.contains_key(&key) {
+            key
         } else {
-            IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED)
+            (IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED), reason)
         };
         let suppressed = match peers.get_mut(&key) {
             Some(e) if now.duration_since(e.logged) < self.interval => {
@@ -62,14 +85,11 @@ impl RefusalLog {
             }
         };
         drop(peers);
-        let advice = match why {
-            AuthError::NotFerry(_) | AuthError::Unanswered(_) => {
-                "peers without Ferry authentication (Mooncake engines, Ferry engines without auth_secret) are refused \
-                 while authentication is on"
-            }
-            AuthError::BadProof | AuthError::Refused => "give every node of the cluster the same auth secret",
-            AuthError::Timeout => "a peer must authenticate within the authentication deadline",
-            AuthError::Version(_) | AuthError::Io(_) => "",
+        let advice = match reason {
+            Reason::NoAuthentication => "such peers are refused while authentication is on (Mooncake has none)",
+            Reason::WrongSecret => "give every node of the cluster the same auth secret",
+            Reason::Slow => "a peer must complete authentication right after connecting",
+            Reason::Other => "the connection was closed",
         };
         tracing::warn!(
             %peer,
@@ -95,9 +115,11 @@ mod tests {
         assert!(log.refused(a, &AuthError::BadProof));
         assert!(!log.refused(a2, &AuthError::BadProof), "the same address on another port");
         assert!(log.refused(b, &AuthError::Timeout), "another peer");
+        assert!(log.refused(a, &AuthError::NotFerry([0; 8])), "another kind of refusal");
+        assert!(!log.refused(a2, &AuthError::Unanswered("closed".into())), "the same kind");
         std::thread::sleep(Duration::from_millis(250));
         assert!(log.refused(a, &AuthError::BadProof), "after the interval");
-        assert_eq!(log.peers.lock().unwrap()[&a.ip()].since, 0);
+        assert_eq!(log.peers.lock().unwrap()[&(a.ip(), Reason::WrongSecret)].since, 0);
     }
 
     #[test]
