@@ -134,7 +134,8 @@ pub fn default_resolvers() -> ResolverRegistry {
 /// `tcp` feature `tcp_lanes`, `tcp_data_port`, `tcp_io_threads`, with `hccl` the Ascend side's
 /// `rank_table_path`, `hccn_conf_path`, `hccl_retries`, `hccl_control_port`, `ascend_backend`;
 /// then [`MetadataRegistry::options`] of [`default_metadata`]: with `p2p`
-/// `handshake_timeout_ms`, with `http` `metadata_token_file`). A config's other unknown fields
+/// `handshake_timeout_ms`, with `http` `metadata_token_file`; with `tcp` or `p2p` peer
+/// authentication's `auth_secret`, `auth_secret_file`). A config's other unknown fields
 /// are read by nothing in this build ([`Config::undeclared_fields`],
 /// [`Config::unknown_field_warnings`]).
 pub fn declared_options() -> Vec<&'static OptionSpec> {

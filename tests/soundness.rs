@@ -18,7 +18,9 @@ fn silent_peer(name: &str) -> (std::net::TcpListener, SegmentDescriptor) {
     let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let mut d = SegmentDescriptor::new(name, "tcp");
     let port = silent.local_addr().unwrap().port();
-    TcpEndpoint { host: Some("127.0.0.1".into()), port, proto_version: Some(2), fence: None }.write_to(&mut d).unwrap();
+    TcpEndpoint { host: Some("127.0.0.1".into()), port, proto_version: Some(2), fence: None, auth: None }
+        .write_to(&mut d)
+        .unwrap();
     d.buffers.push(ferry::BufferDesc {
         addr: 0x1000,
         length: 1 << 20,

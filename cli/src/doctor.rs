@@ -3,9 +3,11 @@
 //! which variable, file entry or segment-name part).
 //!
 //! Sources that disagree about the device (physical or user id) are a problem. Every option the
-//! transports built in declare (`TransportFactory::options`: `tcp_lanes`, `hccl_retries`, ...)
-//! is read and checked whatever the protocol, as its transport reads it, and printed with its
-//! effective value and where it came from; an invalid one is a problem. With the `ascend`
+//! transports and metadata backends built in declare (`TransportFactory::options`:
+//! `tcp_lanes`, `hccl_retries`, ...; `MetadataRegistry::options`: the P2P handshake's) is read
+//! and checked whatever the protocol, as its crate reads it, and printed with its effective
+//! value and where it came from; an invalid one is a problem. Whether peer authentication is on,
+//! and where its secret came from, has a line of its own; the secret itself is never printed. With the `ascend`
 //! protocol it also runs the transport's own start-up check (`LocalIdentity::from_resolution`:
 //! physical id, user id and device IP all known) on the chain the transport will use (its `acl`
 //! link inserted when a `resolvers` list omits it).
@@ -48,7 +50,8 @@ fn source(cfg: &Config, field: &str) -> String {
 }
 
 /// One declared option's line: its effective value and where it came from, or its default; an
-/// invalid value is shown as set and its error added to `problems`.
+/// invalid value is shown as set (a secret never: only where it came from) and its error added
+/// to `problems`.
 fn option_line(cfg: &Config, env: &Environment, v: OptionValue, problems: &mut Vec<String>) -> String {
     let shown = match v.setting {
         Ok(Some(s)) => format!("{} [{}]", s.value, s.source),
@@ -56,6 +59,9 @@ fn option_line(cfg: &Config, env: &Environment, v: OptionValue, problems: &mut V
         Err(e) => {
             problems.push(e.message().to_owned());
             match cfg.option_text(v.spec, env) {
+                Some(s) if ferry_peer_auth::options::is_secret(v.spec) => {
+                    format!("(hidden) [{}] INVALID (see below)", s.source)
+                }
                 Some(s) => format!("{} [{}] INVALID (see below)", s.value, s.source),
                 None => "INVALID (see below)".to_owned(),
             }
@@ -206,6 +212,7 @@ pub(crate) async fn run(args: DoctorArgs) -> Result<std::process::ExitCode> {
         println!("unknown fields:   {} (kept, not used)", keys.join(", "));
     }
     let warnings: Vec<String> = unknown.iter().map(ToString::to_string).collect();
+    authentication(&cfg, &env, &mut problems);
 
     match cfg.local_rank() {
         Some(r) => {
@@ -345,6 +352,35 @@ pub(crate) async fn run(args: DoctorArgs) -> Result<std::process::ExitCode> {
             println!("  - {p}");
         }
         Ok(std::process::ExitCode::FAILURE)
+    }
+}
+
+/// Whether peer authentication is on, with where its secret came from and any warning about it
+/// (never the secret); an invalid setting is a problem (reported once with the options).
+fn authentication(cfg: &Config, env: &Environment, problems: &mut Vec<String>) {
+    match ferry_peer_auth::options::read(cfg, env) {
+        Ok(None) => println!(
+            "authentication:   off: anyone who reaches the data and handshake ports is served, as by Mooncake \
+             (set auth_secret_file or FERRY_AUTH_SECRET_FILE to require a shared secret; see docs/security.md)"
+        ),
+        Ok(Some(loaded)) => {
+            println!(
+                "authentication:   on ({}): secret from {} ({} bytes); data and handshake connections without it \
+                 are refused, Mooncake peers included",
+                ferry_peer_auth::SCHEME,
+                loaded.secret.source(),
+                loaded.secret.len()
+            );
+            for w in loaded.warnings {
+                println!("  warning:        {w}");
+            }
+        }
+        Err(e) => {
+            println!("authentication:   INVALID (see below)");
+            if !problems.iter().any(|p| p == e.message()) {
+                problems.push(e.message().to_owned());
+            }
+        }
     }
 }
 

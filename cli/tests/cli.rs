@@ -197,6 +197,87 @@ fn doctor_lists_every_declared_option_with_its_value_and_source() {
 }
 
 #[test]
+fn doctor_says_whether_authentication_is_on_and_never_shows_the_secret() {
+    let p = tmp("auth.json", "{\n  \"protocol\": \"tcp\"\n}");
+    let out = ferry().args(["doctor", "--config"]).arg(&p).output().unwrap();
+    let s = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{s}");
+    assert!(s.contains("authentication:   off: anyone who reaches the data and handshake ports is served"), "{s}");
+    assert!(s.contains("  auth_secret        = none (authentication off) [default]"), "{s}");
+
+    let secret = "do-not-print-me-0123456789";
+    let out = ferry().args(["doctor", "--config"]).arg(&p).env("FERRY_AUTH_SECRET", secret).output().unwrap();
+    let s = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{s}");
+    assert!(
+        s.contains(
+            "authentication:   on (hmac-sha256-v1): secret from environment variable FERRY_AUTH_SECRET (26 bytes)"
+        ),
+        "{s}"
+    );
+    assert!(s.contains("  auth_secret        = (set, 26 bytes, hidden) [env FERRY_AUTH_SECRET]"), "{s}");
+    assert!(!s.contains(secret) && !String::from_utf8_lossy(&out.stderr).contains(secret), "{s}");
+
+    // Too short: a problem that names the variable, not the value.
+    let out = ferry().args(["doctor", "--config"]).arg(&p).env("FERRY_AUTH_SECRET", "hunter2").output().unwrap();
+    let s = String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success(), "{s}");
+    assert!(s.contains("  auth_secret        = (hidden) [env FERRY_AUTH_SECRET] INVALID (see below)"), "{s}");
+    assert!(
+        s.contains("- the peer authentication secret from environment variable FERRY_AUTH_SECRET is 7 bytes"),
+        "{s}"
+    );
+    assert!(!s.contains("hunter2"), "{s}");
+
+    // From a file others can read: on, with a warning.
+    let file = tmp("auth-secret", "0123456789abcdef0123456789abcdef\n");
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
+    }
+    let cfg = tmp("auth-file.json", &format!(r#"{{"protocol": "tcp", "auth_secret_file": "{}"}}"#, file.display()));
+    let out = ferry().args(["doctor", "--config"]).arg(&cfg).output().unwrap();
+    let s = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{s}");
+    assert!(s.contains(&format!("authentication:   on (hmac-sha256-v1): secret from file {}", file.display())), "{s}");
+    assert!(s.contains("(mode 644); make it readable by its owner only (chmod 600)"), "{s}");
+    assert!(!s.contains("unknown fields"), "auth_secret_file is declared: {s}");
+    assert!(!s.contains("0123456789abcdef"), "{s}");
+}
+
+#[test]
+fn bench_engines_with_a_shared_secret_talk_and_one_without_it_is_refused() {
+    let secret = "bench-secret-0123456789";
+    let mut command = ferry();
+    command.env("FERRY_AUTH_SECRET", secret);
+    let (mut target, segment) = serve_with(command, &["bench", "--mode=target", "--buffer_size=8MiB"], "listening on ");
+    let bench = |with: Option<&str>| {
+        let mut c = ferry();
+        c.args(["bench", "--buffer_size=8MiB", "--block_size=4096", "--batch_size=8", "--threads=1", "--duration=1"])
+            .arg(format!("--segment_id={segment}"));
+        if let Some(s) = with {
+            c.env("FERRY_AUTH_SECRET", s);
+        }
+        c.output().unwrap()
+    };
+    let out = bench(Some(secret));
+    let s = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{s}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(s.lines().last().is_some_and(|l| l.starts_with("throughput ")), "{s}");
+    let out = bench(None);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("requires peer authentication") && err.contains("no auth secret is configured here"), "{err}");
+    let out = bench(Some("another-secret-0123456789"));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("the two auth secrets differ"), "{err}");
+    let _ = target.kill();
+    let _ = target.wait();
+}
+
+#[test]
 fn doctor_reports_every_problem_with_file_and_position() {
     let p = tmp("bad.json", "{\n  \"protocol\": \"rdma\",\n  \"metadata_server\": \"gopher://h:70\"\n}");
     let out = ferry().args(["doctor", "--config"]).arg(&p).output().unwrap();

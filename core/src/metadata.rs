@@ -514,6 +514,55 @@ mod tests {
         assert_eq!(beside.0.load(std::sync::atomic::Ordering::SeqCst), 1);
     }
 
+    /// Declares `widget_token` (and, as the channel, `widget_token` again and `widget_port`).
+    const TOKEN: OptionSpec =
+        OptionSpec { key: "widget_token", env: Some("FERRY_WIDGET_TOKEN"), env_invalid: "", default: "none", doc: "t" };
+    const PORT: OptionSpec = OptionSpec { key: "widget_port", env: None, env_invalid: "", default: "0", doc: "p" };
+    struct Declaring;
+    #[async_trait]
+    impl MetadataFactory for Declaring {
+        fn kind(&self) -> &'static str {
+            "widget"
+        }
+        async fn connect(&self, _: &MetadataServer, _: &Config) -> Result<Arc<dyn MetadataStore>> {
+            Ok(InProcessMetadata::new())
+        }
+        fn options(&self) -> &'static [OptionSpec] {
+            &[TOKEN]
+        }
+    }
+    struct DeclaringChannel;
+    #[async_trait]
+    impl ControlChannelFactory for DeclaringChannel {
+        fn name(&self) -> &'static str {
+            "declaring"
+        }
+        async fn start(&self, _: Arc<dyn MetadataStore>, _: &Config) -> Result<Arc<dyn ControlChannel>> {
+            Ok(Arc::new(Named("declaring")))
+        }
+        fn options(&self) -> &'static [OptionSpec] {
+            &[TOKEN, PORT]
+        }
+    }
+
+    #[test]
+    fn stores_and_channels_declare_options_each_key_once() {
+        let mut r = MetadataRegistry::new();
+        assert!(r.options().is_empty());
+        r.install(Arc::new(Stores("http")));
+        r.install(Arc::new(Declaring));
+        r.install_channel(Arc::new(DeclaringChannel));
+        let keys: Vec<&str> = r.options().iter().map(|o| o.key).collect();
+        assert_eq!(keys, ["widget_token", "widget_port"]);
+        let cfg = Config::from_json_str(r#"{"widget_token": "abc", "widget_port": 7, "other": 1}"#, None).unwrap();
+        let env = Environment::from_pairs([("FERRY_WIDGET_TOKEN", "from-env")]);
+        let values = r.read_options(&cfg, &env);
+        let shown: Vec<(&str, String)> =
+            values.iter().map(|v| (v.spec.key, v.setting.as_ref().unwrap().as_ref().unwrap().value.clone())).collect();
+        assert_eq!(shown, [("widget_token", "from-env".to_owned()), ("widget_port", "7".to_owned())]);
+        assert_eq!(cfg.undeclared_fields(r.options()), ["other"]);
+    }
+
     #[tokio::test]
     async fn missing_backend_is_named() {
         let cfg = Config::from_json_str(r#"{"metadata_server":"etcd://h:2379"}"#, None).unwrap();

@@ -21,9 +21,16 @@
 //! `handshake_timeout_ms` ([`HANDSHAKE_TIMEOUT_OPTION`], variable `FERRY_HANDSHAKE_TIMEOUT_MS`,
 //! default 10 s), and never longer than the engine's transfer timeout
 //! ([`handshake_timeout`]).
+//!
+//! Authentication (opt-in): with a shared secret configured (`auth_secret_file`,
+//! `FERRY_AUTH_SECRET_FILE`, `FERRY_AUTH_SECRET`), every handshake connection, both ways, starts
+//! with `ferry-peer-auth`'s mutual proof (see [`auth`]): only peers with the secret fetch this
+//! engine's descriptor, notify it or probe it, and Mooncake peers are refused. Without a secret
+//! the handshake is Mooncake's, unchanged.
 
 #![forbid(unsafe_code)]
 
+pub mod auth;
 pub mod frame;
 
 use std::collections::{HashMap, VecDeque};
@@ -37,10 +44,12 @@ use ferry_core::{
     Config, ControlChannel, ControlChannelFactory, Environment, Error, ErrorKind, MetadataFactory, MetadataKeys,
     MetadataServer, MetadataStore, Notification, OptionSpec, OptionValue, Result, RpcMeta, SegmentName, Setting,
 };
+use ferry_peer_auth::PeerSecret;
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
+use crate::auth::ListenerAuth;
 use crate::frame::{DEFAULT_MAX_FRAME, FrameType, read_frame, write_frame};
 
 /// Default time allowed for one handshake exchange (connect, request, reply), and for a peer to
@@ -60,8 +69,10 @@ pub const HANDSHAKE_TIMEOUT_OPTION: OptionSpec = OptionSpec {
           probe) and for a peer's request to this engine's listener; never longer than transfer_timeout_ms",
 };
 
-/// The options of this crate's factories.
-pub const OPTIONS: &[OptionSpec] = &[HANDSHAKE_TIMEOUT_OPTION];
+/// The options of this crate's factories: the handshake timeout and peer authentication's
+/// `auth_secret` and `auth_secret_file`.
+pub const OPTIONS: &[OptionSpec] =
+    &[HANDSHAKE_TIMEOUT_OPTION, ferry_peer_auth::options::SECRET, ferry_peer_auth::options::SECRET_FILE];
 
 /// `handshake_timeout_ms` as set (from the API, `FERRY_HANDSHAKE_TIMEOUT_MS` or the config),
 /// checked against [`HANDSHAKE_TIMEOUT_MS_RANGE`]; `Ok(None)` when unset.
@@ -89,8 +100,11 @@ pub fn handshake_timeout(config: &Config, env: &Environment) -> Result<Duration>
 }
 
 fn read_options(config: &Config, env: &Environment) -> Vec<OptionValue> {
-    vec![OptionValue::new(&HANDSHAKE_TIMEOUT_OPTION, handshake_timeout_setting(config, env))]
+    let mut values = vec![OptionValue::new(&HANDSHAKE_TIMEOUT_OPTION, handshake_timeout_setting(config, env))];
+    values.extend(ferry_peer_auth::options::values(config, env));
+    values
 }
+
 /// Range a random RPC port is drawn from, as in Mooncake.
 pub const RPC_PORT_RANGE: std::ops::Range<u16> = 15000..17000;
 /// Handshake connections served at once.
@@ -178,6 +192,7 @@ pub struct HandshakeListener {
     /// and of their requests to it.
     timeout: Duration,
     shared: Arc<Shared>,
+    auth: ListenerAuth,
     stop: watch::Sender<bool>,
     /// The accept loop (it owns the listening socket).
     task: Mutex<Option<tokio::task::JoinHandle<()>>>,
@@ -233,9 +248,11 @@ pub enum RpcPortChoice {
 
 impl HandshakeListener {
     /// Binds the RPC port `choice` says and starts answering handshakes. A free port is drawn
-    /// from 15000..17000; a configured one that cannot be bound is an error naming it.
+    /// from 15000..17000; a configured one that cannot be bound is an error naming it. With a
+    /// peer authentication secret configured, every connection must prove it knows it.
     pub async fn start(config: &Config, choice: RpcPortChoice) -> Result<Self> {
         let timeout = handshake_timeout(config, &Environment::process())?;
+        let auth = ListenerAuth::load(config, &Environment::process())?;
         let configured = config
             .local_segment_name()
             .ok()
@@ -287,9 +304,10 @@ impl HandshakeListener {
             .port();
         let shared = Arc::new(Shared::default());
         let (stop, stop_rx) = watch::channel(false);
-        let task = Mutex::new(Some(tokio::spawn(serve(listener, shared.clone(), stop_rx, timeout))));
-        tracing::info!(%host, port, ?timeout, "P2P handshake listening");
-        Ok(Self { host, port, timeout, shared, stop, task })
+        let task = Mutex::new(Some(tokio::spawn(serve(listener, shared.clone(), auth.clone(), stop_rx, timeout))));
+        let authentication = if auth.secret().is_some() { ferry_peer_auth::SCHEME } else { "off" };
+        tracing::info!(%host, port, ?timeout, authentication, "P2P handshake listening");
+        Ok(Self { host, port, timeout, shared, auth, stop, task })
     }
 
     /// Stops answering and closes the listening socket; returns when the port is free (or after
@@ -314,6 +332,12 @@ impl HandshakeListener {
         self.timeout
     }
 
+    /// The secret this engine proves with on the handshakes it starts (`None`: authentication
+    /// off).
+    pub fn secret(&self) -> Option<&PeerSecret> {
+        self.auth.secret()
+    }
+
     /// Sets the descriptor answered to Metadata frames (`None`: refuse them).
     fn serve_descriptor(&self, descriptor: Option<Vec<u8>>) {
         *self.shared.served.lock().unwrap_or_else(|p| p.into_inner()) = descriptor;
@@ -326,10 +350,16 @@ impl HandshakeListener {
 }
 
 /// Sends `notification` to the handshake listener at `host:port` and checks it was accepted,
-/// within `timeout`.
-pub async fn send_notification(host: &str, port: u16, notification: &Notification, timeout: Duration) -> Result<()> {
+/// within `timeout`, proving `auth` first when set.
+pub async fn send_notification(
+    host: &str,
+    port: u16,
+    notification: &Notification,
+    timeout: Duration,
+    auth: Option<&PeerSecret>,
+) -> Result<()> {
     let body = serde_json::to_vec(notification).expect("json");
-    let reply = exchange(host, port, FrameType::Notify, &body, timeout).await?;
+    let reply = exchange(host, port, FrameType::Notify, &body, timeout, auth).await?;
     let ok = serde_json::from_slice::<Notification>(&reply).map(|n| n.notify_msg == "success").unwrap_or(false);
     if !ok {
         return Err(Error::new(
@@ -344,9 +374,10 @@ pub async fn send_notification(host: &str, port: u16, notification: &Notificatio
 }
 
 /// Sends a Probe to the handshake listener at `host:port` and checks it answered
-/// `{"status": "success"}` (Mooncake's `send_probe`), within `timeout`.
-pub async fn send_probe(host: &str, port: u16, timeout: Duration) -> Result<()> {
-    let reply = exchange(host, port, FrameType::Probe, b"{}", timeout).await?;
+/// `{"status": "success"}` (Mooncake's `send_probe`), within `timeout`, proving `auth` first when
+/// set.
+pub async fn send_probe(host: &str, port: u16, timeout: Duration, auth: Option<&PeerSecret>) -> Result<()> {
+    let reply = exchange(host, port, FrameType::Probe, b"{}", timeout, auth).await?;
     let ok = serde_json::from_slice::<serde_json::Value>(&reply)
         .map(|v| v.get("status").and_then(|s| s.as_str()) == Some("success"))
         .unwrap_or(false);
@@ -359,29 +390,52 @@ pub async fn send_probe(host: &str, port: u16, timeout: Duration) -> Result<()> 
     Ok(())
 }
 
-/// One request/reply exchange with the handshake listener at `host:port`, within `timeout`.
-async fn exchange(host: &str, port: u16, kind: FrameType, payload: &[u8], timeout: Duration) -> Result<Vec<u8>> {
-    let talk = async {
-        let mut s = TcpStream::connect((host, port)).await?;
-        s.set_nodelay(true)?;
-        write_frame(&mut s, kind, payload).await?;
-        let reply = read_frame(&mut s, DEFAULT_MAX_FRAME, timeout).await?;
-        Ok::<_, std::io::Error>(reply)
+/// One request/reply exchange with the handshake listener at `host:port`, after proving `auth`
+/// when set, all within `timeout`.
+async fn exchange(
+    host: &str,
+    port: u16,
+    kind: FrameType,
+    payload: &[u8],
+    timeout: Duration,
+    auth: Option<&PeerSecret>,
+) -> Result<Vec<u8>> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    let timed_out = || {
+        Error::timeout(format!(
+            "P2P handshake with {host}:{port} did not finish in {timeout:?} (handshake_timeout_ms, at most \
+             transfer_timeout_ms)"
+        ))
     };
-    match tokio::time::timeout(timeout, talk).await {
+    // The reply's own deadline (the same timeout) may fire first: a timeout either way.
+    let failed = |e: std::io::Error| {
+        if e.kind() == std::io::ErrorKind::TimedOut {
+            timed_out()
+        } else {
+            Error::unreachable(format!("P2P handshake with {host}:{port} failed: {e}")).with_source(e)
+        }
+    };
+    let talk = async {
+        let mut s = TcpStream::connect((host, port)).await.map_err(failed)?;
+        s.set_nodelay(true).map_err(failed)?;
+        auth::prove(&mut s, auth, host, port, deadline).await?;
+        write_frame(&mut s, kind, payload).await.map_err(failed)?;
+        read_frame(&mut s, DEFAULT_MAX_FRAME, timeout).await.map_err(failed)
+    };
+    match tokio::time::timeout_at(deadline, talk).await {
+        Ok(Ok(reply))
+            if auth.is_none()
+                && let Some(e) = auth::required_by(&reply.payload, host, port) =>
+        {
+            Err(e)
+        }
         Ok(Ok(reply)) if reply.kind == kind => Ok(reply.payload),
         Ok(Ok(reply)) => Err(Error::transport(format!(
             "P2P handshake with {host}:{port}: answered a {kind:?} frame with a {:?} frame",
             reply.kind
         ))),
-        Ok(Err(e)) if e.kind() != std::io::ErrorKind::TimedOut => {
-            Err(Error::unreachable(format!("P2P handshake with {host}:{port} failed: {e}")).with_source(e))
-        }
-        // The reply's own deadline (the same timeout) may fire first.
-        Ok(Err(_)) | Err(_) => Err(Error::timeout(format!(
-            "P2P handshake with {host}:{port} did not finish in {timeout:?} (handshake_timeout_ms, at most \
-             transfer_timeout_ms)"
-        ))),
+        Ok(Err(e)) => Err(e),
+        Err(_) => Err(timed_out()),
     }
 }
 
@@ -410,7 +464,7 @@ impl P2pMetadata {
 
     async fn exchange(&self, segment: &str, kind: FrameType, payload: &[u8]) -> Result<Vec<u8>> {
         let (host, port) = host_port(segment)?;
-        exchange(&host, port, kind, payload, self.channel.listener.timeout).await
+        exchange(&host, port, kind, payload, self.channel.listener.timeout, self.channel.listener.secret()).await
     }
 }
 
@@ -503,12 +557,12 @@ impl ControlChannel for P2pChannel {
 
     async fn notify(&self, segment: &str, notification: &Notification) -> Result<()> {
         let (host, port) = host_port(segment)?;
-        send_notification(&host, port, notification, self.listener.timeout).await
+        send_notification(&host, port, notification, self.listener.timeout, self.listener.secret()).await
     }
 
     async fn probe(&self, segment: &str) -> Result<()> {
         let (host, port) = host_port(segment)?;
-        send_probe(&host, port, self.listener.timeout).await
+        send_probe(&host, port, self.listener.timeout, self.listener.secret()).await
     }
 
     fn drain_notifications(&self) -> Vec<Notification> {
@@ -601,12 +655,11 @@ impl ControlChannel for HandshakeChannel {
         if rpc.rpc_port == 0 || rpc.ip_or_host_name.is_empty() {
             return Ok(());
         }
-        let probe = tokio::time::timeout(
-            OWNER_PROBE_TIMEOUT,
-            send_probe(&rpc.ip_or_host_name, rpc.rpc_port, self.listener.timeout),
-        )
-        .await;
-        if matches!(probe, Ok(Ok(()))) {
+        let probe = send_probe(&rpc.ip_or_host_name, rpc.rpc_port, self.listener.timeout, self.listener.secret());
+        let probe = tokio::time::timeout(OWNER_PROBE_TIMEOUT, probe).await;
+        // A listener that refused this engine's authentication (or asked for it) answered all
+        // the same: it is alive.
+        if matches!(&probe, Ok(Ok(()))) || matches!(&probe, Ok(Err(e)) if e.kind() == ErrorKind::Config) {
             return Err(Error::new(
                 ErrorKind::AlreadyExists,
                 format!(
@@ -630,12 +683,19 @@ impl ControlChannel for HandshakeChannel {
 
     async fn notify(&self, segment: &str, notification: &Notification) -> Result<()> {
         let rpc = self.listener_of(segment, "send a notification").await?;
-        send_notification(&rpc.ip_or_host_name, rpc.rpc_port, notification, self.listener.timeout).await
+        send_notification(
+            &rpc.ip_or_host_name,
+            rpc.rpc_port,
+            notification,
+            self.listener.timeout,
+            self.listener.secret(),
+        )
+        .await
     }
 
     async fn probe(&self, segment: &str) -> Result<()> {
         let rpc = self.listener_of(segment, "send a probe").await?;
-        send_probe(&rpc.ip_or_host_name, rpc.rpc_port, self.listener.timeout).await
+        send_probe(&rpc.ip_or_host_name, rpc.rpc_port, self.listener.timeout, self.listener.secret()).await
     }
 
     fn drain_notifications(&self) -> Vec<Notification> {
@@ -672,7 +732,13 @@ impl ControlChannelFactory for HandshakeChannelFactory {
     }
 }
 
-async fn serve(listener: TcpListener, shared: Arc<Shared>, mut stop: watch::Receiver<bool>, timeout: Duration) {
+async fn serve(
+    listener: TcpListener,
+    shared: Arc<Shared>,
+    auth: ListenerAuth,
+    mut stop: watch::Receiver<bool>,
+    timeout: Duration,
+) {
     let mut conns = tokio::task::JoinSet::new();
     // At most MAX_CONNECTIONS handshakes at once; more wait in the accept queue.
     let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
@@ -687,10 +753,14 @@ async fn serve(listener: TcpListener, shared: Arc<Shared>, mut stop: watch::Rece
         };
         while conns.try_join_next().is_some() {}
         match accepted {
-            Ok((stream, peer)) => {
+            Ok((mut stream, peer)) => {
                 let shared = shared.clone();
+                let auth = auth.clone();
                 conns.spawn(async move {
                     let _permit = permit;
+                    if !auth.admit(&mut stream, peer, timeout).await {
+                        return;
+                    }
                     if let Err(e) = answer(stream, &shared, timeout).await {
                         tracing::debug!(%peer, error = %e, "P2P handshake: connection closed");
                     }

@@ -1,7 +1,8 @@
 //! The `tcp` transport's part of a segment descriptor: `tcp_data_host`, `tcp_data_port` and
 //! `tcp_proto_version`, flat top-level fields as Mooncake writes them, and Ferry's own
-//! `ferry_tcp_fence`, read and written through a typed view over the descriptor's fields
-//! ([`SegmentDescriptor::view`]).
+//! `ferry_tcp_fence` (the target serves Ferry's fence requests) and `ferry_auth` (present only on
+//! a target that requires peer authentication), read and written through a typed view over the
+//! descriptor's fields ([`SegmentDescriptor::view`]).
 
 use ferry_core::{Result, SegmentDescriptor, SegmentName};
 use serde::{Deserialize, Serialize};
@@ -22,6 +23,11 @@ pub struct TcpEndpoint {
     /// descriptors, whose targets are never sent one).
     #[serde(rename = "ferry_tcp_fence", default, skip_serializing_if = "Option::is_none")]
     pub fence: Option<u32>,
+    /// `ferry_auth`: the peer authentication scheme the target requires on every data
+    /// connection (`hmac-sha256-v1`, [`ferry_peer_auth::SCHEME`]); absent on a target without
+    /// authentication (every Mooncake target, and Ferry targets without a secret).
+    #[serde(rename = "ferry_auth", default, skip_serializing_if = "Option::is_none")]
+    pub auth: Option<String>,
 }
 
 /// The view as read: every field optional, so a descriptor without them reads as no endpoint.
@@ -35,6 +41,7 @@ struct Published {
     tcp_proto_version: Option<u32>,
     #[serde(default)]
     ferry_tcp_fence: Option<u32>,
+    ferry_auth: Option<String>,
 }
 
 impl TcpEndpoint {
@@ -52,6 +59,7 @@ impl TcpEndpoint {
             port,
             proto_version: p.tcp_proto_version,
             fence: p.ferry_tcp_fence,
+            auth: p.ferry_auth,
         }))
     }
 
@@ -100,7 +108,16 @@ mod tests {
     fn reads_mooncakes_fields_and_writes_them_back_unchanged() {
         let mut d = SegmentDescriptor::from_json("wheel", WHEEL.as_bytes()).unwrap();
         let e = TcpEndpoint::from_descriptor(&d).unwrap().unwrap();
-        assert_eq!(e, TcpEndpoint { host: Some("192.0.2.2".into()), port: 16359, proto_version: Some(2), fence: None });
+        assert_eq!(
+            e,
+            TcpEndpoint {
+                host: Some("192.0.2.2".into()),
+                port: 16359,
+                proto_version: Some(2),
+                fence: None,
+                auth: None
+            }
+        );
         assert!(!e.fences(), "a Mooncake target is never sent a fence");
         assert_eq!((e.host_for(&d.name).as_deref(), e.version()), (Some("192.0.2.2"), 2));
         e.write_to(&mut d).unwrap();
@@ -108,7 +125,7 @@ mod tests {
         assert_eq!(back, serde_json::from_str::<Value>(WHEEL).unwrap(), "the same JSON as the wheel's");
 
         let mut fresh = SegmentDescriptor::new("10.0.0.5:17000", "tcp");
-        TcpEndpoint { host: Some("10.0.0.5".into()), port: 18000, proto_version: Some(2), fence: Some(1) }
+        TcpEndpoint { host: Some("10.0.0.5".into()), port: 18000, proto_version: Some(2), fence: Some(1), auth: None }
             .write_to(&mut fresh)
             .unwrap();
         let flat: Value = serde_json::from_slice(&fresh.to_json()).unwrap();
@@ -118,6 +135,26 @@ mod tests {
             "flat keys, Mooncake's names: {flat}"
         );
         assert!(TcpEndpoint::from_descriptor(&fresh).unwrap().unwrap().fences());
+        assert!(flat.get("ferry_auth").is_none(), "no authentication, no field: {flat}");
+    }
+
+    #[test]
+    fn a_target_requiring_authentication_says_so_and_a_bad_advertisement_is_refused() {
+        let mut d = SegmentDescriptor::new("10.0.0.5:17000", "tcp");
+        let auth = TcpEndpoint {
+            host: None,
+            port: 18000,
+            proto_version: Some(2),
+            fence: None,
+            auth: Some(ferry_peer_auth::SCHEME.to_owned()),
+        };
+        auth.write_to(&mut d).unwrap();
+        let flat: Value = serde_json::from_slice(&d.to_json()).unwrap();
+        assert_eq!(flat["ferry_auth"], Value::from("hmac-sha256-v1"));
+        assert_eq!(TcpEndpoint::from_descriptor(&d).unwrap(), Some(auth));
+        let bad = br#"{"name":"x:1","protocol":"tcp","tcp_data_port":9,"ferry_auth":true}"#;
+        let e = TcpEndpoint::from_descriptor(&SegmentDescriptor::from_json("bad", bad).unwrap()).unwrap_err();
+        assert!(e.message().contains("field `ferry_auth`"), "{e}");
     }
 
     #[test]

@@ -134,14 +134,16 @@ pub(crate) struct PeerFence {
     fenced: Mutex<Vec<SocketAddr>>,
     /// One fence at a time per peer; the others wait for its outcome.
     gate: tokio::sync::Mutex<()>,
+    /// The secret a fence's connection proves, as the lanes' do (peer authentication).
+    auth: Option<std::sync::Arc<ferry_peer_auth::PeerSecret>>,
     /// A peer behind address translation was reported once.
     translated: AtomicBool,
 }
 
 impl PeerFence {
     /// The state for a peer that does (`supported`) or does not advertise fences.
-    pub(crate) fn new(supported: bool) -> Self {
-        Self { supported, ..Self::default() }
+    pub(crate) fn new(supported: bool, auth: Option<std::sync::Arc<ferry_peer_auth::PeerSecret>>) -> Self {
+        Self { supported, auth, ..Self::default() }
     }
 
     /// Whether the peer advertises fences.
@@ -185,10 +187,9 @@ impl PeerFence {
             return Ok(());
         }
         let lost = |what: &str, e: std::io::Error| Error::unreachable(format!("{who}: fence {what}: {e}"));
-        let mut s = timeout_at(deadline, crate::initiator::connect(addr))
+        let mut s = crate::initiator::connect(addr, self.auth.as_deref(), deadline)
             .await
-            .map_err(|_| timeout())?
-            .map_err(|e| lost("connection failed", e))?;
+            .map_err(|e| e.context(format!("{who}: fence: {}", e.message())))?;
         let via = s.local_addr().map_err(|e| lost("connection has no local address", e))?;
         let requests: Vec<u8> = todo.iter().flat_map(|&f| encode(f, via)).collect();
         let answers = async {
@@ -244,10 +245,10 @@ mod tests {
     #[test]
     fn marks_are_kept_only_for_peers_with_fences() {
         let a: SocketAddr = "127.0.0.1:5".parse().unwrap();
-        let none = PeerFence::new(false);
+        let none = PeerFence::new(false, None);
         none.mark(a);
         assert!(!none.pending(), "a Mooncake peer is never fenced");
-        let f = PeerFence::new(true);
+        let f = PeerFence::new(true, None);
         f.mark(a);
         f.mark(a);
         assert!(f.pending());

@@ -103,25 +103,36 @@ pub(crate) struct PeerAddr {
     pub(crate) fence: bool,
 }
 
-/// Opens a data connection to `addr` (the lanes' and the fences' alike).
-pub(crate) async fn connect(addr: &PeerAddr) -> std::io::Result<TcpStream> {
-    TcpStream::connect((addr.host.as_str(), addr.port)).await
+/// Opens a data connection to `addr` (the lanes' and the fences' alike) by `deadline`, and
+/// proves `auth` on it when set (peer authentication, before any request).
+pub(crate) async fn connect(
+    addr: &PeerAddr,
+    auth: Option<&ferry_peer_auth::PeerSecret>,
+    deadline: Instant,
+) -> Result<TcpStream, Error> {
+    match timeout_at(deadline, TcpStream::connect((addr.host.as_str(), addr.port))).await {
+        Ok(Ok(s)) => crate::auth::prove(s, auth, &addr.host, addr.port, deadline).await,
+        Ok(Err(e)) => Err(lost(addr, "cannot connect", e)),
+        Err(_) => Err(Error::timeout(format!("tcp peer {}:{}: connect did not finish in time", addr.host, addr.port))),
+    }
 }
 
 impl Peer {
-    /// Starts `lanes` lane tasks for `addr` on `runtime`. When `stop` turns true (the transport
-    /// shuts down), requests waiting for a response fail at once instead of at their deadline.
+    /// Starts `lanes` lane tasks for `addr` on `runtime`, each proving `auth` (when set) on every
+    /// connection it opens. When `stop` turns true (the transport shuts down), requests waiting
+    /// for a response fail at once instead of at their deadline.
     pub(crate) fn start(
         addr: PeerAddr,
         lanes: usize,
         io: &crate::IoThreads,
+        auth: Option<Arc<ferry_peer_auth::PeerSecret>>,
         stop: tokio::sync::watch::Receiver<bool>,
     ) -> Self {
-        let fence = Arc::new(PeerFence::new(addr.fence && addr.v2));
+        let fence = Arc::new(PeerFence::new(addr.fence && addr.v2, auth.clone()));
         let lanes = (0..lanes.max(1))
             .map(|_| {
                 let (tx, rx) = mpsc::unbounded_channel();
-                io.next().spawn(lane(addr.clone(), rx, stop.clone(), fence.clone()));
+                io.next().spawn(lane(addr.clone(), rx, auth.clone(), stop.clone(), fence.clone()));
                 (tx, Arc::new(AtomicUsize::new(0)))
             })
             .collect();
@@ -171,6 +182,7 @@ fn lost(addr: &PeerAddr, what: &str, e: impl std::fmt::Display) -> Error {
 async fn lane(
     addr: PeerAddr,
     mut rx: mpsc::UnboundedReceiver<Job>,
+    auth: Option<Arc<ferry_peer_auth::PeerSecret>>,
     stop: tokio::sync::watch::Receiver<bool>,
     fence: Arc<PeerFence>,
 ) {
@@ -188,15 +200,9 @@ async fn lane(
             continue;
         }
         let Some(job) = job.unexpired() else { continue };
-        let stream = match timeout_at(job.deadline, connect(&addr)).await {
-            Ok(Ok(s)) => s,
-            outcome => {
-                let err = match outcome {
-                    Ok(Err(e)) => lost(&addr, "cannot connect", e),
-                    _ => {
-                        Error::timeout(format!("tcp peer {}:{}: connect did not finish in time", addr.host, addr.port))
-                    }
-                };
+        let stream = match connect(&addr, auth.as_deref(), job.deadline).await {
+            Ok(s) => s,
+            Err(err) => {
                 // Everything already waiting for this peer would fail the same way.
                 job.finish(Err(err.duplicate()));
                 for j in carry.drain(..) {

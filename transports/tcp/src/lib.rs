@@ -19,11 +19,18 @@
 //!   advertises `ferry_tcp_fence` ([`fence`] module): a request that failed never
 //!   lands after a later one succeeded.
 //!
+//! - **Authentication** (opt-in): with a shared secret configured (`auth_secret_file`,
+//!   `FERRY_AUTH_SECRET_FILE`, `FERRY_AUTH_SECRET`), the target publishes `ferry_auth` and every
+//!   data connection starts with `ferry-peer-auth`'s mutual proof before any request; peers
+//!   without it (Mooncake engines among them) are refused on both sides. Without a secret the
+//!   wire is Mooncake's, unchanged.
+//!
 //! The transport owns its config fields ([`options`]: `tcp_lanes`, `tcp_data_port`,
 //! `tcp_io_threads`, `tcp_bind_address`, `tcp_max_connections_per_ip`, declared to the engine
-//! through [`TcpTransportFactory`]) and its part of the descriptor ([`TcpEndpoint`], a typed
-//! view over the descriptor's flat fields).
+//! through [`TcpTransportFactory`], with peer authentication's) and its part of the descriptor
+//! ([`TcpEndpoint`], a typed view over the descriptor's flat fields).
 
+mod auth;
 mod conns;
 mod endpoint;
 pub mod fence;
@@ -93,6 +100,7 @@ pub struct TcpTransport {
     port: u16,
     lanes: usize,
     timeout: Duration,
+    auth: auth::DataAuth,
     io: IoThreads,
     peers: Mutex<HashMap<PeerAddr, Arc<Peer>>>,
     stop: watch::Sender<bool>,
@@ -114,6 +122,7 @@ impl TcpTransport {
     pub async fn start(ctx: &TransportContext) -> Result<Self> {
         let cfg = &ctx.config;
         let options = TcpOptions::from_config(cfg, &Environment::process())?;
+        let auth = auth::DataAuth::load(cfg, &Environment::process())?;
         let host =
             SegmentName::parse(&ctx.segment_name).map(SegmentName::into_host).unwrap_or_else(|| "127.0.0.1".to_owned());
         let port = options.port();
@@ -132,14 +141,15 @@ impl TcpTransport {
             per_ip: options.connections_per_ip() as usize,
         });
         let (stop, stop_rx) = watch::channel(false);
-        let server = ctx.runtime.spawn(target::serve(listener, ctx.memory.clone(), limits, stop_rx));
-        tracing::info!(%host, port, %bound, "tcp transport listening");
+        let server = ctx.runtime.spawn(target::serve(listener, ctx.memory.clone(), limits, auth.clone(), stop_rx));
+        tracing::info!(%host, port, %bound, authentication = auth.scheme().as_deref().unwrap_or("off"), "tcp transport listening");
         let lanes = options.lane_count();
         Ok(Self {
             host,
             port,
             lanes: lanes as usize,
             timeout,
+            auth,
             io: IoThreads::start(options.io_thread_count(lanes) as usize)?,
             peers: Mutex::new(HashMap::new()),
             stop,
@@ -159,6 +169,7 @@ impl TcpTransport {
             port: self.port,
             proto_version: Some(PROTO_VERSION),
             fence: Some(FENCE_VERSION),
+            auth: self.auth.scheme(),
         }
     }
 
@@ -166,6 +177,7 @@ impl TcpTransport {
     fn peer_for(&self, d: &SegmentDescriptor) -> Result<Arc<Peer>> {
         let endpoint = TcpEndpoint::from_descriptor(d)?
             .ok_or_else(|| Error::invalid(format!("segment `{}` publishes no tcp_data_port", d.name)))?;
+        self.auth.check_peer(&d.name, &endpoint)?;
         let host = endpoint
             .host_for(&d.name)
             .ok_or_else(|| Error::invalid(format!("segment `{}` publishes no tcp_data_host", d.name)))?;
@@ -178,7 +190,9 @@ impl TcpTransport {
         }
         Ok(peers
             .entry(addr.clone())
-            .or_insert_with(|| Arc::new(Peer::start(addr, self.lanes, &self.io, self.stop.subscribe())))
+            .or_insert_with(|| {
+                Arc::new(Peer::start(addr, self.lanes, &self.io, self.auth.secret(), self.stop.subscribe()))
+            })
             .clone())
     }
 }
@@ -376,7 +390,7 @@ mod tests {
         let io = IoThreads::start(1).unwrap();
         let addr = PeerAddr { host: "127.0.0.1".into(), port: 1, v2: true, fence: true };
         let (_stop, stop_rx) = tokio::sync::watch::channel(false);
-        let peer = Peer::start(addr, 2, &io, stop_rx);
+        let peer = Peer::start(addr, 2, &io, None, stop_rx);
         assert!(peer.unused_for(Duration::ZERO), "no load, no use: prunable at once");
         assert!(!peer.unused_for(Duration::from_secs(3600)), "not idle for an hour yet");
     }

@@ -2,6 +2,10 @@
 //! `tcp_bind_address` and `tcp_max_connections_per_ip`, declared as [`OptionSpec`]s and read from the config's unknown fields and the environment
 //! ([`Config::option`]), each with where its value came from, and checked here: a value out of
 //! range is an error naming the field (or the variable) and the accepted range, never clamped.
+//!
+//! The transport also reads peer authentication's `auth_secret` and `auth_secret_file`
+//! (declared by `ferry-peer-auth`, listed here among its options: see the crate-level docs of
+//! `auth`).
 
 use std::net::IpAddr;
 
@@ -56,8 +60,16 @@ pub const MAX_CONNECTIONS_PER_IP: OptionSpec = OptionSpec {
           new one (connections in the middle of a request are never closed), 1 to 65536",
 };
 
-/// Every option the `tcp` transport declares.
-pub const OPTIONS: &[OptionSpec] = &[LANES, DATA_PORT, IO_THREADS, BIND_ADDRESS, MAX_CONNECTIONS_PER_IP];
+/// Every option the `tcp` transport declares: its own and peer authentication's.
+pub const OPTIONS: &[OptionSpec] = &[
+    LANES,
+    DATA_PORT,
+    IO_THREADS,
+    BIND_ADDRESS,
+    MAX_CONNECTIONS_PER_IP,
+    ferry_peer_auth::options::SECRET,
+    ferry_peer_auth::options::SECRET_FILE,
+];
 
 /// Default [`MAX_CONNECTIONS_PER_IP`].
 pub const DEFAULT_MAX_CONNECTIONS_PER_IP: u32 = 64;
@@ -179,15 +191,18 @@ impl TcpOptions {
         Ok(port)
     }
 
-    /// Each option's effective value, checked (for `ferry doctor`).
+    /// Each option's effective value, checked (for `ferry doctor`); the secret is never shown
+    /// ([`ferry_peer_auth::options::values`]).
     pub fn values(config: &Config, env: &Environment) -> Vec<OptionValue> {
-        vec![
+        let mut values = vec![
             OptionValue::new(&LANES, Self::lanes(config, env)),
             OptionValue::new(&DATA_PORT, Self::data_port(config, env)),
             OptionValue::new(&IO_THREADS, Self::io_threads(config, env)),
             OptionValue::new(&BIND_ADDRESS, config.option::<IpAddr>(&BIND_ADDRESS, env)),
             OptionValue::new(&MAX_CONNECTIONS_PER_IP, Self::max_connections_per_ip(config, env)),
-        ]
+        ];
+        values.extend(ferry_peer_auth::options::values(config, env));
+        values
     }
 }
 
@@ -339,7 +354,15 @@ mod tests {
         let keys: Vec<&str> = values.iter().map(|v| v.spec.key).collect();
         assert_eq!(
             keys,
-            ["tcp_lanes", "tcp_data_port", "tcp_io_threads", "tcp_bind_address", "tcp_max_connections_per_ip"]
+            [
+                "tcp_lanes",
+                "tcp_data_port",
+                "tcp_io_threads",
+                "tcp_bind_address",
+                "tcp_max_connections_per_ip",
+                "auth_secret",
+                "auth_secret_file"
+            ]
         );
         assert!(values[0].setting.as_ref().unwrap_err().message().contains("is 0; expected 1 to 64"));
         let port = values[1].setting.as_ref().unwrap().as_ref().unwrap();

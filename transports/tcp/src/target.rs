@@ -27,6 +27,7 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio::time::{Instant, timeout_at};
 
+use crate::auth::DataAuth;
 use crate::conns::{Admitted, Conn, ConnTable, LogThrottle, Stop};
 use crate::fence;
 use crate::io::{InBuf, write_all_vectored};
@@ -97,10 +98,12 @@ fn exhausted(e: &std::io::Error) -> bool {
 }
 
 /// Accepts connections until `stop` turns true, then aborts and awaits every connection task.
+/// Each connection is served only once `auth` admits it (at once when authentication is off).
 pub(crate) async fn serve(
     listener: TcpListener,
     memory: Arc<MemoryRegistry>,
     limits: Arc<TargetLimits>,
+    auth: DataAuth,
     mut stop: watch::Receiver<bool>,
 ) {
     let mut conns = JoinSet::new();
@@ -119,13 +122,19 @@ pub(crate) async fn serve(
         };
         while conns.try_join_next().is_some() {}
         match accepted {
-            Ok((stream, peer)) => {
+            Ok((mut stream, peer)) => {
                 backoff = Duration::ZERO;
                 let memory = memory.clone();
                 let limits = limits.clone();
+                let auth = auth.clone();
+                // Counted against its address before it proves anything: a flood of
+                // unauthenticated connections is held to the per-address limit too.
                 let admitted = table.admit(peer);
                 conns.spawn(async move {
                     let _permit = permit;
+                    if !auth.admit(&mut stream, peer, limits.header).await {
+                        return;
+                    }
                     let outcome = serve_connection(stream, &admitted, &memory, &limits).await;
                     match outcome {
                         Close::Eof | Close::Idle | Close::Evicted | Close::Fenced | Close::Shutdown => {
@@ -340,7 +349,7 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
         let (stop, stop_rx) = watch::channel(false);
-        tokio::spawn(serve(listener, memory, limits, stop_rx));
+        tokio::spawn(serve(listener, memory, limits, crate::auth::DataAuth::with(None), stop_rx));
         (port, stop)
     }
 

@@ -546,7 +546,7 @@ enum HsReply {
 /// The descriptor of a hostile segment `name` whose data target listens on `data_port`.
 fn hostile_descriptor(name: &str, data_port: u16) -> SegmentDescriptor {
     let mut d = SegmentDescriptor::new(name, "tcp");
-    TcpEndpoint { host: Some("127.0.0.1".into()), port: data_port, proto_version: Some(2), fence: None }
+    TcpEndpoint { host: Some("127.0.0.1".into()), port: data_port, proto_version: Some(2), fence: None, auth: None }
         .write_to(&mut d)
         .unwrap();
     d.buffers.push(ferry::BufferDesc {

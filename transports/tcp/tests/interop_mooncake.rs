@@ -226,6 +226,83 @@ async fn a_mooncake_initiator_reads_and_writes_a_ferry_target() {
     assert_eq!(buf.bytes()[write_at as usize - 1], pattern(write_at - 1, 5));
 }
 
+/// A Ferry target with peer authentication on, reached by a Mooncake initiator (Mooncake has
+/// no authentication) through the P2P handshake: its descriptor is not handed out, no request
+/// is served, and the target's memory is untouched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mooncake_initiator_is_refused_by_a_ferry_target_with_authentication() {
+    let mut cfg = ferry::Config::from_json_str(
+        r#"{"local_hostname": "127.0.0.1", "metadata_server": "P2PHANDSHAKE", "protocol": "tcp"}"#,
+        None,
+    )
+    .unwrap();
+    cfg.set_option(&ferry_peer_auth::SECRET, "the cluster's shared secret");
+    let ferry = ferry::builder().config(cfg).transports(ferry_test_support::tcp_only()).build().await.unwrap();
+    let buf = pattern_buffer(1 << 20, 5);
+    unsafe { ferry.register_memory(buf.addr(), buf.len(), Location::Cpu(0)).await }.unwrap();
+    let args = vec![
+        "initiator".to_owned(),
+        ferry.segment_name().to_owned(),
+        buf.addr().to_string(),
+        "5".into(),
+        "0".into(),
+        "77".into(),
+        "4096".into(),
+    ];
+    let started = std::time::Instant::now();
+    let result = tokio::task::spawn_blocking(move || {
+        let mut p = Peer::spawn(&args);
+        p.json()
+    })
+    .await
+    .unwrap();
+    for r in result["reads"].as_array().unwrap().iter().chain(result["writes"].as_array().unwrap()) {
+        assert_ne!(r["rc"], 0, "Mooncake's request must fail: {r}");
+    }
+    assert!(buf.bytes().iter().enumerate().all(|(k, &b)| b == pattern(k as u64, 5)), "nothing was written");
+    assert!(started.elapsed() < Duration::from_secs(60), "refused in {:?}", started.elapsed());
+}
+
+/// The same through an HTTP metadata server, where Mooncake reads the descriptor from the store
+/// and goes straight to the data port: the connection is refused before any request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mooncake_initiator_is_refused_on_the_data_port_of_a_ferry_target_with_authentication() {
+    let (url, _stop) = ferry_metadata_server().await;
+    let name = format!("127.0.0.1:{}", free_port());
+    let mut cfg = ferry::Config::from_json_str(
+        &format!(r#"{{"local_hostname": "{name}", "metadata_server": "{url}", "protocol": "tcp"}}"#),
+        None,
+    )
+    .unwrap();
+    cfg.set_option(&ferry_peer_auth::SECRET, "the cluster's shared secret");
+    let ferry = ferry::builder().config(cfg).transports(ferry_test_support::tcp_only()).build().await.unwrap();
+    let buf = pattern_buffer(1 << 20, 5);
+    unsafe { ferry.register_memory(buf.addr(), buf.len(), Location::Cpu(0)).await }.unwrap();
+    let args = vec![
+        "initiator-on".to_owned(),
+        url,
+        name,
+        buf.addr().to_string(),
+        "5".into(),
+        "0".into(),
+        "77".into(),
+        "4096".into(),
+    ];
+    let started = std::time::Instant::now();
+    let result = tokio::task::spawn_blocking(move || {
+        let mut p = Peer::spawn(&args);
+        p.json()
+    })
+    .await
+    .unwrap();
+    for r in result["reads"].as_array().unwrap().iter().chain(result["writes"].as_array().unwrap()) {
+        assert_ne!(r["rc"], 0, "Mooncake's request must fail: {r}");
+    }
+    assert!(buf.bytes().iter().enumerate().all(|(k, &b)| b == pattern(k as u64, 5)), "nothing was written");
+    assert!(started.elapsed() < Duration::from_secs(60), "refused in {:?}", started.elapsed());
+    ferry.shutdown().await.unwrap();
+}
+
 /// A `ferry metadata-server` (the library's server) on loopback.
 async fn ferry_metadata_server() -> (String, tokio::sync::oneshot::Sender<()>) {
     use ferry_metadata_http::server::{Limits, serve};

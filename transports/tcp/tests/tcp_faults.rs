@@ -289,7 +289,9 @@ fn fake_target(addr: u64, len: u64, seen: Arc<Mutex<Seen>>) -> u16 {
 /// The descriptor of a fake target on `port` (with `fence` as its `ferry_tcp_fence`).
 fn fake_descriptor(name: &str, port: u16, addr: u64, len: u64, fence: Option<u32>) -> SegmentDescriptor {
     let mut d = SegmentDescriptor::new(name, "tcp");
-    TcpEndpoint { host: Some("127.0.0.1".into()), port, proto_version: Some(2), fence }.write_to(&mut d).unwrap();
+    TcpEndpoint { host: Some("127.0.0.1".into()), port, proto_version: Some(2), fence, auth: None }
+        .write_to(&mut d)
+        .unwrap();
     d.buffers.push(ferry::BufferDesc {
         addr,
         length: len,

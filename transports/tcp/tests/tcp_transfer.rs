@@ -97,7 +97,9 @@ async fn a_rejected_request_fails_alone_and_the_connection_keeps_serving() {
 /// The descriptor of a TCP "peer" on `port` (a raw socket of the test's) exposing one buffer.
 fn fake_peer(name: &str, port: u16, addr: u64, length: u64) -> SegmentDescriptor {
     let mut d = SegmentDescriptor::new(name, "tcp");
-    TcpEndpoint { host: Some("127.0.0.1".into()), port, proto_version: Some(2), fence: None }.write_to(&mut d).unwrap();
+    TcpEndpoint { host: Some("127.0.0.1".into()), port, proto_version: Some(2), fence: None, auth: None }
+        .write_to(&mut d)
+        .unwrap();
     d.buffers.push(ferry::BufferDesc {
         addr,
         length,
@@ -260,7 +262,7 @@ async fn a_silent_peer_times_out_and_a_dead_peer_is_unreachable() {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         l.local_addr().unwrap().port() // closed when `l` drops: nothing listens there
     };
-    TcpEndpoint { host: Some("127.0.0.1".into()), port: closed, proto_version: Some(2), fence: None }
+    TcpEndpoint { host: Some("127.0.0.1".into()), port: closed, proto_version: Some(2), fence: None, auth: None }
         .write_to(&mut dead)
         .unwrap();
     MetadataStore::put(&*meta, "mooncake/ram/dead", &dead.to_json()).await.unwrap();

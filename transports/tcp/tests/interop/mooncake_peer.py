@@ -18,6 +18,8 @@
   mooncake_peer.py initiator SEGMENT REMOTE_ADDR REMOTE_SEED WRITE_OFFSET WRITE_SEED SIZE...
       Reads each SIZE from SEGMENT at a few offsets and checks pattern REMOTE_SEED, then writes
       pattern WRITE_SEED of each SIZE at REMOTE_ADDR + WRITE_OFFSET. Prints one JSON line.
+  mooncake_peer.py initiator-on URL SEGMENT REMOTE_ADDR REMOTE_SEED WRITE_OFFSET WRITE_SEED SIZE...
+      The same, on the HTTP metadata server URL instead of P2PHANDSHAKE.
 
 Pattern: byte k of a buffer (k counted from the buffer start) is (k + seed) % 251.
 """
@@ -112,8 +114,8 @@ def target(size, seed, metadata_url=None):
                 print(f"mismatch at {bad}: got {got[bad]} want {want[bad]}", flush=True)
 
 
-def initiator(segment, remote_addr, remote_seed, write_offset, write_seed, sizes):
-    e, _ = engine()
+def initiator(segment, remote_addr, remote_seed, write_offset, write_seed, sizes, metadata_url=None):
+    e, _ = engine(metadata_url)
     size = max(sizes)
     local = e.allocate_managed_buffer(size)
     if not local:
@@ -161,6 +163,9 @@ def main():
     elif mode == "initiator":
         a = sys.argv[2:]
         initiator(a[0], int(a[1]), int(a[2]), int(a[3]), int(a[4]), [int(x) for x in a[5:]])
+    elif mode == "initiator-on":
+        url, a = sys.argv[2], sys.argv[3:]
+        initiator(a[0], int(a[1]), int(a[2]), int(a[3]), int(a[4]), [int(x) for x in a[5:]], url)
     else:
         raise SystemExit(f"unknown mode {mode}")
 

@@ -217,6 +217,7 @@ impl SilentPeer {
             port: data_port,
             proto_version: Some(2),
             fence: None,
+            auth: None,
         };
         endpoint.write_to(&mut d).unwrap();
         d.buffers.push(ferry::BufferDesc {
