@@ -127,8 +127,19 @@ impl ChildTarget {
     }
 
     fn signal(&self, sig: &str) {
-        let ok = Command::new("kill").args([sig, &self.child.id().to_string()]).status().unwrap().success();
+        let pid = self.child.id();
+        let ok = Command::new("kill").args([sig, &pid.to_string()]).status().unwrap().success();
         assert!(ok, "kill {sig} failed");
+        if sig == "-STOP" {
+            // `kill` returns once the signal is sent; a thread of the child that is running stops
+            // only when it next takes the signal. Wait until every thread is stopped, so that
+            // nothing the test sends next can be served before the stop.
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            while !all_threads_stopped(pid) {
+                assert!(std::time::Instant::now() < deadline, "the target process {pid} did not stop");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
     }
 
     /// An initiator engine with the child's descriptor in its metadata, and its handle on it.
@@ -645,4 +656,15 @@ async fn the_data_port_listens_on_the_published_host() {
         .await
         .unwrap_err();
     assert!(err.message().contains("tcp_bind_address"), "{err}");
+}
+
+/// True when every thread of process `pid` is stopped (state `T` in `/proc/<pid>/task/*/stat`).
+fn all_threads_stopped(pid: u32) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return false };
+    tasks.flatten().all(|t| {
+        std::fs::read_to_string(t.path().join("stat"))
+            .ok()
+            .and_then(|stat| stat.rsplit_once(") ").map(|(_, rest)| rest.starts_with('T') || rest.starts_with('t')))
+            .unwrap_or(false)
+    })
 }
