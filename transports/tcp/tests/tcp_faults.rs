@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use ferry::{ErrorKind, InProcessMetadata, Location, MetadataStore, Opcode, SegmentDescriptor, TransferRequest};
-use ferry_test_support::{Buffer, pattern, pattern_buffer, tcp_only};
+use ferry_test_support::{Buffer, pattern, pattern_buffer, tcp_engine_knowing, tcp_only};
 use ferry_transport_tcp::TcpEndpoint;
 use ferry_transport_tcp::wire::{FENCE_OPCODE, Header, STATUS_LEN, Status, V2_FLAG};
 
@@ -320,17 +320,8 @@ async fn fences_go_only_to_peers_that_advertise_them() {
     for (name, fence) in [("mooncake", None), ("ferry", Some(1))] {
         let seen = Arc::new(Mutex::new(Seen::default()));
         let port = fake_target(REMOTE, 1 << 20, seen.clone());
-        let meta = InProcessMetadata::new();
         let d = fake_descriptor(name, port, REMOTE, 1 << 20, fence);
-        MetadataStore::put(&*meta, &format!("mooncake/ram/{name}"), &d.to_json()).await.unwrap();
-        let e = ferry::builder()
-            .transports(tcp_only())
-            .protocol("tcp")
-            .metadata(meta as Arc<dyn MetadataStore>)
-            .transfer_timeout(Duration::from_millis(300))
-            .build()
-            .await
-            .unwrap();
+        let e = tcp_engine_knowing(&[&d], Duration::from_millis(300)).await;
         let local = pattern_buffer(64 << 10, 3);
         unsafe { e.register_memory(local.addr(), local.len(), Location::Cpu(0)).await }.unwrap();
         let peer = e.open_segment(name).await.unwrap();
@@ -378,17 +369,8 @@ async fn a_late_read_response_never_lands_in_memory_given_back() {
         sent_flag.store(true, Ordering::SeqCst);
         std::thread::sleep(Duration::from_millis(500));
     });
-    let meta = InProcessMetadata::new();
     let d = fake_descriptor("late", port, REMOTE, LEN as u64, None);
-    MetadataStore::put(&*meta, "mooncake/ram/late", &d.to_json()).await.unwrap();
-    let e = ferry::builder()
-        .transports(tcp_only())
-        .protocol("tcp")
-        .metadata(meta as Arc<dyn MetadataStore>)
-        .transfer_timeout(Duration::from_millis(300))
-        .build()
-        .await
-        .unwrap();
+    let e = tcp_engine_knowing(&[&d], Duration::from_millis(300)).await;
     let local = Buffer::zeroed(LEN);
     unsafe { e.register_memory(local.addr(), local.len(), Location::Cpu(0)).await }.unwrap();
     let peer = e.open_segment("late").await.unwrap();
