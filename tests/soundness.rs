@@ -5,11 +5,10 @@
 //! may the region be unregistered (and freed). The caller-facing batch can be waited on, polled
 //! and cancelled, nothing else: it cannot release a request the transport still holds.
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use ferry::{InProcessMetadata, Location, MetadataStore, Opcode, SegmentDescriptor, TransferRequest};
-use ferry_test_support::{Buffer, tcp_only};
+use ferry::{Location, Opcode, SegmentDescriptor, TransferRequest};
+use ferry_test_support::{Buffer, tcp_engine_knowing};
 use ferry_transport_tcp::TcpEndpoint;
 
 /// A tcp "peer" that accepts connections and never answers: a read to it stays in flight in the
@@ -34,16 +33,7 @@ fn silent_peer(name: &str) -> (std::net::TcpListener, SegmentDescriptor) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_caller_cannot_release_memory_a_transport_still_writes() {
     let (silent, d) = silent_peer("silent");
-    let meta = InProcessMetadata::new();
-    MetadataStore::put(&*meta, "mooncake/ram/silent", &d.to_json()).await.unwrap();
-    let e = ferry::builder()
-        .transports(tcp_only())
-        .protocol("tcp")
-        .metadata(meta as Arc<dyn MetadataStore>)
-        .transfer_timeout(Duration::from_secs(30))
-        .build()
-        .await
-        .unwrap();
+    let e = tcp_engine_knowing(&[&d], Duration::from_secs(30)).await;
     let local = Buffer::zeroed(1 << 20);
     // SAFETY: `local` outlives the engine (dropped at the end of the test, after shutdown).
     unsafe { e.register_memory(local.addr(), local.len(), Location::Cpu(0)).await }.unwrap();

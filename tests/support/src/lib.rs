@@ -130,6 +130,26 @@ pub fn tcp_only() -> ferry::TransportRegistry {
     ferry::TransportRegistry::new().with(Arc::new(ferry::transports::tcp::TcpTransportFactory))
 }
 
+/// A TCP-only engine on in-process metadata that already holds `descriptors` (peers a test
+/// described by hand: fake targets, silent or closed ports), with transfer timeout `timeout`.
+pub async fn tcp_engine_knowing(
+    descriptors: &[&ferry::SegmentDescriptor],
+    timeout: std::time::Duration,
+) -> TransferEngine {
+    let meta = InProcessMetadata::new();
+    for d in descriptors {
+        MetadataStore::put(&*meta, &format!("mooncake/ram/{}", d.name), &d.to_json()).await.unwrap();
+    }
+    ferry::builder()
+        .transports(tcp_only())
+        .protocol("tcp")
+        .metadata(meta as Arc<dyn MetadataStore>)
+        .transfer_timeout(timeout)
+        .build()
+        .await
+        .unwrap()
+}
+
 /// An engine on P2P handshake metadata and the TCP transport only.
 pub async fn p2p_tcp_engine(timeout: std::time::Duration) -> TransferEngine {
     let cfg = ferry::Config::from_json_str(

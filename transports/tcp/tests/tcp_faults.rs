@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use ferry::{ErrorKind, InProcessMetadata, Location, MetadataStore, Opcode, SegmentDescriptor, TransferRequest};
-use ferry_test_support::{Buffer, pattern, pattern_buffer, tcp_only};
+use ferry_test_support::{Buffer, pattern, pattern_buffer, tcp_engine_knowing, tcp_only};
 use ferry_transport_tcp::TcpEndpoint;
 use ferry_transport_tcp::wire::{FENCE_OPCODE, Header, STATUS_LEN, Status, V2_FLAG};
 
@@ -127,8 +127,19 @@ impl ChildTarget {
     }
 
     fn signal(&self, sig: &str) {
-        let ok = Command::new("kill").args([sig, &self.child.id().to_string()]).status().unwrap().success();
+        let pid = self.child.id();
+        let ok = Command::new("kill").args([sig, &pid.to_string()]).status().unwrap().success();
         assert!(ok, "kill {sig} failed");
+        if sig == "-STOP" {
+            // `kill` returns once the signal is sent; a thread of the child that is running stops
+            // only when it next takes the signal. Wait until every thread is stopped, so that
+            // nothing the test sends next can be served before the stop.
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            while !all_threads_stopped(pid) {
+                assert!(std::time::Instant::now() < deadline, "the target process {pid} did not stop");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
     }
 
     /// An initiator engine with the child's descriptor in its metadata, and its handle on it.
@@ -311,17 +322,8 @@ async fn fences_go_only_to_peers_that_advertise_them() {
     for (name, fence) in [("mooncake", None), ("ferry", Some(1))] {
         let seen = Arc::new(Mutex::new(Seen::default()));
         let port = fake_target(REMOTE, 1 << 20, seen.clone());
-        let meta = InProcessMetadata::new();
         let d = fake_descriptor(name, port, REMOTE, 1 << 20, fence);
-        MetadataStore::put(&*meta, &format!("mooncake/ram/{name}"), &d.to_json()).await.unwrap();
-        let e = ferry::builder()
-            .transports(tcp_only())
-            .protocol("tcp")
-            .metadata(meta as Arc<dyn MetadataStore>)
-            .transfer_timeout(Duration::from_millis(300))
-            .build()
-            .await
-            .unwrap();
+        let e = tcp_engine_knowing(&[&d], Duration::from_millis(300)).await;
         let local = pattern_buffer(64 << 10, 3);
         unsafe { e.register_memory(local.addr(), local.len(), Location::Cpu(0)).await }.unwrap();
         let peer = e.open_segment(name).await.unwrap();
@@ -369,17 +371,8 @@ async fn a_late_read_response_never_lands_in_memory_given_back() {
         sent_flag.store(true, Ordering::SeqCst);
         std::thread::sleep(Duration::from_millis(500));
     });
-    let meta = InProcessMetadata::new();
     let d = fake_descriptor("late", port, REMOTE, LEN as u64, None);
-    MetadataStore::put(&*meta, "mooncake/ram/late", &d.to_json()).await.unwrap();
-    let e = ferry::builder()
-        .transports(tcp_only())
-        .protocol("tcp")
-        .metadata(meta as Arc<dyn MetadataStore>)
-        .transfer_timeout(Duration::from_millis(300))
-        .build()
-        .await
-        .unwrap();
+    let e = tcp_engine_knowing(&[&d], Duration::from_millis(300)).await;
     let local = Buffer::zeroed(LEN);
     unsafe { e.register_memory(local.addr(), local.len(), Location::Cpu(0)).await }.unwrap();
     let peer = e.open_segment("late").await.unwrap();
@@ -647,4 +640,15 @@ async fn the_data_port_listens_on_the_published_host() {
         .await
         .unwrap_err();
     assert!(err.message().contains("tcp_bind_address"), "{err}");
+}
+
+/// True when every thread of process `pid` is stopped (state `T` in `/proc/<pid>/task/*/stat`).
+fn all_threads_stopped(pid: u32) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return false };
+    tasks.flatten().all(|t| {
+        std::fs::read_to_string(t.path().join("stat"))
+            .ok()
+            .and_then(|stat| stat.rsplit_once(") ").map(|(_, rest)| rest.starts_with('T') || rest.starts_with('t')))
+            .unwrap_or(false)
+    })
 }

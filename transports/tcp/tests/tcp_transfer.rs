@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use ferry::{ErrorKind, InProcessMetadata, Location, MetadataStore, Opcode, SegmentDescriptor, TransferRequest};
 use ferry_metadata_p2p::frame::{FrameType, encode, read_frame};
-use ferry_test_support::{Buffer, p2p_tcp_engine, pattern, pattern_buffer, tcp_only};
+use ferry_test_support::{Buffer, p2p_tcp_engine, pattern, pattern_buffer, tcp_engine_knowing, tcp_only};
 use ferry_transport_tcp::TcpEndpoint;
 use ferry_transport_tcp::wire::{Header, STATUS_LEN, Status};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -253,9 +253,7 @@ async fn a_silent_peer_times_out_and_a_dead_peer_is_unreachable() {
     // A "peer" that accepts connections and never answers.
     let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let silent_port = silent.local_addr().unwrap().port();
-    let meta = InProcessMetadata::new();
     let d = fake_peer("silent", silent_port, 0x1000, 1 << 20);
-    MetadataStore::put(&*meta, "mooncake/ram/silent", &d.to_json()).await.unwrap();
     let mut dead = d.clone();
     dead.name = "dead".into();
     let closed = {
@@ -265,15 +263,7 @@ async fn a_silent_peer_times_out_and_a_dead_peer_is_unreachable() {
     TcpEndpoint { host: Some("127.0.0.1".into()), port: closed, proto_version: Some(2), fence: None, auth: None }
         .write_to(&mut dead)
         .unwrap();
-    MetadataStore::put(&*meta, "mooncake/ram/dead", &dead.to_json()).await.unwrap();
-    let e = ferry::builder()
-        .transports(tcp_only())
-        .protocol("tcp")
-        .metadata(meta as Arc<dyn MetadataStore>)
-        .transfer_timeout(Duration::from_millis(300))
-        .build()
-        .await
-        .unwrap();
+    let e = tcp_engine_knowing(&[&d, &dead], Duration::from_millis(300)).await;
     let local = Buffer::zeroed(4096);
     unsafe { e.register_memory(local.addr(), local.len(), Location::Cpu(0)).await }.unwrap();
 
@@ -348,17 +338,8 @@ async fn an_early_answer_never_releases_a_write_whose_payload_is_still_being_sen
             std::thread::sleep(Duration::from_secs(3));
         }
     });
-    let meta = InProcessMetadata::new();
     let d = fake_peer("early", port, 0x1000_0000, 64 << 20);
-    MetadataStore::put(&*meta, "mooncake/ram/early", &d.to_json()).await.unwrap();
-    let e = ferry::builder()
-        .transports(tcp_only())
-        .protocol("tcp")
-        .metadata(meta as Arc<dyn MetadataStore>)
-        .transfer_timeout(Duration::from_millis(800))
-        .build()
-        .await
-        .unwrap();
+    let e = tcp_engine_knowing(&[&d], Duration::from_millis(800)).await;
     let local = pattern_buffer(32 << 20, 1);
     unsafe { e.register_memory(local.addr(), local.len(), Location::Cpu(0)).await }.unwrap();
     let peer = e.open_segment("early").await.unwrap();
@@ -376,17 +357,8 @@ async fn shutdown_fails_requests_waiting_on_a_silent_peer_at_once() {
     // Without this, a request cancelled while waiting for a peer that never answers held its
     // memory until its deadline, and a shutdown right after the cancel answered Busy.
     let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let meta = InProcessMetadata::new();
     let d = fake_peer("silent", silent.local_addr().unwrap().port(), 0x1000, 1 << 20);
-    MetadataStore::put(&*meta, "mooncake/ram/silent", &d.to_json()).await.unwrap();
-    let e = ferry::builder()
-        .transports(tcp_only())
-        .protocol("tcp")
-        .metadata(meta as Arc<dyn MetadataStore>)
-        .transfer_timeout(Duration::from_secs(20))
-        .build()
-        .await
-        .unwrap();
+    let e = tcp_engine_knowing(&[&d], Duration::from_secs(20)).await;
     let local = Buffer::zeroed(4096);
     unsafe { e.register_memory(local.addr(), local.len(), Location::Cpu(0)).await }.unwrap();
     let peer = e.open_segment("silent").await.unwrap();
