@@ -44,6 +44,7 @@ use ferry_core::{
     Config, ControlChannel, ControlChannelFactory, Environment, Error, ErrorKind, MetadataFactory, MetadataKeys,
     MetadataServer, MetadataStore, Notification, OptionSpec, OptionValue, Result, RpcMeta, SegmentName, Setting,
 };
+use ferry_listener::{AcceptBackoff, ConnectionSlots};
 use ferry_peer_auth::PeerSecret;
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
@@ -107,8 +108,13 @@ fn read_options(config: &Config, env: &Environment) -> Vec<OptionValue> {
 
 /// Range a random RPC port is drawn from, as in Mooncake.
 pub const RPC_PORT_RANGE: std::ops::Range<u16> = 15000..17000;
-/// Handshake connections served at once.
+/// Handshake connections served at once; a new one beyond it closes the oldest.
 pub const MAX_CONNECTIONS: usize = 1024;
+/// Handshake connections served at once from one remote IP address; a new one beyond it closes
+/// the oldest of that address. A handshake takes one round trip, so even a node of many ranks
+/// handshaking at once stays far below it, while a flood of idle connections from one address
+/// holds no more than this many descriptors.
+pub const MAX_CONNECTIONS_PER_IP: usize = 64;
 /// Notifications kept before the oldest are dropped (a target that never drains them must not
 /// grow without bound).
 pub const MAX_PENDING_NOTIFICATIONS: usize = 65536;
@@ -253,6 +259,7 @@ impl HandshakeListener {
     pub async fn start(config: &Config, choice: RpcPortChoice) -> Result<Self> {
         let timeout = handshake_timeout(config, &Environment::process())?;
         let auth = ListenerAuth::load(config, &Environment::process())?;
+        ferry_listener::raise_open_file_limit("P2P handshake");
         let configured = config
             .local_segment_name()
             .ok()
@@ -740,13 +747,11 @@ async fn serve(
     timeout: Duration,
 ) {
     let mut conns = tokio::task::JoinSet::new();
-    // At most MAX_CONNECTIONS handshakes at once; more wait in the accept queue.
-    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    // A new connection over either limit closes the oldest (of its address, or of all) instead
+    // of waiting behind it: idle connections cannot keep a real peer's handshake queued.
+    let slots = ConnectionSlots::new(MAX_CONNECTIONS_PER_IP, MAX_CONNECTIONS, "P2P handshake");
+    let mut backoff = AcceptBackoff::new("P2P handshake");
     loop {
-        let permit = tokio::select! {
-            p = slots.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break },
-            _ = stop.changed() => break,
-        };
         let accepted = tokio::select! {
             a = listener.accept() => a,
             _ = stop.changed() => break,
@@ -754,21 +759,33 @@ async fn serve(
         while conns.try_join_next().is_some() {}
         match accepted {
             Ok((mut stream, peer)) => {
+                backoff.accepted();
                 let shared = shared.clone();
                 let auth = auth.clone();
+                let mut slot = slots.admit(peer);
                 conns.spawn(async move {
-                    let _permit = permit;
-                    if !auth.admit(&mut stream, peer, timeout).await {
-                        return;
-                    }
-                    if let Err(e) = answer(stream, &shared, timeout).await {
-                        tracing::debug!(%peer, error = %e, "P2P handshake: connection closed");
+                    let work = async {
+                        if !auth.admit(&mut stream, peer, timeout).await {
+                            return;
+                        }
+                        if let Err(e) = answer(stream, &shared, timeout).await {
+                            tracing::debug!(%peer, error = %e, "P2P handshake: connection closed");
+                        }
+                    };
+                    tokio::select! {
+                        () = work => {}
+                        () = slot.closed() => tracing::trace!(%peer, "P2P handshake: closed for a newer connection"),
                     }
                 });
             }
             Err(e) => {
-                tracing::warn!(error = %e, "P2P handshake: accept failed");
-                tokio::time::sleep(Duration::from_millis(10)).await;
+                // Out of descriptors the pending connection stays queued and every retry fails
+                // until one is freed: back off, one warning per period.
+                let backoff = backoff.failed(&e);
+                tokio::select! {
+                    () = tokio::time::sleep(backoff) => {}
+                    _ = stop.changed() => break,
+                }
             }
         }
     }

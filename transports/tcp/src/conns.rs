@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use ferry_listener::LogThrottle;
 use tokio::sync::Notify;
 
 /// A connection asked to stop: why.
@@ -202,6 +203,26 @@ impl ConnTable {
         Admitted { table: self.clone(), conn }
     }
 
+    /// Asks the idlest connection of all, from any address, to close (as [`ConnTable::admit`]
+    /// picks within an address): called when every slot of the target is taken, so that a
+    /// flood of idle connections from many addresses cannot keep new ones waiting. False when
+    /// every connection is busy.
+    pub(crate) fn evict_idlest_anywhere(&self) -> bool {
+        let evicted = {
+            let map = self.by_ip.lock().unwrap_or_else(|p| p.into_inner());
+            let mut candidates: Vec<&Arc<Conn>> = map.values().flatten().filter(|c| c.evictable()).collect();
+            candidates.sort_by_key(|c| (c.last_served.load(Ordering::Relaxed), c.id));
+            candidates.into_iter().any(|c| c.evict())
+        };
+        if evicted && let Some(count) = self.evictions.tick() {
+            tracing::warn!(
+                closed = count,
+                "tcp target: idle connections closed to admit new ones at the target's connection limit (tcp_max_connections)"
+            );
+        }
+        evicted
+    }
+
     /// The live connections whose remote address is `peer`, except `except`.
     pub(crate) fn find(&self, peer: SocketAddr, except: &Conn) -> Vec<Arc<Conn>> {
         let map = self.by_ip.lock().unwrap_or_else(|p| p.into_inner());
@@ -220,34 +241,6 @@ impl ConnTable {
     #[cfg(test)]
     pub(crate) fn count(&self, ip: IpAddr) -> usize {
         self.by_ip.lock().unwrap().get(&ip).map_or(0, Vec::len)
-    }
-}
-
-/// Lets a repeated warning through at most once per period, counting the occurrences it held
-/// back.
-#[derive(Debug)]
-pub(crate) struct LogThrottle {
-    period: Duration,
-    state: Mutex<(Option<Instant>, u64)>,
-}
-
-impl LogThrottle {
-    /// A throttle letting one line through per `period`.
-    pub(crate) fn new(period: Duration) -> Self {
-        Self { period, state: Mutex::new((None, 0)) }
-    }
-
-    /// Counts one occurrence; returns how many occurred since the last line (this one included)
-    /// when a line is due now.
-    pub(crate) fn tick(&self) -> Option<u64> {
-        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        s.1 += 1;
-        let now = Instant::now();
-        if s.0.is_some_and(|last| now.duration_since(last) < self.period) {
-            return None;
-        }
-        s.0 = Some(now);
-        Some(std::mem::take(&mut s.1))
     }
 }
 
@@ -295,6 +288,22 @@ mod tests {
     }
 
     #[test]
+    fn the_idlest_of_all_addresses_is_evicted_when_the_target_is_full() {
+        let table = ConnTable::new(8);
+        let a = table.admit(addr(1));
+        let b = table.admit(SocketAddr::from(([127, 0, 0, 2], 1)));
+        let c = table.admit(SocketAddr::from(([127, 0, 0, 3], 1)));
+        a.served();
+        c.conn().set_busy(true);
+        assert!(table.evict_idlest_anywhere());
+        assert_eq!(b.conn().stop(), Some(Stop::Evicted), "never served: the first to go, whatever its address");
+        assert!(table.evict_idlest_anywhere());
+        assert_eq!(a.conn().stop(), Some(Stop::Evicted));
+        assert!(!table.evict_idlest_anywhere(), "only a busy connection is left");
+        assert_eq!(c.conn().stop(), None);
+    }
+
+    #[test]
     fn fences_find_connections_by_remote_address() {
         let table = ConnTable::new(8);
         let a = table.admit(addr(1));
@@ -306,14 +315,5 @@ mod tests {
         found[0].fence();
         assert!(a.conn().fenced() && !a.conn().evict(), "a fenced connection stays fenced");
         assert!(table.find(addr(2), fence.conn()).is_empty());
-    }
-
-    #[test]
-    fn the_throttle_counts_what_it_held_back() {
-        let t = LogThrottle::new(Duration::from_secs(3600));
-        assert_eq!(t.tick(), Some(1));
-        assert_eq!((t.tick(), t.tick()), (None, None));
-        let t = LogThrottle::new(Duration::ZERO);
-        assert_eq!((t.tick(), t.tick()), (Some(1), Some(1)));
     }
 }

@@ -8,7 +8,8 @@
 //!   another address), publishes it with `tcp_data_host`, `tcp_proto_version: 2` and
 //!   `ferry_tcp_fence: 1`, checks every request against the engine's registered memory before
 //!   touching a byte, answers v2 status frames, serves v1 peers too, and bounds what idle,
-//!   slow and numerous connections can hold ([`options::MAX_CONNECTIONS_PER_IP`], deadlines per
+//!   slow and numerous connections can hold ([`options::MAX_CONNECTIONS_PER_IP`] and
+//!   [`options::MAX_CONNECTIONS`], evicting the idlest connection when full, deadlines per
 //!   header and per request, a backoff when file descriptors run out).
 //! - **Initiator**: `tcp_lanes` persistent connections per peer (default 4), requests pipelined
 //!   on each, payloads moved between the socket and registered memory without intermediate
@@ -26,7 +27,7 @@
 //!   wire is Mooncake's, unchanged.
 //!
 //! The transport owns its config fields ([`options`]: `tcp_lanes`, `tcp_data_port`,
-//! `tcp_io_threads`, `tcp_bind_address`, `tcp_max_connections_per_ip`, declared to the engine
+//! `tcp_io_threads`, `tcp_bind_address`, `tcp_max_connections_per_ip`, `tcp_max_connections`, declared to the engine
 //! through [`TcpTransportFactory`], with peer authentication's) and its part of the descriptor
 //! ([`TcpEndpoint`], a typed view over the descriptor's flat fields).
 
@@ -43,7 +44,7 @@ pub mod wire;
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -126,7 +127,7 @@ impl TcpTransport {
         let host =
             SegmentName::parse(&ctx.segment_name).map(SegmentName::into_host).unwrap_or_else(|| "127.0.0.1".to_owned());
         let port = options.port();
-        raise_open_file_limit();
+        ferry_listener::raise_open_file_limit("tcp transport");
         let listener = listen(&options, &host, port).await?;
         let bound =
             listener.local_addr().map_err(|e| Error::transport("tcp transport: no local address").with_source(e))?;
@@ -137,7 +138,7 @@ impl TcpTransport {
             header: Duration::from_secs(10).min(timeout),
             io: timeout,
             max_drain: 16 << 20,
-            max_connections: 4096,
+            max_connections: options.connections() as usize,
             per_ip: options.connections_per_ip() as usize,
         });
         let (stop, stop_rx) = watch::channel(false);
@@ -233,23 +234,6 @@ async fn listen(options: &TcpOptions, host: &str, port: u16) -> Result<TcpListen
         )
         .with_source(e)),
     }
-}
-
-/// Raises this process's soft limit on open files to its hard limit, once: every connection
-/// of the data port takes a descriptor, and a soft limit of 1024 is soon reached by a busy
-/// target. Says what it did (or why not) once.
-fn raise_open_file_limit() {
-    static DONE: OnceLock<()> = OnceLock::new();
-    DONE.get_or_init(|| {
-        let before = rlimit::getrlimit(rlimit::Resource::NOFILE).map(|(soft, _)| soft);
-        match (before, rlimit::increase_nofile_limit(u64::MAX)) {
-            (Ok(before), Ok(now)) if now > before => {
-                tracing::info!(from = before, to = now, "tcp transport: raised the soft limit on open files")
-            }
-            (_, Ok(_)) => {}
-            (_, Err(e)) => tracing::warn!(error = %e, "tcp transport: could not raise the soft limit on open files"),
-        }
-    });
 }
 
 /// Threads that run the initiator's lanes, each a single-threaded runtime.

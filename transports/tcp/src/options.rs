@@ -60,6 +60,17 @@ pub const MAX_CONNECTIONS_PER_IP: OptionSpec = OptionSpec {
           new one (connections in the middle of a request are never closed), 1 to 65536",
 };
 
+/// `tcp_max_connections` (`FERRY_TCP_MAX_CONNECTIONS`): connections the target serves in all
+/// before it closes the idlest of them, from any address, for a new one.
+pub const MAX_CONNECTIONS: OptionSpec = OptionSpec {
+    key: "tcp_max_connections",
+    env: Some("FERRY_TCP_MAX_CONNECTIONS"),
+    env_invalid: "not a whole number",
+    default: "4096",
+    doc: "TCP transport: connections the target serves in all before it closes the idlest of them, from any address, \
+          for a new one (connections in the middle of a request are never closed), 16 to 1048576",
+};
+
 /// Every option the `tcp` transport declares: its own and peer authentication's.
 pub const OPTIONS: &[OptionSpec] = &[
     LANES,
@@ -67,6 +78,7 @@ pub const OPTIONS: &[OptionSpec] = &[
     IO_THREADS,
     BIND_ADDRESS,
     MAX_CONNECTIONS_PER_IP,
+    MAX_CONNECTIONS,
     ferry_peer_auth::options::SECRET,
     ferry_peer_auth::options::SECRET_FILE,
 ];
@@ -76,6 +88,12 @@ pub const DEFAULT_MAX_CONNECTIONS_PER_IP: u32 = 64;
 
 /// The accepted [`MAX_CONNECTIONS_PER_IP`].
 pub const CONNECTIONS_PER_IP_RANGE: std::ops::RangeInclusive<u32> = 1..=65_536;
+
+/// Default [`MAX_CONNECTIONS`].
+pub const DEFAULT_MAX_CONNECTIONS: u32 = 4096;
+
+/// The accepted [`MAX_CONNECTIONS`].
+pub const CONNECTIONS_RANGE: std::ops::RangeInclusive<u32> = 16..=1_048_576;
 
 /// Default connections per peer.
 pub const DEFAULT_LANES: u32 = 4;
@@ -97,6 +115,8 @@ pub struct TcpOptions {
     pub bind_address: Option<Setting<IpAddr>>,
     /// [`MAX_CONNECTIONS_PER_IP`], within [`CONNECTIONS_PER_IP_RANGE`].
     pub max_connections_per_ip: Option<Setting<u32>>,
+    /// [`MAX_CONNECTIONS`], within [`CONNECTIONS_RANGE`].
+    pub max_connections: Option<Setting<u32>>,
 }
 
 impl TcpOptions {
@@ -106,7 +126,7 @@ impl TcpOptions {
     /// [`ErrorKind::Config`](ferry_core::ErrorKind::Config): a field of the wrong type (naming
     /// the file, the field and its position), a variable that does not parse (naming it and its
     /// value), a number of lanes or threads outside 1 to 64, a bind address that is not an IP
-    /// address, a connection limit outside 1 to 65536, and a fixed data port together with
+    /// address, a connection limit per address outside 1 to 65536 or in all outside 16 to 1048576, and a fixed data port together with
     /// `base_port`, where every rank of the node shares the config and would bind the same port.
     pub fn from_config(config: &Config, env: &Environment) -> Result<Self> {
         Ok(Self {
@@ -115,6 +135,7 @@ impl TcpOptions {
             io_threads: Self::io_threads(config, env)?,
             bind_address: config.option::<IpAddr>(&BIND_ADDRESS, env)?,
             max_connections_per_ip: Self::max_connections_per_ip(config, env)?,
+            max_connections: Self::max_connections(config, env)?,
         })
     }
 
@@ -122,6 +143,28 @@ impl TcpOptions {
     /// [`DEFAULT_MAX_CONNECTIONS_PER_IP`].
     pub fn connections_per_ip(&self) -> u32 {
         self.max_connections_per_ip.as_ref().map_or(DEFAULT_MAX_CONNECTIONS_PER_IP, |s| s.value)
+    }
+
+    /// Connections in all: [`MAX_CONNECTIONS`], else [`DEFAULT_MAX_CONNECTIONS`].
+    pub fn connections(&self) -> u32 {
+        self.max_connections.as_ref().map_or(DEFAULT_MAX_CONNECTIONS, |s| s.value)
+    }
+
+    /// [`MAX_CONNECTIONS`] alone, checked.
+    pub fn max_connections(config: &Config, env: &Environment) -> Result<Option<Setting<u32>>> {
+        match config.option::<u32>(&MAX_CONNECTIONS, env)? {
+            Some(s) if !CONNECTIONS_RANGE.contains(&s.value) => Err(config.option_error(
+                &MAX_CONNECTIONS,
+                &s.source,
+                &format!(
+                    "is {}; expected {} to {} connections",
+                    s.value,
+                    CONNECTIONS_RANGE.start(),
+                    CONNECTIONS_RANGE.end()
+                ),
+            )),
+            s => Ok(s),
+        }
     }
 
     /// [`MAX_CONNECTIONS_PER_IP`] alone, checked.
@@ -200,6 +243,7 @@ impl TcpOptions {
             OptionValue::new(&IO_THREADS, Self::io_threads(config, env)),
             OptionValue::new(&BIND_ADDRESS, config.option::<IpAddr>(&BIND_ADDRESS, env)),
             OptionValue::new(&MAX_CONNECTIONS_PER_IP, Self::max_connections_per_ip(config, env)),
+            OptionValue::new(&MAX_CONNECTIONS, Self::max_connections(config, env)),
         ];
         values.extend(ferry_peer_auth::options::values(config, env));
         values
@@ -360,6 +404,7 @@ mod tests {
                 "tcp_io_threads",
                 "tcp_bind_address",
                 "tcp_max_connections_per_ip",
+                "tcp_max_connections",
                 "auth_secret",
                 "auth_secret_file"
             ]

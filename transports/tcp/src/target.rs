@@ -28,11 +28,12 @@ use tokio::task::JoinSet;
 use tokio::time::{Instant, timeout_at};
 
 use crate::auth::DataAuth;
-use crate::conns::{Admitted, Conn, ConnTable, LogThrottle, Stop};
+use crate::conns::{Admitted, Conn, ConnTable, Stop};
 use crate::fence;
 use crate::io::{InBuf, write_all_vectored};
 use crate::memory::{bytes, bytes_mut};
 use crate::wire::{HEADER_LEN, Header, Status};
+use ferry_listener::AcceptBackoff;
 
 /// Limits of the target side.
 #[derive(Debug, Clone)]
@@ -46,18 +47,12 @@ pub(crate) struct TargetLimits {
     pub(crate) io: Duration,
     /// Largest rejected WRITE payload drained to keep a connection; larger ones close it.
     pub(crate) max_drain: u64,
-    /// Connections served at once; further ones wait in the accept queue.
+    /// Connections served at once; a new one beyond it closes the idlest connection of all
+    /// (it waits in the accept queue only while every connection is busy).
     pub(crate) max_connections: usize,
     /// Connections per remote IP address before the idlest of them is closed for a new one.
     pub(crate) per_ip: usize,
 }
-
-/// Sleep after a failed accept that was not for want of file descriptors.
-const ACCEPT_RETRY: Duration = Duration::from_millis(10);
-/// First and longest sleep after accepts that failed for want of file descriptors (or memory).
-const EXHAUSTED_BACKOFF: (Duration, Duration) = (Duration::from_millis(50), Duration::from_secs(1));
-/// At most one "accept failed" line per this period, with the count of failures.
-pub(crate) const ACCEPT_LOG_PERIOD: Duration = Duration::from_secs(10);
 
 /// Why a connection was closed.
 #[derive(Debug)]
@@ -91,12 +86,6 @@ impl From<std::io::Error> for Close {
     }
 }
 
-/// Whether a failed accept means the process (or system) is out of file descriptors or memory:
-/// retrying at once would fail again.
-fn exhausted(e: &std::io::Error) -> bool {
-    matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM))
-}
-
 /// Accepts connections until `stop` turns true, then aborts and awaits every connection task.
 /// Each connection is served only once `auth` admits it (at once when authentication is off).
 pub(crate) async fn serve(
@@ -109,12 +98,19 @@ pub(crate) async fn serve(
     let mut conns = JoinSet::new();
     let table = ConnTable::new(limits.per_ip);
     let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections));
-    let failures = LogThrottle::new(ACCEPT_LOG_PERIOD);
-    let mut backoff = Duration::ZERO;
+    let mut backoff = AcceptBackoff::new("tcp target");
     loop {
-        let permit = tokio::select! {
-            p = slots.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break },
-            _ = stop.changed() => break,
+        // Every slot taken: close the idlest connection of all rather than leave new ones (a
+        // real peer's among them) queued behind idle ones; wait only while all are busy.
+        let permit = match slots.clone().try_acquire_owned() {
+            Ok(p) => p,
+            Err(_) => {
+                table.evict_idlest_anywhere();
+                tokio::select! {
+                    p = slots.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break },
+                    _ = stop.changed() => break,
+                }
+            }
         };
         let accepted = tokio::select! {
             a = listener.accept() => a,
@@ -123,7 +119,7 @@ pub(crate) async fn serve(
         while conns.try_join_next().is_some() {}
         match accepted {
             Ok((mut stream, peer)) => {
-                backoff = Duration::ZERO;
+                backoff.accepted();
                 let memory = memory.clone();
                 let limits = limits.clone();
                 let auth = auth.clone();
@@ -147,19 +143,7 @@ pub(crate) async fn serve(
             Err(e) => {
                 // Out of descriptors, the pending connection stays queued and every retry fails
                 // until one is freed: back off, and say so once per period, not once per retry.
-                backoff = if exhausted(&e) {
-                    (backoff * 2).clamp(EXHAUSTED_BACKOFF.0, EXHAUSTED_BACKOFF.1)
-                } else {
-                    ACCEPT_RETRY
-                };
-                if let Some(count) = failures.tick() {
-                    tracing::warn!(
-                        error = %e,
-                        failures = count,
-                        retry_in = ?backoff,
-                        "tcp target: accept failed (this line repeats at most every {ACCEPT_LOG_PERIOD:?}, with the count since the last)"
-                    );
-                }
+                let backoff = backoff.failed(&e);
                 tokio::select! {
                     () = tokio::time::sleep(backoff) => {}
                     _ = stop.changed() => break,

@@ -25,6 +25,10 @@ use ferry_transport_tcp::wire::{FENCE_OPCODE, Header, STATUS_LEN, Status, V2_FLA
 
 /// The variable that turns `child_target_process` into a target.
 const CHILD_ENV: &str = "FERRY_TCP_FAULTS_CHILD";
+/// With this variable set too, the child publishes its descriptor through the P2P handshake
+/// (its segment is `127.0.0.1:<rpc port>`, served by its handshake listener) instead of
+/// printing it for an in-process store.
+const CHILD_P2P_ENV: &str = "FERRY_TCP_FAULTS_CHILD_P2P";
 /// Bytes the child registers.
 const CHILD_BUFFER: usize = 4 << 20;
 
@@ -35,21 +39,27 @@ fn child_target_process() {
         return;
     }
     let _ = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::new("ferry_transport_tcp=info"))
+        .with_env_filter(tracing_subscriber::EnvFilter::new(
+            "ferry_transport_tcp=info,ferry_metadata_p2p=info,ferry_listener=info",
+        ))
         .with_writer(std::io::stderr)
         .with_ansi(false)
         .try_init();
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     rt.block_on(async {
-        let e = ferry::builder()
-            .transports(tcp_only())
-            .protocol("tcp")
-            .segment_name("127.0.0.1:1")
-            .metadata(InProcessMetadata::new() as Arc<dyn MetadataStore>)
-            .transfer_timeout(Duration::from_secs(5))
-            .build()
-            .await
-            .unwrap();
+        let e = if std::env::var_os(CHILD_P2P_ENV).is_some() {
+            ferry_test_support::p2p_tcp_engine(Duration::from_secs(5)).await
+        } else {
+            ferry::builder()
+                .transports(tcp_only())
+                .protocol("tcp")
+                .segment_name("127.0.0.1:1")
+                .metadata(InProcessMetadata::new() as Arc<dyn MetadataStore>)
+                .transfer_timeout(Duration::from_secs(5))
+                .build()
+                .await
+                .unwrap()
+        };
         let buf = Buffer::zeroed(CHILD_BUFFER);
         unsafe { e.register_memory(buf.addr(), buf.len(), Location::Cpu(0)).await }.unwrap();
         let json = String::from_utf8(e.local_descriptor().to_json()).unwrap();
@@ -603,6 +613,87 @@ async fn a_target_out_of_descriptors_backs_off_and_recovers() {
     let local = Buffer::zeroed(4096);
     unsafe { e.register_memory(local.addr(), local.len(), Location::Cpu(0)).await }.unwrap();
     e.transfer(&[read(local.addr(), peer, target.buffer(), 4096)]).await.unwrap();
+}
+
+/// Connections from many addresses beyond `tcp_max_connections` close the idlest of all for a
+/// new one: 69 addresses × 64 silent connections (more than the default 4096 in all, none over
+/// its address's limit) do not keep a real peer's connection queued behind them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_from_many_addresses_cannot_fill_the_target() {
+    const ADDRESSES: u8 = 69;
+    const PER_ADDRESS: usize = 64;
+    let (target, buf, port) = raw_target(Duration::from_secs(5), "").await;
+    let mut flood = Vec::new();
+    'flood: for last in 2..2 + ADDRESSES {
+        for _ in 0..PER_ADDRESS {
+            let socket = tokio::net::TcpSocket::new_v4().unwrap();
+            socket.bind(SocketAddr::from(([127, 0, 0, last], 0))).unwrap();
+            let to = SocketAddr::from(([127, 0, 0, 1], port));
+            match tokio::time::timeout(Duration::from_secs(2), socket.connect(to)).await {
+                Ok(Ok(stream)) => flood.push(stream.into_std().unwrap()), // non-blocking
+                // The accept queue is full: the target stopped accepting.
+                _ => break 'flood,
+            }
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (initiator, peer) = initiator_for(&target.local_descriptor(), Duration::from_secs(5)).await;
+    let local = Buffer::zeroed(4096);
+    unsafe { initiator.register_memory(local.addr(), local.len(), Location::Cpu(0)).await }.unwrap();
+    let started = Instant::now();
+    let served = initiator.transfer(&[read(local.addr(), peer, buf.addr(), 4096)]).await;
+    assert!(
+        served.is_ok() && started.elapsed() < Duration::from_secs(3),
+        "a real peer behind {} idle connections from {ADDRESSES} addresses: {served:?} after {:?}",
+        flood.len(),
+        started.elapsed()
+    );
+    // The flood was cut to the limit: the target closed at least what it had no room for.
+    let closed = flood.iter().filter(|s| matches!((&mut &**s).read(&mut [0u8; 1]), Ok(0))).count();
+    assert!(closed >= flood.len() - 4096, "only {closed} of {} connections were closed", flood.len());
+}
+
+/// At `ulimit -n 1024` (soft and hard, so nothing can be raised), 1,100 idle connections to the
+/// data port and 1,100 to the handshake listener leave both serving: a new peer's handshake
+/// and read succeed at once, and neither listener logs more than a line or two about it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_floods_at_1024_descriptors_leave_both_listeners_serving() {
+    const FLOOD: usize = 1100;
+    let target = ChildTarget::spawn(&[(CHILD_P2P_ENV, "1")], Some(1024));
+    let data = TcpEndpoint::from_descriptor(&target.descriptor).unwrap().unwrap();
+    let rpc: SocketAddr = target.descriptor.name.parse().expect("a P2P segment name is host:rpc_port");
+    let mut flood = Vec::new();
+    for to in [SocketAddr::from(([127, 0, 0, 1], data.port)), rpc] {
+        for _ in 0..FLOOD {
+            match tokio::time::timeout(Duration::from_secs(5), tokio::net::TcpStream::connect(to)).await {
+                Ok(Ok(s)) => flood.push(s),
+                other => panic!(
+                    "connection {} to {to} failed: {other:?}; the target's log: {:#?}",
+                    flood.len(),
+                    target.log.lock().unwrap()
+                ),
+            }
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let e = ferry_test_support::p2p_tcp_engine(Duration::from_secs(3)).await;
+    let local = Buffer::zeroed(4096);
+    unsafe { e.register_memory(local.addr(), local.len(), Location::Cpu(0)).await }.unwrap();
+    let started = Instant::now();
+    let served = match e.open_segment(&target.descriptor.name).await {
+        Ok(peer) => e.transfer(&[read(local.addr(), peer, target.buffer(), 4096)]).await.map(|_| ()),
+        Err(err) => Err(err),
+    };
+    assert!(
+        served.is_ok() && started.elapsed() < Duration::from_secs(2),
+        "handshake and read behind {} idle connections: {served:?} after {:?}",
+        flood.len(),
+        started.elapsed()
+    );
+    let log = target.log.lock().unwrap().clone();
+    let failures = log.iter().filter(|l| l.contains("accept failed")).count();
+    assert!(failures <= 2, "{failures} accept failures logged: {:#?}", &log[..log.len().min(20)]);
+    drop(flood);
 }
 
 /// The data port listens on the segment name's host when it is an IP address: an engine named
