@@ -1,29 +1,46 @@
 #!/usr/bin/env python3
 """Run Mooncake's transfer_engine_bench and `ferry bench` with identical parameters, in one run,
-over loopback TCP with P2PHANDSHAKE, and print throughputs and ratios (Ferry / Mooncake).
+over loopback TCP with P2PHANDSHAKE, in alternating rounds, and print operations per second,
+the median ratio (Ferry / Mooncake) over the rounds and its spread.
 
 Usage (repository root, after `cargo build --release -p ferry-cli`):
   python3 bench/tcp_vs_mooncake.py --mooncake-bench .venv-mooncake/bin/transfer_engine_bench
-Options: --duration S (default 3), --blocks 4096,65536,1048576,4194304, --threads 1,2,
---ops read,write, --batch 64, --json FILE (write the table as JSON too), --ferry PATH (the
-`ferry` binary; default target/release/ferry: another build's binary compares two Ferry builds
-against the same Mooncake in one run).
+
+Options:
+  --rounds N (default 3): every case is measured N times per engine; the engines' order
+      alternates from one round to the next (Mooncake first, then Ferry first, ...), so a
+      machine whose speed drifts during the run does not favour one of them.
+  --duration S (default 2): seconds per measurement.
+  --blocks 4096,65536,1048576 --threads 1,2 --ops read,write --batches 1,64: the sweep.
+  --auth: also measure Ferry with peer authentication on (FERRY_AUTH_SECRET given to its target
+      and initiator), as a third engine with its own ratio to Mooncake and to Ferry without it.
+  --ferry PATH (default target/release/ferry), --baseline PATH (another ferry build, measured
+      as a further engine: two Ferry builds against the same Mooncake in one run).
+  --json FILE: write every measurement and the summary as JSON too.
+
+Operations per second are transfers (blocks) per second: batch count x batch size / duration,
+from the `Test completed: duration D, batch count N` line both tools print. A ratio is the
+median of the per-round ratios (each round's Ferry over the same round's Mooncake), the spread
+is their minimum and maximum.
 """
 import argparse
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FERRY = os.path.join(ROOT, "target", "release", "ferry")
+# The secret of the --auth engine (any 16+ bytes; both sides get it through the environment).
+AUTH_SECRET = "tcp-vs-mooncake-bench-secret-0123456789"
 
 
-def start_target(cmd):
+def start_target(cmd, env):
     """Starts a target and returns (process, segment) once it printed its address."""
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     deadline = time.time() + 30
     while time.time() < deadline:
         line = p.stdout.readline()
@@ -36,19 +53,17 @@ def start_target(cmd):
     raise SystemExit(f"target did not report its address: {' '.join(cmd)}")
 
 
-def run_initiator(cmd):
-    out = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300).stdout
-    m = re.search(r"throughput ([0-9.]+) GB/s", out)
+def run_initiator(cmd, env, batch):
+    """Runs an initiator; returns (operations per second, p50 batch latency in µs or None)."""
+    out = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300,
+                         env=env).stdout
+    m = re.search(r"duration ([0-9.]+), batch count ([0-9]+)", out)
     if not m:
-        raise SystemExit(f"no throughput line from {' '.join(cmd)}:\n{out[-2000:]}")
-    batches = re.search(r"duration ([0-9.]+), batch count ([0-9]+)", out)
-    p50 = re.search(r"p50 ([0-9.]+) (µs|ms)", out)
-    extra = {}
-    if batches:
-        extra["mean_batch_us"] = float(batches.group(1)) / int(batches.group(2)) * 1e6
-    if p50:
-        extra["p50_us"] = float(p50.group(1)) * (1000 if p50.group(2) == "ms" else 1)
-    return float(m.group(1)), extra
+        raise SystemExit(f"no 'duration D, batch count N' line from {' '.join(cmd)}:\n{out[-2000:]}")
+    ops = int(m.group(2)) * batch / float(m.group(1))
+    p50 = re.search(r"p50 ([0-9.]+) ?(µs|us|ms)", out)
+    p50_us = float(p50.group(1)) * (1000 if p50.group(2) == "ms" else 1) if p50 else None
+    return ops, p50_us
 
 
 def is_ferry(binary):
@@ -56,15 +71,20 @@ def is_ferry(binary):
     return os.path.basename(binary).startswith("ferry")
 
 
-def measure(binary, args, buffer_size, detail=False):
+def measure(engine, case, duration):
+    """One measurement of `case` by `engine` ({binary, env}); (ops/s, p50 µs or None)."""
+    binary, env = engine["binary"], engine["env"]
+    block, batch, threads = case["block"], case["batch"], case["threads"]
+    # Room for every thread's batch, at least 256 MiB.
+    buffer_size = max(256 << 20, block * batch * threads * 2)
     common = ["--protocol=tcp", "--metadata_server=P2PHANDSHAKE", "--local_server_name=127.0.0.1",
               f"--buffer_size={buffer_size}"]
-    target, segment = start_target([binary, "bench", "--mode=target"] + common if is_ferry(binary)
-                                   else [binary, "--mode=target"] + common)
+    args = [f"--operation={case['op']}", f"--block_size={block}", f"--batch_size={batch}",
+            f"--threads={threads}", f"--duration={duration}"]
+    prefix = [binary, "bench"] if is_ferry(binary) else [binary]
+    target, segment = start_target(prefix + ["--mode=target"] + common, env)
     try:
-        init = [binary, "bench"] if is_ferry(binary) else [binary]
-        tput, extra = run_initiator(init + ["--mode=initiator", f"--segment_id={segment}"] + common + args)
-        return (tput, extra) if detail else tput
+        return run_initiator(prefix + ["--mode=initiator", f"--segment_id={segment}"] + common + args, env, batch)
     finally:
         target.terminate()
         try:
@@ -73,47 +93,100 @@ def measure(binary, args, buffer_size, detail=False):
             target.kill()
 
 
+def fmt_ops(x):
+    return f"{x / 1e3:.1f}k" if x < 1e6 else f"{x / 1e6:.2f}M"
+
+
 def main():
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--mooncake-bench", default=os.path.join(ROOT, ".venv-mooncake", "bin", "transfer_engine_bench"))
-    ap.add_argument("--duration", type=int, default=3)
-    ap.add_argument("--blocks", default="4096,65536,1048576,4194304")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--duration", type=int, default=2)
+    ap.add_argument("--blocks", default="4096,65536,1048576")
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--ops", default="read,write")
-    ap.add_argument("--batch", type=int, default=64)
-    ap.add_argument("--json", help="also write the results to this file")
+    ap.add_argument("--batches", default="1,64")
+    ap.add_argument("--auth", action="store_true", help="also measure Ferry with peer authentication on")
     ap.add_argument("--ferry", default=FERRY, help="the ferry binary to measure")
+    ap.add_argument("--baseline", help="another ferry binary, measured as a further engine")
+    ap.add_argument("--json", help="also write the results to this file")
     a = ap.parse_args()
-    ferry = a.ferry
-    if not os.path.exists(ferry):
-        raise SystemExit("build Ferry first: cargo build --release -p ferry-cli")
-    rows = []
-    print(f"{'op':<6}{'block':>9}{'thr':>4}{'Mooncake GB/s':>15}{'Ferry GB/s':>12}{'ratio':>8}")
-    for op in a.ops.split(","):
-        for block in [int(b) for b in a.blocks.split(",")]:
-            for threads in [int(t) for t in a.threads.split(",")]:
-                # Room for every thread's batch, at least 256 MiB.
-                buffer_size = max(256 << 20, block * a.batch * threads * 2)
-                args = [f"--operation={op}", f"--block_size={block}", f"--batch_size={a.batch}",
-                        f"--threads={threads}", f"--duration={a.duration}"]
-                mc = measure(a.mooncake_bench, args, buffer_size)
-                fe = measure(ferry, args, buffer_size)
-                ratio = fe / mc if mc else float("inf")
-                rows.append({"op": op, "block": block, "threads": threads, "mooncake": mc, "ferry": fe, "ratio": ratio})
-                print(f"{op:<6}{block:>9}{threads:>4}{mc:>15.2f}{fe:>12.2f}{ratio:>7.2f}x", flush=True)
-    worst = min(r["ratio"] for r in rows)
-    print(f"lowest ratio: {worst:.2f}x")
-    # Single-request latency: 4 KiB reads, batch 1, one thread.
-    args = ["--operation=read", "--block_size=4096", "--batch_size=1", "--threads=1", f"--duration={a.duration}"]
-    mc, mce = measure(a.mooncake_bench, args, 256 << 20, detail=True)
-    fe, fee = measure(ferry, args, 256 << 20, detail=True)
-    latency = {"mooncake_mean_us": mce.get("mean_batch_us"), "ferry_mean_us": fee.get("mean_batch_us"),
-               "ferry_p50_us": fee.get("p50_us")}
-    print(f"4 KiB read, batch 1: Mooncake mean {latency['mooncake_mean_us']:.1f} us; "
-          f"Ferry mean {latency['ferry_mean_us']:.1f} us, p50 {latency['ferry_p50_us']:.1f} us")
+    for b in [a.ferry] + ([a.baseline] if a.baseline else []):
+        if not os.path.exists(b):
+            raise SystemExit(f"{b} does not exist: build Ferry first (cargo build --release -p ferry-cli)")
+    if not os.path.exists(a.mooncake_bench):
+        raise SystemExit(f"{a.mooncake_bench} does not exist: pip install mooncake-transfer-engine-non-cuda "
+                         "(and Debian libibverbs1 libnuma1 librdmacm1)")
+    plain = dict(os.environ)
+    plain.pop("FERRY_AUTH_SECRET", None)
+    plain.pop("FERRY_AUTH_SECRET_FILE", None)
+    engines = {"mooncake": {"binary": a.mooncake_bench, "env": plain},
+               "ferry": {"binary": a.ferry, "env": plain}}
+    if a.auth:
+        engines["ferry+auth"] = {"binary": a.ferry, "env": dict(plain, FERRY_AUTH_SECRET=AUTH_SECRET)}
+    if a.baseline:
+        engines["baseline"] = {"binary": a.baseline, "env": plain}
+    cases = [{"op": op, "block": int(block), "batch": int(batch), "threads": int(threads)}
+             for batch in a.batches.split(",") for op in a.ops.split(",")
+             for block in a.blocks.split(",") for threads in a.threads.split(",")]
+    names = list(engines)
+    results = []
+    for case in cases:
+        runs = {n: [] for n in names}
+        for r in range(a.rounds):
+            # Alternate: round 0 in the listed order, round 1 reversed, ...
+            order = names if r % 2 == 0 else list(reversed(names))
+            for n in order:
+                runs[n].append(measure(engines[n], case, a.duration))
+        results.append({"case": case, "runs": runs})
+        print_case(case, runs, names, a.rounds)
+    summary = summarize(results, names)
+    print("\nmedian ratio to Mooncake over the rounds [min, max]:")
+    for n in names[1:]:
+        rs = [s["ratio"][n]["median"] for s in summary]
+        print(f"  {n}: lowest {min(rs):.2f}x, highest {max(rs):.2f}x over {len(rs)} cases")
+    if a.auth:
+        costs = [s["auth_cost"] for s in summary]
+        print(f"  ferry+auth / ferry: median {statistics.median(costs):.3f} (per case {min(costs):.3f} to {max(costs):.3f})")
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"sweep": rows, "latency_4k": latency}, f, indent=1)
+            json.dump({"engines": names, "rounds": a.rounds, "duration_s": a.duration,
+                       "results": results, "summary": summary}, f, indent=1)
+
+
+def ratios(runs, n, base="mooncake"):
+    return [x[0] / b[0] if b[0] else float("inf") for x, b in zip(runs[n], runs[base])]
+
+
+def print_case(case, runs, names, rounds):
+    head = f"{case['op']:<5} {case['block']:>8} B batch {case['batch']:>3} x{case['threads']}"
+    cols = []
+    for n in names:
+        ops = statistics.median(x[0] for x in runs[n])
+        p50s = [x[1] for x in runs[n] if x[1] is not None]
+        p50 = f" p50 {statistics.median(p50s):.0f}us" if p50s else ""
+        cell = f"{n} {fmt_ops(ops)}/s{p50}"
+        if n != "mooncake":
+            rs = ratios(runs, n)
+            cell += f" ({statistics.median(rs):.2f}x [{min(rs):.2f}-{max(rs):.2f}])"
+        cols.append(cell)
+    print(f"{head}: " + "; ".join(cols) + f"  ({rounds} rounds)", flush=True)
+
+
+def summarize(results, names):
+    out = []
+    for res in results:
+        runs = res["runs"]
+        s = {"case": res["case"],
+             "ops_median": {n: statistics.median(x[0] for x in runs[n]) for n in names},
+             "ratio": {}}
+        for n in names[1:]:
+            rs = ratios(runs, n)
+            s["ratio"][n] = {"median": statistics.median(rs), "min": min(rs), "max": max(rs)}
+        if "ferry+auth" in runs:
+            s["auth_cost"] = statistics.median(ratios(runs, "ferry+auth", base="ferry"))
+        out.append(s)
+    return out
 
 
 if __name__ == "__main__":
