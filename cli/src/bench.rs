@@ -134,6 +134,29 @@ impl Buffer {
     }
 }
 
+/// The segment an initiator reads and writes, checked: given, not empty, and `host:port` when
+/// it is looked up through the P2P handshake (the target's `listening on` line). `None` for a
+/// target.
+fn initiator_segment(args: &BenchArgs) -> Result<Option<String>> {
+    if args.mode == Mode::Target {
+        return Ok(None);
+    }
+    let segment = args.segment_id.as_deref().map(str::trim).unwrap_or_default();
+    ensure!(
+        !segment.is_empty(),
+        "--segment_id is required in initiator mode: the address the target printed after `listening on` \
+         (start one with `ferry bench --mode=target`)"
+    );
+    if args.metadata_server.eq_ignore_ascii_case("P2PHANDSHAKE") {
+        ensure!(
+            ferry::SegmentName::parse(segment).is_some(),
+            "--segment_id={segment:?}: with --metadata_server=P2PHANDSHAKE a segment is host:port (the address the \
+             target printed after `listening on`, e.g. 127.0.0.1:15001)"
+        );
+    }
+    Ok(Some(segment.to_owned()))
+}
+
 fn parse_size(s: &str) -> Result<u64, String> {
     ByteSize::parse(s).map(|b| b.0).and_then(|b| if b == 0 { Err("size must be non-zero".into()) } else { Ok(b) })
 }
@@ -176,6 +199,8 @@ pub(crate) async fn run(args: BenchArgs) -> Result<std::process::ExitCode> {
     ensure!(args.block_size <= args.buffer_size, "--block_size must not exceed --buffer_size");
     ensure!(args.batch_size > 0 && args.threads > 0, "--batch_size and --threads must be at least 1");
     let divisor = unit_divisor(&args.report_unit)?;
+    // Arguments are checked before the buffer is allocated and registered (seconds for 1 GiB).
+    let segment = initiator_segment(&args)?;
     let len = usize::try_from(args.buffer_size).context("--buffer_size too large for this machine")?;
     // The buffer is touched once so its pages exist before timing starts.
     let buffer = Buffer::new(&args.device, len)?;
@@ -195,7 +220,7 @@ pub(crate) async fn run(args: BenchArgs) -> Result<std::process::ExitCode> {
         return Ok(std::process::ExitCode::SUCCESS);
     }
 
-    let segment = args.segment_id.clone().context("--segment_id is required in initiator mode")?;
+    let segment = segment.expect("initiator mode has a segment");
     let peer = engine.open_segment(&segment).await?;
     let remote = engine.segment(peer)?;
     let rbuf = remote.descriptor().buffers.first().cloned().context("the target publishes no buffer")?;

@@ -1,6 +1,7 @@
 //! The `ferry` command line: `ferry demo` runs a verified block-level KV transfer between two
-//! engines on the embedded default; `ferry doctor` validates a config and explains what Ferry
-//! resolved from it.
+//! engines on the embedded default; `ferry bench` measures transfers with the flags of
+//! Mooncake's `transfer_engine_bench`; `ferry metadata-server` serves Mooncake's HTTP metadata
+//! protocol; `ferry doctor` validates a config and explains what Ferry resolved from it.
 
 mod bench;
 mod demo;
@@ -11,9 +12,11 @@ mod stats;
 use clap::{Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
 
-/// Ferry: KV-cache transfer engine for disaggregated LLM serving.
+/// Ferry, the KV-cache transfer engine for disaggregated LLM serving: demo, bench,
+/// metadata-server, doctor. Logs go to standard error; set FERRY_LOG (or RUST_LOG), e.g.
+/// FERRY_LOG=debug or FERRY_LOG=ferry_transport_tcp=trace.
 #[derive(Debug, Parser)]
-#[command(name = "ferry", version, about, long_about = None)]
+#[command(name = "ferry", version)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -57,11 +60,46 @@ fn workers(value: Option<String>) -> Result<usize, String> {
     })
 }
 
+/// The variable choosing what is logged (a `tracing` filter); `RUST_LOG` when it is unset.
+const LOG_ENV: &str = "FERRY_LOG";
+
+/// The log filter: [`LOG_ENV`], else `RUST_LOG`, else warnings and errors only. A filter that
+/// does not parse is reported and the default used.
+fn log_filter() -> EnvFilter {
+    for var in [LOG_ENV, "RUST_LOG"] {
+        if let Ok(value) = std::env::var(var)
+            && !value.is_empty()
+        {
+            match EnvFilter::try_new(&value) {
+                Ok(f) => return f,
+                Err(e) => eprintln!("warning: {var}={value:?} is not a log filter ({e}); logging warnings only"),
+            }
+        }
+    }
+    EnvFilter::new("warn")
+}
+
+/// `e` and its causes as one line, each cause left out when the text before it already says it
+/// (Ferry's errors often name their cause in their own message and keep it as the source too).
+fn error_line(e: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        // A cause's own message, without its `kind: ` prefix, may already be in the line.
+        let bare = text.split_once(": ").map_or(text.as_str(), |(_, rest)| rest);
+        if line.contains(&text) || (!bare.is_empty() && line.contains(bare)) {
+            continue;
+        }
+        if !line.is_empty() {
+            line.push_str(": ");
+        }
+        line.push_str(&text);
+    }
+    line
+}
+
 fn main() -> std::process::ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("warn")))
-        .with_writer(std::io::stderr)
-        .init();
+    tracing_subscriber::fmt().with_env_filter(log_filter()).with_writer(std::io::stderr).init();
     let cli = Cli::parse();
     // Runtime threads serve the target side and the engine; the TCP initiator's lanes run on
     // threads of their own.
@@ -91,7 +129,7 @@ fn main() -> std::process::ExitCode {
     match result {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", error_line(&e));
             std::process::ExitCode::FAILURE
         }
     }
@@ -100,6 +138,30 @@ fn main() -> std::process::ExitCode {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_help_header_names_every_subcommand() {
+        use clap::CommandFactory;
+        let about = Cli::command().render_help().to_string();
+        let header = about.lines().next().unwrap_or_default().to_owned();
+        for sub in Cli::command().get_subcommands() {
+            assert!(header.contains(sub.get_name()), "{:?} is missing from the header {header:?}", sub.get_name());
+        }
+    }
+
+    #[test]
+    fn an_error_line_says_each_cause_once() {
+        let inner = ferry::Error::invalid("segment name `x` is not host:port");
+        let outer = ferry::Error::invalid(format!("looking up segment `x`: {inner}")).with_source(inner);
+        let e = anyhow::Error::new(outer).context("opening the target");
+        assert_eq!(
+            error_line(&e),
+            "opening the target: invalid_argument: looking up segment `x`: invalid_argument: segment name `x` is not host:port"
+        );
+        let io = std::io::Error::other("refused");
+        let e = anyhow::Error::new(ferry::Error::unreachable("peer down").with_source(io));
+        assert_eq!(error_line(&e), "peer_unreachable: peer down: refused", "a cause not said yet is kept");
+    }
 
     #[test]
     fn the_metadata_server_listens_on_loopback_unless_told_otherwise() {

@@ -74,6 +74,29 @@ fn bench_target_and_initiator_talk_like_mooncakes() {
     let _ = target.wait();
 }
 
+/// A missing, empty or malformed `--segment_id` is refused before the buffer is allocated: with
+/// a 64 GiB buffer (more than this machine can register) the answer is about the segment, not
+/// the buffer, and it comes at once.
+#[test]
+fn bench_checks_the_segment_before_allocating_the_buffer() {
+    for (arg, says) in [
+        (None, "--segment_id is required"),
+        (Some("--segment_id="), "--segment_id is required"),
+        (Some("--segment_id=nohost"), "is host:port"),
+    ] {
+        let started = std::time::Instant::now();
+        let mut cmd = ferry();
+        cmd.args(["bench", "--buffer_size=64GiB", "--duration=1"]);
+        cmd.args(arg);
+        let out = cmd.output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success());
+        assert!(err.contains(says), "{arg:?}: {err}");
+        assert!(err.contains("listening on"), "{arg:?}: the error says where a segment comes from: {err}");
+        assert!(started.elapsed() < std::time::Duration::from_secs(5), "{arg:?}: {:?}", started.elapsed());
+    }
+}
+
 #[test]
 fn bench_device_memory_needs_cann_and_says_so() {
     // Only host and NPU buffers are supported.

@@ -197,6 +197,14 @@ impl HttpMetadata {
             (507, _) => {
                 " (the server's store is full: it refuses writes that would pass its --max-total-bytes)".to_owned()
             }
+            (404 | 405, _) if !self.url.path().trim_end_matches('/').ends_with("/metadata") => {
+                let mut right = self.url.clone();
+                right.set_path(&format!("{}/metadata", self.url.path().trim_end_matches('/')));
+                format!(
+                    " (Mooncake's metadata servers and `ferry metadata-server` serve under /metadata: try \
+                     metadata_server \"{right}\")"
+                )
+            }
             _ => String::new(),
         };
         Error::transport(format!(

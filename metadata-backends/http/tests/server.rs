@@ -142,3 +142,16 @@ fn tokens_are_checked_and_never_shown() {
     assert!(!t.matches(b"abc-DEF_123.~+/=="));
     assert!(!t.matches(b""));
 }
+
+/// A URL missing Mooncake's `/metadata` path is answered 404 by the server; the error names the
+/// URL tried and the one to use instead.
+#[tokio::test]
+async fn a_url_without_the_metadata_path_is_an_error_that_says_so() {
+    let (url, _stop) = server(Limits::default(), None).await;
+    let root = url.trim_end_matches("/metadata").to_owned();
+    let e = HttpMetadata::new(&root).unwrap().put("mooncake/ram/x", b"d").await.unwrap_err();
+    let m = e.message();
+    assert!(m.contains("HTTP 404") && m.contains(&root) && m.contains(&format!("{root}/metadata")), "{e}");
+    // The right URL gets no such hint.
+    HttpMetadata::new(&url).unwrap().put("mooncake/ram/x", b"d").await.unwrap();
+}
