@@ -6,17 +6,25 @@ Runs `examples/ascend_peer` as a prefill process and a decode process on two emu
 in a loop. The decode peer reports the wall time per batch and the time spent inside the device
 jobs (HCCL calls plus the stream wait: what the emulator costs, standing in for the NPU and the
 network); the difference is the transport's own overhead per batch (queueing to the device
-thread, descriptors, completion). Prints one JSON object.
+thread, descriptors, completion). Builds that report it also give the thread hand-offs per batch
+(`Stats::handoffs`). Prints one JSON object.
 
 Build first (release):
     cargo build --release -p ferry-cann-emu && cargo build --release --example ascend_peer
-    cargo build --release -p ferry-cann-emu --no-default-features --target-dir target/cann-emu-legacy
 Then:
     python3 bench/hccl_emulator.py [--repeat 2000]
+
+Before/after: build the old tree elsewhere (for example `git archive <commit> | tar -x -C
+/tmp/old`, then the same two commands there) and alternate rounds of both builds in one run, so
+that both see the same load (this VM's 2 cores are shared; a single round says little):
+    python3 bench/hccl_emulator.py --baseline /tmp/old --rounds 5
+Each case then gives, per build, every round's figures and their median, min and max, and the
+median of the per-round differences (new - old).
 """
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -71,14 +79,65 @@ def run_case(peer_bin, libdir, hccn, blocks, block_len, reads, repeat, extra_env
             pass
         prefill.wait(timeout=60)
     per_batch, device = d["read_us_per_batch"], d["device_us_per_read_batch"]
+    handoffs = d.get("handoffs_per_read_batch")
     return {
         "requests_per_batch": reads,
         "bytes_per_request": block_len,
         "us_per_batch": round(per_batch, 1),
+        "batches_per_s": round(1e6 / per_batch),
         "emulator_device_jobs_us_per_batch": round(device, 1),
         "transport_overhead_us_per_batch": round(per_batch - device, 1),
+        "handoffs_per_batch": None if handoffs is None else round(handoffs, 3),
         "path": "one-sided" if d["stats"]["one_sided_batches"] else "two-sided",
     }
+
+
+CASES = [
+    ("one_sided_1x4KiB", 1, 4096, {}),
+    ("one_sided_64x4KiB", 64, 4096, {}),
+    ("one_sided_1x1MiB", 1, 1 << 20, {}),
+    ("two_sided_1x4KiB", 1, 4096, {"FERRY_CANN_EMU_NO_ONESIDED": "1"}),
+    ("two_sided_64x4KiB", 64, 4096, {"FERRY_CANN_EMU_NO_ONESIDED": "1"}),
+]
+
+FIGURES = ("us_per_batch", "batches_per_s", "emulator_device_jobs_us_per_batch", "transport_overhead_us_per_batch",
+           "handoffs_per_batch")
+
+
+def build_paths(root, profile):
+    target = os.path.join(root, "target", profile)
+    peer_bin = os.path.join(target, "examples", "ascend_peer")
+    emu = os.path.join(target, "libferry_cann_emu.so")
+    for f in (peer_bin, emu):
+        if not os.path.exists(f):
+            raise SystemExit(f"{f} missing: see the build commands in this script's docstring")
+    return peer_bin, emu
+
+
+def one_round(tmp, hccn, peer_bin, emu, repeat, extra_env, only):
+    """Every case once with one build."""
+    libdir = lib_dir(tmp, emu)
+    cases = {}
+    for name, reads, block_len, env in CASES:
+        if only and name not in only:
+            continue
+        blocks = max(2 * reads, 8)
+        n = repeat if block_len <= 4096 else max(repeat // 4, 50)
+        cases[name] = run_case(peer_bin, libdir, hccn, blocks, block_len, reads, n, {**env, **extra_env})
+        cases[name]["repeat"] = n
+    for kind in ("one_sided", "two_sided"):
+        one, many = cases.get(f"{kind}_1x4KiB"), cases.get(f"{kind}_64x4KiB")
+        if one and many:
+            cases[f"{kind}_overhead_us_per_extra_request"] = round(
+                (many["transport_overhead_us_per_batch"] - one["transport_overhead_us_per_batch"]) / 63, 2)
+    return cases
+
+
+def summary(values):
+    values = [v for v in values if v is not None]
+    if not values:
+        return None
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "rounds": values}
 
 
 def main():
@@ -86,35 +145,42 @@ def main():
     ap.add_argument("--repeat", type=int, default=2000)
     ap.add_argument("--profile", default="release")
     ap.add_argument("--root", default=ROOT, help="the Ferry checkout whose build to measure (default: this one)")
+    ap.add_argument("--baseline", help="another checkout's build to alternate with --root's, round by round")
+    ap.add_argument("--rounds", type=int, default=1, help="rounds of every case (of each build)")
+    ap.add_argument("--case", action="append", help="only this case (repeatable)")
+    ap.add_argument("--wait-spin-us", help="FERRY_WAIT_SPIN_US for both peers (the engine's default when absent)")
     args = ap.parse_args()
-    target = os.path.join(args.root, "target", args.profile)
-    peer_bin = os.path.join(target, "examples", "ascend_peer")
-    emu = os.path.join(target, "libferry_cann_emu.so")
-    for f in (peer_bin, emu):
-        if not os.path.exists(f):
-            raise SystemExit(f"{f} missing: see the build commands in this script's docstring")
+    builds = {"new": build_paths(args.root, args.profile)}
+    if args.baseline:
+        builds = {"old": build_paths(args.baseline, args.profile), **builds}
+    extra_env = {} if args.wait_spin_us is None else {"FERRY_WAIT_SPIN_US": args.wait_spin_us}
+    rounds = {b: [] for b in builds}
     with tempfile.TemporaryDirectory() as tmp:
         hccn = os.path.join(tmp, "hccn.conf")
         with open(hccn, "w") as f:
             f.write("address_4=127.0.0.5\naddress_5=127.0.0.6\n")
-        full = lib_dir(tmp, emu)
-        cases = {}
-        for name, reads, block_len, env in [
-            ("one_sided_1x4KiB", 1, 4096, {}),
-            ("one_sided_64x4KiB", 64, 4096, {}),
-            ("one_sided_1x1MiB", 1, 1 << 20, {}),
-            ("two_sided_1x4KiB", 1, 4096, {"FERRY_CANN_EMU_NO_ONESIDED": "1"}),
-            ("two_sided_64x4KiB", 64, 4096, {"FERRY_CANN_EMU_NO_ONESIDED": "1"}),
-        ]:
-            blocks = max(2 * reads, 8)
-            repeat = args.repeat if block_len <= 4096 else max(args.repeat // 4, 50)
-            cases[name] = run_case(peer_bin, full, hccn, blocks, block_len, reads, repeat, env)
-            cases[name]["repeat"] = repeat
-        for kind in ("one_sided", "two_sided"):
-            one, many = cases[f"{kind}_1x4KiB"], cases[f"{kind}_64x4KiB"]
-            cases[f"{kind}_overhead_us_per_extra_request"] = round(
-                (many["transport_overhead_us_per_batch"] - one["transport_overhead_us_per_batch"]) / 63, 2)
-    print(json.dumps({"date": time.strftime("%Y-%m-%d"), "cores": os.cpu_count(), "cases": cases}))
+        for _ in range(args.rounds):
+            for b, (peer_bin, emu) in builds.items():
+                rounds[b].append(one_round(tmp, hccn, peer_bin, emu, args.repeat, extra_env, args.case))
+    meta = {"date": time.strftime("%Y-%m-%d"), "cores": os.cpu_count(), "repeat": args.repeat, "rounds": args.rounds,
+            "wait_spin_us": args.wait_spin_us, "builds": {b: os.path.abspath(args.baseline if b == "old" else args.root)
+                                                          for b in builds}}
+    if args.rounds == 1 and len(builds) == 1:
+        print(json.dumps({**meta, "cases": rounds["new"][0]}))
+        return
+    out = {}
+    for name in rounds["new"][0]:
+        if not isinstance(rounds["new"][0][name], dict):
+            continue
+        case = {}
+        for b in builds:
+            case[b] = {f: summary([r[name][f] for r in rounds[b]]) for f in FIGURES}
+        if "old" in builds:
+            case["new_minus_old_median_per_round"] = {
+                f: statistics.median([n[name][f] - o[name][f] for n, o in zip(rounds["new"], rounds["old"])])
+                for f in FIGURES if rounds["old"][0][name][f] is not None and rounds["new"][0][name][f] is not None}
+        out[name] = case
+    print(json.dumps({**meta, "cases": out}))
 
 
 if __name__ == "__main__":

@@ -194,6 +194,7 @@ fn stats_json() -> serde_json::Value {
         "communicators_built": s.communicators_built,
         "one_sided_calls": s.one_sided_calls,
         "threads_left_running": s.threads_left_running,
+        "handoffs": s.handoffs,
     })
 }
 
@@ -361,6 +362,7 @@ fn run() -> anyhow::Result<()> {
         let peer_desc = engine.segment(peer)?.descriptor().clone();
         let (remote, local): (Vec<u32>, Vec<u32>) = args.read.iter().copied().unzip();
         let spec = BlockTransfer::read(&local, &remote);
+        let before_reads = ferry_transport_hccl::stats();
         let started = Instant::now();
         let mut read_ok = true;
         if args.expect_timeout {
@@ -432,6 +434,7 @@ fn run() -> anyhow::Result<()> {
                 "acl_device": acl_device,
                 "read_us_per_batch": read_time.as_secs_f64() * 1e6 / f64::from(args.repeat.max(1)),
                 "device_us_per_read_batch": after_reads.device_ns as f64 / 1e3 / f64::from(args.repeat.max(1)),
+                "handoffs_per_read_batch": (after_reads.handoffs - before_reads.handoffs) as f64 / f64::from(args.repeat.max(1)),
                 "stats": stats_json(),
             });
             println!("DONE {done}");

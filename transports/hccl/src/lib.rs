@@ -32,7 +32,12 @@
 //!   pairs driven over it.
 //!
 //! All ACL/HCCL calls run on device threads ([`ferry_ascend_runtime::DeviceThread`]) bound to this
-//! process's device, never on async workers; `submit` only queues.
+//! process's device, never on async workers; `submit` only queues. A one-sided batch on a ready
+//! communicator is queued by `submit`, on the caller's thread, on the peer's device thread, which
+//! runs it and completes it: one thread hand-off per batch ([`Stats::handoffs`]), while a
+//! watchdog task per peer reports the deadline if it passes first. Anything else (the first batch,
+//! a rebuild, retries after a failure, the two-sided path) goes through the peer's driver task,
+//! in order.
 //!
 //! **Memory safety after failures and timeouts.** A request's memory (and a staging buffer) is
 //! handed back only once nothing queued on the stream can touch it: after a failed or
@@ -55,6 +60,7 @@ mod identity;
 mod peer;
 mod pending;
 mod server;
+mod watchdog;
 pub mod wire;
 
 use std::collections::{BTreeMap, HashMap};
@@ -207,8 +213,8 @@ pub const DEFAULT_RETRIES: u32 = 2;
 /// failing peer cannot hold a batch for an unbounded number of rebuilds.
 pub const MAX_RETRIES: u32 = 100;
 /// Most peers (segments this transport sends to or is asked to serve) at once; beyond it new
-/// peers are refused with an error saying so. Each peer has a driver task and up to two device
-/// threads.
+/// peers are refused with an error saying so. Each peer has a driver task, a watchdog task and up
+/// to two device threads.
 pub const MAX_PEERS: usize = 1024;
 /// How long unregistering memory waits for the peers' device threads to unbind it (all peers
 /// at once) and for its deregistration.
@@ -244,6 +250,13 @@ pub struct Stats {
     pub hixl_failed_attempts: u64,
     /// HIXL `Connect` calls that succeeded.
     pub hixl_connects: u64,
+    /// Thread hand-offs of direct-HCCL batches: each time a batch's requests, or a device job's
+    /// result, pass to another of this transport's threads to go on (the caller to a peer's
+    /// driver task, the driver to the device thread and the job's result back, the device
+    /// thread to the driver after a failed attempt). A one-sided batch on a ready communicator
+    /// takes one: the caller's thread queues it on the device thread, which completes it (that
+    /// wakes the caller, if it sleeps, and is not counted).
+    pub handoffs: u64,
 }
 
 pub(crate) mod counters {
@@ -258,6 +271,7 @@ pub(crate) mod counters {
     pub(crate) static HIXL_TRANSFERS: AtomicU64 = AtomicU64::new(0);
     pub(crate) static HIXL_FAILED_ATTEMPTS: AtomicU64 = AtomicU64::new(0);
     pub(crate) static HIXL_CONNECTS: AtomicU64 = AtomicU64::new(0);
+    pub(crate) static HANDOFFS: AtomicU64 = AtomicU64::new(0);
 
     /// Adds the time since `start` to the device-time counter.
     pub(crate) fn device_time(start: std::time::Instant) {
@@ -289,6 +303,7 @@ pub fn stats() -> Stats {
         hixl_transfers: get(&HIXL_TRANSFERS),
         hixl_failed_attempts: get(&HIXL_FAILED_ATTEMPTS),
         hixl_connects: get(&HIXL_CONNECTS),
+        handoffs: get(&HANDOFFS),
     }
 }
 
@@ -1204,9 +1219,7 @@ impl Transport for HcclTransport {
             },
             #[cfg(not(feature = "hixl"))]
             OpenedPeer::Hixl => submission.fail_all(&Error::new(ErrorKind::Internal, "HIXL peer without HIXL")),
-            OpenedPeer::Hccl(peer) => {
-                peer.enqueue(target.clone(), Pending::new(submission), self.shared.settings.timeout)
-            }
+            OpenedPeer::Hccl(peer) => peer.enqueue(&self.shared, target.clone(), Pending::new(submission)),
         }
     }
 

@@ -1,8 +1,10 @@
 //! One peer: its device thread (and communicators), the driver task that runs its transfers in
-//! order, and the epoch agreement that lets either side (re)build their one-sided communicator.
+//! order, the direct path that queues a one-sided batch on the device thread from the caller's
+//! thread when the driver has nothing to do, and the epoch agreement that lets either side
+//! (re)build their one-sided communicator.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
@@ -16,6 +18,7 @@ use tokio::sync::{Notify, OnceCell, mpsc, oneshot, watch};
 use crate::counters::{self, bump};
 use crate::identity::{PairTable, PeerIdentity};
 use crate::pending::Pending;
+use crate::watchdog::{self, Held, Watchdog};
 use crate::wire::{self, MAX_OPS_PER_REQUEST, Reply, Request, WireOp};
 use crate::{Placement, Shared, hccl_error, run_on};
 
@@ -310,12 +313,40 @@ fn join_decision(s: &Slot, seen: Option<&str>, epoch: u64, instance: Option<&str
     if joinable { Ok(()) } else { Err(Reply::Stale { epoch: after }) }
 }
 
-/// Requests for one peer, queued by `submit`.
+/// Requests for one peer's driver task.
 pub(crate) struct Work {
     target: Arc<OpenSegment>,
     pending: Pending,
     deadline: Instant,
+    /// The one-sided attempt the device thread already made of them, when they were submitted
+    /// straight to it and it failed: the driver takes over from there (rebuild, retries).
+    attempted: Option<Attempted>,
+    /// Holds the driver busy (see [`Peer::driver_busy`]) until it let go of these requests.
+    claim: Arc<Claim>,
 }
+
+/// A failed one-sided attempt, as the driver's retry loop takes it over.
+struct Attempted {
+    epoch: u64,
+    error: AscendError,
+    /// Why nothing was queued, when nothing was.
+    not_run: Option<NotRun>,
+}
+
+/// Why a one-sided attempt queued nothing.
+#[derive(Debug, Clone, Copy)]
+enum NotRun {
+    /// The communicator was prepared without a range the batch touches (local side?, the
+    /// request): it is rebuilt.
+    OutOfReach(bool, OneSidedOp),
+    /// The communicator of the attempt's epoch is gone (an earlier failure tore it down, or the
+    /// pair rebuilt it) while the batch was queued.
+    NoCommunicator,
+}
+
+/// One work's hold on its peer's driver: released once, by whichever comes first of the device
+/// thread completing its requests and the driver finishing with it.
+pub(crate) struct Claim(AtomicBool);
 
 /// A peer of this transport (either direction).
 pub(crate) struct Peer {
@@ -336,6 +367,16 @@ pub(crate) struct Peer {
     /// The engine instance the peer's last accepted `InitOneSided` came from.
     seen_instance: Mutex<Option<String>>,
     driver: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// Work sent to the driver and not let go of yet ([`Claim`]s outstanding). While nonzero,
+    /// new batches queue behind it there, in order, instead of going to the device thread.
+    driver_busy: AtomicUsize,
+    /// The open segment whose descriptor the driver last read (held weakly: compared by
+    /// address only) and whether it is on this server over HCCS IPC: a batch to it may skip
+    /// the driver.
+    direct: Mutex<Option<(Weak<OpenSegment>, bool)>>,
+    /// Deadlines of the batches submitted straight to the device thread.
+    watchdog: Arc<Watchdog>,
+    watchdog_task: Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
 /// A peer's published identity, as far as the control channel checks it.
@@ -349,6 +390,10 @@ static NEXT_THREAD: AtomicU64 = AtomicU64::new(0);
 
 fn shutdown_error() -> Error {
     Error::new(ErrorKind::Shutdown, "ascend transport stopped")
+}
+
+fn timeout_error(peer: &str, timeout: Duration) -> Error {
+    Error::timeout(format!("HCCL transfer to `{peer}` did not finish within {timeout:?}"))
 }
 
 async fn stopped(rx: &mut watch::Receiver<bool>) {
@@ -375,6 +420,10 @@ impl Peer {
             known: Mutex::new(None),
             seen_instance: Mutex::new(None),
             driver: Mutex::new(None),
+            driver_busy: AtomicUsize::new(0),
+            direct: Mutex::new(None),
+            watchdog: Watchdog::new(shared.settings.timeout),
+            watchdog_task: Mutex::new(None),
         });
         let driver = Driver {
             shared: shared.clone(),
@@ -386,20 +435,142 @@ impl Peer {
         };
         let handle = shared.runtime.spawn(driver.run(rx));
         *peer.driver.lock().unwrap_or_else(|p| p.into_inner()) = Some(handle);
+        let (name, timeout) = (peer.name.clone(), shared.settings.timeout);
+        let watching =
+            peer.watchdog.clone().run(move || timeout_error(&name, timeout), shutdown_error, shared.stop.subscribe());
+        *peer.watchdog_task.lock().unwrap_or_else(|p| p.into_inner()) = Some(shared.runtime.spawn(watching));
         peer
     }
 
-    /// Queues requests for this peer (never blocks).
-    pub(crate) fn enqueue(&self, target: Arc<OpenSegment>, pending: Pending, timeout: Duration) {
-        let work = Work { target, pending, deadline: Instant::now() + timeout };
+    /// Queues requests for this peer (never blocks). A one-sided batch for a ready
+    /// communicator, while the driver has nothing to do, goes straight to the peer's device
+    /// thread, which completes it: one thread hand-off per batch. Anything else goes to the
+    /// driver task, in order.
+    pub(crate) fn enqueue(self: &Arc<Self>, shared: &Shared, target: Arc<OpenSegment>, pending: Pending) {
+        let Some(pending) = self.try_direct(shared, &target, pending) else { return };
+        let claim = self.claim();
+        let deadline = Instant::now() + shared.settings.timeout;
+        self.to_driver(Work { target, pending, deadline, attempted: None, claim });
+    }
+
+    /// A new hold on the driver (see [`Claim`]).
+    fn claim(&self) -> Arc<Claim> {
+        self.driver_busy.fetch_add(1, Ordering::AcqRel);
+        Arc::new(Claim(AtomicBool::new(false)))
+    }
+
+    /// Lets go of `claim` (the first call only).
+    fn release(&self, claim: &Claim) {
+        if !claim.0.swap(true, Ordering::AcqRel) {
+            self.driver_busy.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+
+    /// Hands `work` to the driver task (it is failed with a shutdown error when the driver is
+    /// gone).
+    fn to_driver(&self, work: Work) {
         let tx = self.tx.lock().unwrap_or_else(|p| p.into_inner());
         let rejected = match tx.as_ref() {
             Some(tx) => tx.send(work).err().map(|e| e.0),
             None => Some(work),
         };
         drop(tx);
-        if let Some(w) = rejected {
-            w.pending.complete_all(&Err(shutdown_error()));
+        match rejected {
+            Some(w) => {
+                self.release(&w.claim);
+                w.pending.complete_all(&Err(shutdown_error()));
+            }
+            None => bump(&counters::HANDOFFS),
+        }
+    }
+
+    /// Remembers that the driver read `target`'s descriptor (and whether the peer is on this
+    /// server, over HCCS IPC): later batches to it may skip the driver.
+    fn set_direct(&self, target: &Arc<OpenSegment>, ipc: bool) {
+        *self.direct.lock().unwrap_or_else(|p| p.into_inner()) = Some((Arc::downgrade(target), ipc));
+    }
+
+    /// Whether `target` is the open segment the driver last read (and then whether it is on
+    /// this server over HCCS IPC).
+    fn direct_ipc(&self, target: &Arc<OpenSegment>) -> Option<bool> {
+        match &*self.direct.lock().unwrap_or_else(|p| p.into_inner()) {
+            // A weak reference keeps its allocation: no other segment can be at that address.
+            Some((seen, ipc)) if std::ptr::eq(seen.as_ptr(), Arc::as_ptr(target)) => Some(*ipc),
+            _ => None,
+        }
+    }
+
+    /// Submits a one-sided batch from the caller's thread straight onto the device thread when
+    /// nothing needs the driver: the transport runs, one-sided works with this peer, its
+    /// communicator is ready, the driver has no work (so this batch overtakes none) and already
+    /// read this descriptor. The device thread then runs the attempt and completes the requests
+    /// itself; only a failure goes back to the driver (with the attempt, so retries count it).
+    /// The requests back when the driver must take them.
+    fn try_direct(self: &Arc<Self>, shared: &Shared, target: &Arc<OpenSegment>, pending: Pending) -> Option<Pending> {
+        if shared.is_stopped()
+            || !shared.one_sided_ok()
+            || self.two_sided_only()
+            || self.driver_busy.load(Ordering::Acquire) != 0
+        {
+            return Some(pending);
+        }
+        let Some(worker) = self.worker.get() else { return Some(pending) };
+        let Some(ipc) = self.direct_ipc(target) else { return Some(pending) };
+        let epoch = {
+            let s = self.slot.lock().unwrap_or_else(|p| p.into_inner());
+            if s.status != Status::Ready {
+                return Some(pending);
+            }
+            s.epoch
+        };
+        let pending = pending.unless_cancelled()?;
+        let segment = &target.descriptor().name;
+        let pending = refuse_out_of_reach(shared, ipc, segment, target, pending)?;
+        let (reads, writes) = ops(&pending);
+        let held: Held = Arc::new(Mutex::new(Some(pending)));
+        let deadline = self.watchdog.watch(&held);
+        let (peer, on_device, target, timeout) = (self.clone(), held.clone(), target.clone(), shared.settings.timeout);
+        let job = move |dev: &Device, st: &mut PeerState| {
+            let stopped = || peer.shared.upgrade().is_none_or(|s| s.is_stopped());
+            let late = || Instant::now() >= deadline;
+            if stopped() || late() {
+                // Nothing was started: the caller hears why (the watchdog may have said so first).
+                let e = if stopped() { shutdown_error() } else { timeout_error(&peer.name, timeout) };
+                if let Some(p) = watchdog::take(&on_device) {
+                    p.complete_all(&Err(e));
+                }
+                return;
+            }
+            let cancelled =
+                on_device.lock().unwrap_or_else(|p| p.into_inner()).as_ref().is_some_and(Pending::is_cancelled);
+            if cancelled {
+                if let Some(p) = watchdog::take(&on_device) {
+                    let _ = p.unless_cancelled();
+                }
+                return;
+            }
+            let (result, not_run) = one_sided_attempt(dev, st, &peer, epoch, &reads, &writes, deadline);
+            let Some(p) = watchdog::take(&on_device) else { return };
+            match result {
+                Ok(()) => p.complete_all(&Ok(())),
+                // The device no longer touches the requests' memory (the attempt drained the
+                // stream on failure): they may be released.
+                Err(_) if stopped() => p.complete_all(&Err(shutdown_error())),
+                Err(_) if late() => p.complete_all(&Err(timeout_error(&peer.name, timeout))),
+                Err(error) => {
+                    let claim = peer.claim();
+                    let attempted = Some(Attempted { epoch, error, not_run });
+                    peer.to_driver(Work { target, pending: p, deadline, attempted, claim });
+                }
+            }
+        };
+        match worker.submit(job) {
+            Ok(()) => {
+                bump(&counters::HANDOFFS);
+                None
+            }
+            // The thread stopped (the job, dropped, left the requests here): the driver says why.
+            Err(_) => watchdog::take(&held),
         }
     }
 
@@ -668,6 +839,13 @@ impl Peer {
         {
             tracing::warn!(peer = %self.name, "the peer's driver did not finish within {timeout:?}");
         }
+        // It reported the shutdown to the batches it watched and ended.
+        let watching = self.watchdog_task.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(w) = watching
+            && tokio::time::timeout(timeout, w).await.is_err()
+        {
+            tracing::warn!(peer = %self.name, "the peer's watchdog did not finish within {timeout:?}");
+        }
         // Closing a device thread's queue runs what is queued, then drops its state on the
         // thread (unbinding memory, destroying communicators and streams).
         let a = stop_thread(self.worker.get().cloned(), timeout);
@@ -750,22 +928,149 @@ fn remaining(deadline: Instant) -> Duration {
     deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1))
 }
 
+/// One one-sided attempt on the peer's device thread: the batch's `HcclBatchGet` (`reads`) and
+/// `HcclBatchPut` (`writes`) calls on the communicator of `epoch`, then the stream wait, up to the
+/// deadline. When it fails the stream is drained and replaced and the communicator torn down
+/// (the next attempt rebuilds it), so that the requests may be released as soon as this returns.
+/// With the failure, why nothing was queued when nothing was (then nothing is drained).
+fn one_sided_attempt(
+    dev: &Device,
+    st: &mut PeerState,
+    peer: &Peer,
+    epoch: u64,
+    reads: &[OneSidedOp],
+    writes: &[OneSidedOp],
+    deadline: Instant,
+) -> (std::result::Result<(), AscendError>, Option<NotRun>) {
+    let started = Instant::now();
+    // Measured when the job starts: the wait ends at the deadline, when the caller hears of the
+    // timeout.
+    let wait = remaining(deadline);
+    let Some(c) = st.one_sided.as_ref().filter(|c| c.epoch == epoch) else {
+        let e =
+            AscendError::InvalidArgument("the communicator was torn down or rebuilt while the batch was queued".into());
+        return (Err(e), Some(NotRun::NoCommunicator));
+    };
+    if let Some((local, op)) = c.unreachable(reads).or_else(|| c.unreachable(writes)) {
+        // Nothing was queued: the communicator is rebuilt by the driver.
+        let e = AscendError::InvalidArgument(format!(
+            "the communicator was prepared before {} {:#x}+{} was registered",
+            if local { "local memory" } else { "the peer's memory" },
+            if local { op.local } else { op.remote },
+            op.len
+        ));
+        return (Err(e), Some(NotRun::OutOfReach(local, op)));
+    }
+    let result = (|| {
+        // SAFETY: every local range lies in memory the engine registered (the batch holds a
+        // lease on it until these requests are completed, after this attempt), which was
+        // registered with HCCL and bound to this communicator; remote ranges were checked
+        // against the peer's published buffers, and the peer's HCCL refuses anything it did not
+        // bind. A failed call may leave earlier calls queued: `recover_stream` below drains them
+        // before this returns.
+        unsafe {
+            if !reads.is_empty() {
+                let calls = c.comm.batch_get(c.peer_rank, reads, &st.stream)?;
+                counters::add(&counters::ONE_SIDED_CALLS, calls);
+            }
+            if !writes.is_empty() {
+                let calls = c.comm.batch_put(c.peer_rank, writes, &st.stream)?;
+                counters::add(&counters::ONE_SIDED_CALLS, calls);
+            }
+        }
+        st.stream.synchronize(Some(wait))
+    })();
+    counters::device_time(started);
+    if result.is_ok() {
+        // Counted before the requests complete (on this thread), so a caller that saw its batch
+        // finish also sees it counted.
+        bump(&counters::ONE_SIDED_BATCHES);
+    }
+    if let Err(e) = &result {
+        // The requests are released as soon as this returns (also when the caller already
+        // heard of a timeout): nothing queued may still touch their memory by then. Drain
+        // (abort, else wait for HCCL's own timeout), then tear the communicator down; the next
+        // transfer rebuilds it.
+        st.recover_stream(dev);
+        if st.one_sided.as_ref().is_some_and(|c| c.epoch == epoch) {
+            let _ = st.drop_one_sided();
+        }
+        peer.set_slot(epoch, Status::Broken, e.to_string());
+    }
+    (result, None)
+}
+
+/// Completes, with an error that says why and what to do, the requests HCCL's one-sided
+/// service cannot carry: local host memory not from `aclrtMallocHost` (Prepare's
+/// `aclrtHostRegister` refuses it), and host memory on either side when the peer is on this
+/// server (`ipc`: HCCS IPC shares device memory only) unless `HCCL_INTRA_ROCE_ENABLE=1`. Refused
+/// at once: never a retry loop that ends in a timeout. The rest, if any.
+fn refuse_out_of_reach(
+    shared: &Shared,
+    ipc: bool,
+    segment: &str,
+    target: &OpenSegment,
+    mut pending: Pending,
+) -> Option<Pending> {
+    let remote_is_host = |addr: u64| {
+        target.descriptor().buffers.iter().any(|b| b.device_id.is_none() && addr >= b.addr && addr - b.addr < b.length)
+    };
+    // One look at the placements for the whole batch; the refusals are completed after.
+    let refusals: Vec<(usize, String)> = {
+        let placements = shared.placements.lock().unwrap_or_else(|p| p.into_inner());
+        let placement = |addr: u64| crate::placement_in(&placements, addr);
+        pending
+            .indices()
+            .iter()
+            .enumerate()
+            .filter_map(|(pos, &i)| {
+                let r = pending.request(i);
+                let why = match placement(r.source) {
+                    Some(Placement::UnpinnedHost) => format!(
+                        "local host memory {:#x}+{} was not allocated with aclrtMallocHost, so HCCL cannot \
+                         register it with the device: allocate it with aclrtMallocHost (allocate_managed_buffer \
+                         does) or use device memory",
+                        r.source, r.length
+                    ),
+                    Some(p) if ipc && p.is_host() => format!(
+                        "local host memory {:#x}+{} cannot go to `{}`: engines on one server talk over HCCS IPC, \
+                         which shares device memory only; use device memory, or set HCCL_INTRA_ROCE_ENABLE=1 on \
+                         both engines",
+                        r.source, r.length, segment
+                    ),
+                    _ if ipc && remote_is_host(r.target_offset) => format!(
+                        "`{}` exposes {:#x}+{} as host memory, which engines on one server cannot share over \
+                         HCCS IPC (device memory only); use device memory there, or set HCCL_INTRA_ROCE_ENABLE=1 \
+                         on both engines",
+                        segment, r.target_offset, r.length
+                    ),
+                    _ => return None,
+                };
+                Some((pos, why))
+            })
+            .collect()
+    };
+    for (pos, why) in refusals.into_iter().rev() {
+        pending.complete_at(pos, Err(Error::invalid(format!("ascend transport: {why}"))));
+    }
+    (!pending.is_empty()).then_some(pending)
+}
+
 impl Driver {
     async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Work>) {
         while let Some(work) = rx.recv().await {
+            let claim = work.claim.clone();
             self.handle(work).await;
+            self.peer.release(&claim);
         }
     }
 
     fn timeout_error(&self) -> Error {
-        Error::timeout(format!(
-            "HCCL transfer to `{}` did not finish within {:?}",
-            self.peer.name, self.shared.settings.timeout
-        ))
+        timeout_error(&self.peer.name, self.shared.settings.timeout)
     }
 
     async fn handle(&mut self, work: Work) {
-        let Work { target, pending, deadline } = work;
+        let Work { target, pending, deadline, attempted, claim } = work;
         if self.shared.is_stopped() {
             pending.complete_all(&Err(shutdown_error()));
             return;
@@ -781,9 +1086,11 @@ impl Driver {
             Err(e) => return pending.complete_all(&Err(e)),
         };
         self.peer.learn(Known { host_ip: info.host_ip.clone() });
+        let ipc = self.shared.me.host_ip == info.host_ip && !self.shared.settings.intra_roce;
+        self.peer.set_direct(&target, ipc);
         let pending = if self.shared.one_sided_ok() && !self.peer.two_sided_only() {
-            let Some(pending) = self.refuse_out_of_reach(&info, &target, pending) else { return };
-            match self.one_sided(&info, pending, deadline).await {
+            let Some(pending) = refuse_out_of_reach(&self.shared, ipc, &info.segment, &target, pending) else { return };
+            match self.one_sided(&info, pending, deadline, attempted, claim).await {
                 Some(p) => p,
                 None => return,
             }
@@ -793,70 +1100,16 @@ impl Driver {
         self.two_sided(&info, pending, deadline).await;
     }
 
-    /// Completes, with an error that says why and what to do, the requests HCCL's one-sided
-    /// service cannot carry: local host memory not from `aclrtMallocHost` (Prepare's
-    /// `aclrtHostRegister` refuses it), and host memory on either side when the peer is on this
-    /// server (HCCS IPC shares device memory only) unless `HCCL_INTRA_ROCE_ENABLE=1`. Refused
-    /// at once: never a retry loop that ends in a timeout. The rest, if any.
-    fn refuse_out_of_reach(&self, info: &PeerIdentity, target: &OpenSegment, mut pending: Pending) -> Option<Pending> {
-        let ipc = self.shared.me.host_ip == info.host_ip && !self.shared.settings.intra_roce;
-        let remote_is_host = |addr: u64| {
-            target
-                .descriptor()
-                .buffers
-                .iter()
-                .any(|b| b.device_id.is_none() && addr >= b.addr && addr - b.addr < b.length)
-        };
-        // One look at the placements for the whole batch; the refusals are completed after.
-        let refusals: Vec<(usize, String)> = {
-            let placements = self.shared.placements.lock().unwrap_or_else(|p| p.into_inner());
-            let placement = |addr: u64| crate::placement_in(&placements, addr);
-            pending
-                .indices()
-                .iter()
-                .enumerate()
-                .filter_map(|(pos, &i)| {
-                    let r = pending.request(i);
-                    let why = match placement(r.source) {
-                        Some(Placement::UnpinnedHost) => format!(
-                            "local host memory {:#x}+{} was not allocated with aclrtMallocHost, so HCCL cannot \
-                             register it with the device: allocate it with aclrtMallocHost (allocate_managed_buffer \
-                             does) or use device memory",
-                            r.source, r.length
-                        ),
-                        Some(p) if ipc && p.is_host() => format!(
-                            "local host memory {:#x}+{} cannot go to `{}`: engines on one server talk over HCCS IPC, \
-                             which shares device memory only; use device memory, or set HCCL_INTRA_ROCE_ENABLE=1 on \
-                             both engines",
-                            r.source, r.length, info.segment
-                        ),
-                        _ if ipc && remote_is_host(r.target_offset) => format!(
-                            "`{}` exposes {:#x}+{} as host memory, which engines on one server cannot share over \
-                             HCCS IPC (device memory only); use device memory there, or set HCCL_INTRA_ROCE_ENABLE=1 \
-                             on both engines",
-                            info.segment, r.target_offset, r.length
-                        ),
-                        _ => return None,
-                    };
-                    Some((pos, why))
-                })
-                .collect()
-        };
-        for (pos, why) in refusals.into_iter().rev() {
-            pending.complete_at(pos, Err(Error::invalid(format!("ascend transport: {why}"))));
-        }
-        (!pending.is_empty()).then_some(pending)
-    }
-
     /// Runs `f` on the peer's device thread for `pending`, bounded by the deadline and shutdown.
-    /// With `complete_on_device`, a job that succeeds completes the requests on the device thread
-    /// (the caller is woken from there; one thread hand-off fewer per batch).
+    /// With `complete_on_device` (the work's claim on the driver), a job that succeeds completes
+    /// the requests on the device thread, letting go of the driver first (the caller is woken
+    /// from there, and its next batch may go straight to the device thread).
     async fn job<R: Send + 'static>(
         &mut self,
         f: impl FnOnce(&Device, &mut PeerState) -> std::result::Result<R, AscendError> + Send + 'static,
         deadline: Instant,
         pending: Pending,
-        complete_on_device: bool,
+        complete_on_device: Option<Arc<Claim>>,
     ) -> JobResult<R> {
         let worker = match self.peer.worker().await {
             Ok(w) => w.clone(),
@@ -868,16 +1121,17 @@ impl Driver {
         // Whoever finishes the requests takes them: the device thread on success (when asked),
         // else the driver. A timeout reported meanwhile stays what the caller sees: a request's
         // first outcome wins; completing only releases it.
-        let slot = Arc::new(Mutex::new(Some(pending)));
-        let take = |slot: &Mutex<Option<Pending>>| slot.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let slot: Held = Arc::new(Mutex::new(Some(pending)));
+        let take = watchdog::take;
         let (tx, mut rx) = oneshot::channel();
-        let on_device = slot.clone();
+        let (on_device, peer) = (slot.clone(), self.peer.clone());
         if let Err(e) = worker.submit(move |d, s| {
             let r = f(d, s);
-            if complete_on_device
+            if let Some(claim) = complete_on_device
                 && r.is_ok()
                 && let Some(p) = take(&on_device)
             {
+                peer.release(&claim);
                 p.complete_all(&Ok(()));
             }
             let _ = tx.send(r);
@@ -887,6 +1141,8 @@ impl Driver {
                 None => JobResult::Abandoned,
             };
         }
+        // There, and the result back to this task.
+        counters::add(&counters::HANDOFFS, 2);
         let gone = || AscendError::Thread { name: worker.name().to_owned(), reason: "the job did not finish".into() };
         let interrupt = tokio::select! {
             r = &mut rx => {
@@ -1049,9 +1305,17 @@ impl Driver {
         ))))
     }
 
-    /// The one-sided path with retries. Returns the requests when the two-sided path must
-    /// take them instead.
-    async fn one_sided(&mut self, info: &PeerIdentity, mut pending: Pending, deadline: Instant) -> Option<Pending> {
+    /// The one-sided path with retries, taking over from `attempted` (the device thread's
+    /// failed attempt of a batch submitted straight to it) when given. Returns the requests when
+    /// the two-sided path must take them instead.
+    async fn one_sided(
+        &mut self,
+        info: &PeerIdentity,
+        mut pending: Pending,
+        deadline: Instant,
+        mut attempted: Option<Attempted>,
+        claim: Arc<Claim>,
+    ) -> Option<Pending> {
         let (reads, writes) = ops(&pending);
         let retries = self.shared.settings.retries;
         let mut last: Option<Error> = None;
@@ -1060,134 +1324,92 @@ impl Driver {
         let mut rebuilt_for_new_memory = false;
         let mut attempt = 0;
         while attempt <= retries {
-            if attempt > 0 {
-                pending = pending.unless_cancelled()?;
-            }
-            let epoch = match self.ensure_one_sided(info, deadline).await {
-                Ok(e) => e,
-                Err(Ensure::NotSupported(why)) => {
-                    self.peer.use_two_sided(&why);
-                    return Some(pending);
-                }
-                Err(Ensure::Interrupted(e)) => {
-                    pending.complete_all(&Err(e));
-                    return None;
-                }
-                Err(Ensure::Failed(e)) => {
-                    bump(&counters::FAILED_ATTEMPTS);
-                    tracing::warn!(peer = %info.segment, attempt, error = %e, "one-sided communicator setup failed");
-                    last = Some(e);
-                    attempt += 1;
+            let Attempted { epoch, error: e, not_run } = match attempted.take() {
+                // Queued on the device thread behind a batch that failed: not an attempt.
+                Some(Attempted { not_run: Some(NotRun::NoCommunicator), error, .. }) => {
+                    tracing::debug!(peer = %info.segment, %error, "retrying a batch queued behind a failure");
                     continue;
                 }
-            };
-            let (r, w, peer) = (reads.clone(), writes.clone(), self.peer.clone());
-            let stale = Arc::new(Mutex::new(None));
-            let stale_on_device = stale.clone();
-            let job = move |dev: &Device, st: &mut PeerState| -> std::result::Result<(), AscendError> {
-                let started = Instant::now();
-                // Measured when the job starts: the wait ends at the deadline, when the driver
-                // reports the timeout to the caller.
-                let wait = remaining(deadline);
-                let c = st.one_sided.as_ref().filter(|c| c.epoch == epoch);
-                if let Some((local, op)) = c.and_then(|c| c.unreachable(&r).or_else(|| c.unreachable(&w))) {
-                    // Nothing was queued: the communicator is rebuilt by the driver.
-                    *stale_on_device.lock().unwrap_or_else(|p| p.into_inner()) = Some((local, op));
-                    return Err(AscendError::InvalidArgument(format!(
-                        "the communicator was prepared before {} {:#x}+{} was registered",
-                        if local { "local memory" } else { "the peer's memory" },
-                        if local { op.local } else { op.remote },
-                        op.len
-                    )));
-                }
-                let result = (|| {
-                    let c = c.ok_or_else(|| {
-                        AscendError::InvalidArgument("the communicator was rebuilt while the batch was queued".into())
-                    })?;
-                    // SAFETY: every local range lies in memory the engine registered (the batch
-                    // holds a lease on it until these requests are completed, after this job),
-                    // which was registered with HCCL and bound to this communicator; remote
-                    // ranges were checked against the peer's published buffers, and the peer's
-                    // HCCL refuses anything it did not bind.
-                    // A failed call may leave earlier calls queued: `recover_stream` below drains
-                    // them before this job returns.
-                    unsafe {
-                        if !r.is_empty() {
-                            let calls = c.comm.batch_get(c.peer_rank, &r, &st.stream)?;
-                            counters::add(&counters::ONE_SIDED_CALLS, calls);
-                        }
-                        if !w.is_empty() {
-                            let calls = c.comm.batch_put(c.peer_rank, &w, &st.stream)?;
-                            counters::add(&counters::ONE_SIDED_CALLS, calls);
-                        }
+                Some(a) => a,
+                None => {
+                    if attempt > 0 {
+                        pending = pending.unless_cancelled()?;
                     }
-                    st.stream.synchronize(Some(wait))
-                })();
-                counters::device_time(started);
-                if result.is_ok() {
-                    // Counted before the requests complete (on this thread), so a caller that
-                    // saw its batch finish also sees it counted.
-                    bump(&counters::ONE_SIDED_BATCHES);
-                }
-                if let Err(e) = &result {
-                    // The requests are released as soon as this job returns (also when the
-                    // driver already reported a timeout): nothing queued may still touch their
-                    // memory by then. Drain (abort, else wait for HCCL's own timeout), then
-                    // tear the communicator down; the next transfer rebuilds it.
-                    st.recover_stream(dev);
-                    if st.one_sided.as_ref().is_some_and(|c| c.epoch == epoch) {
-                        let _ = st.drop_one_sided();
-                    }
-                    peer.set_slot(epoch, Status::Broken, e.to_string());
-                }
-                result
-            };
-            match self.job(job, deadline, pending, true).await {
-                JobResult::CompletedOnDevice => return None,
-                JobResult::Finished(Ok(()), p) => {
-                    p.complete_all(&Ok(()));
-                    return None;
-                }
-                JobResult::Finished(Err(e), p) => {
-                    pending = p;
-                    let stale = stale.lock().unwrap_or_else(|p| p.into_inner()).take();
-                    self.peer.mark_broken(epoch, e.to_string());
-                    match stale {
-                        Some(_) if !rebuilt_for_new_memory => {
-                            tracing::debug!(peer = %info.segment, error = %e, "rebuilding the one-sided communicator for newly registered memory");
-                            rebuilt_for_new_memory = true;
-                            continue;
+                    let epoch = match self.ensure_one_sided(info, deadline).await {
+                        Ok(e) => e,
+                        Err(Ensure::NotSupported(why)) => {
+                            self.peer.use_two_sided(&why);
+                            return Some(pending);
                         }
-                        Some((local, op)) => {
-                            // Still out of reach right after a rebuild: that memory is not
-                            // registered with HCCL on its side at all.
-                            let e = Error::invalid(if local {
-                                format!(
-                                    "local memory {:#x}+{} is not registered with HCCL: it is host memory not \
-                                     allocated with aclrtMallocHost, or host memory that engines on one server cannot \
-                                     share over HCCS IPC (use device memory, or HCCL_INTRA_ROCE_ENABLE=1)",
-                                    op.local, op.len
-                                )
-                            } else {
-                                format!(
-                                    "`{}` has not registered its memory {:#x}+{} with HCCL (host memory not from \
-                                     aclrtMallocHost, or host memory shared over HCCS IPC between engines on one \
-                                     server): use device memory there, or HCCL_INTRA_ROCE_ENABLE=1",
-                                    info.segment, op.remote, op.len
-                                )
-                            });
+                        Err(Ensure::Interrupted(e)) => {
                             pending.complete_all(&Err(e));
                             return None;
                         }
-                        None => {}
+                        Err(Ensure::Failed(e)) => {
+                            bump(&counters::FAILED_ATTEMPTS);
+                            tracing::warn!(peer = %info.segment, attempt, error = %e, "one-sided communicator setup failed");
+                            last = Some(e);
+                            attempt += 1;
+                            continue;
+                        }
+                    };
+                    let (r, w, peer) = (reads.clone(), writes.clone(), self.peer.clone());
+                    let not_run = Arc::new(Mutex::new(None));
+                    let not_run_on_device = not_run.clone();
+                    let job = move |dev: &Device, st: &mut PeerState| -> std::result::Result<(), AscendError> {
+                        let (result, why) = one_sided_attempt(dev, st, &peer, epoch, &r, &w, deadline);
+                        *not_run_on_device.lock().unwrap_or_else(|p| p.into_inner()) = why;
+                        result
+                    };
+                    match self.job(job, deadline, pending, Some(claim.clone())).await {
+                        JobResult::CompletedOnDevice => return None,
+                        JobResult::Finished(Ok(()), p) => {
+                            p.complete_all(&Ok(()));
+                            return None;
+                        }
+                        JobResult::Finished(Err(error), p) => {
+                            pending = p;
+                            let not_run = not_run.lock().unwrap_or_else(|p| p.into_inner()).take();
+                            Attempted { epoch, error, not_run }
+                        }
+                        JobResult::Abandoned => return None,
                     }
-                    bump(&counters::FAILED_ATTEMPTS);
-                    tracing::warn!(peer = %info.segment, attempt, error = %e, "one-sided transfer failed; rebuilding the communicator");
-                    last = Some(hccl_error(format!("HCCL one-sided transfer to `{}`", info.segment), e));
-                    attempt += 1;
                 }
-                JobResult::Abandoned => return None,
+            };
+            self.peer.mark_broken(epoch, e.to_string());
+            match not_run {
+                Some(NotRun::OutOfReach(..)) if !rebuilt_for_new_memory => {
+                    tracing::debug!(peer = %info.segment, error = %e, "rebuilding the one-sided communicator for newly registered memory");
+                    rebuilt_for_new_memory = true;
+                    continue;
+                }
+                Some(NotRun::OutOfReach(local, op)) => {
+                    // Still out of reach right after a rebuild: that memory is not
+                    // registered with HCCL on its side at all.
+                    let e = Error::invalid(if local {
+                        format!(
+                            "local memory {:#x}+{} is not registered with HCCL: it is host memory not \
+                             allocated with aclrtMallocHost, or host memory that engines on one server cannot \
+                             share over HCCS IPC (use device memory, or HCCL_INTRA_ROCE_ENABLE=1)",
+                            op.local, op.len
+                        )
+                    } else {
+                        format!(
+                            "`{}` has not registered its memory {:#x}+{} with HCCL (host memory not from \
+                             aclrtMallocHost, or host memory shared over HCCS IPC between engines on one \
+                             server): use device memory there, or HCCL_INTRA_ROCE_ENABLE=1",
+                            info.segment, op.remote, op.len
+                        )
+                    });
+                    pending.complete_all(&Err(e));
+                    return None;
+                }
+                Some(NotRun::NoCommunicator) | None => {}
             }
+            bump(&counters::FAILED_ATTEMPTS);
+            tracing::warn!(peer = %info.segment, attempt, error = %e, "one-sided transfer failed; rebuilding the communicator");
+            last = Some(hccl_error(format!("HCCL one-sided transfer to `{}`", info.segment), e));
+            attempt += 1;
         }
         let e = last.unwrap_or_else(|| Error::transport("one-sided transfer failed"));
         let e = e.context(format!("{} (after {} attempts)", e.message(), retries.saturating_add(1)));
@@ -1399,7 +1621,7 @@ impl Driver {
             }
             result
         };
-        let (local_result, chunk) = match self.job(job, deadline, chunk, false).await {
+        let (local_result, chunk) = match self.job(job, deadline, chunk, None).await {
             JobResult::Finished(r, c) => (r, c),
             // Not asked for here (the peer's `Done` decides); were it to happen, the requests
             // are complete and only the reply is left unread: start a fresh connection.

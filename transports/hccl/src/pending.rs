@@ -26,6 +26,11 @@ impl Pending {
         self.0.is_empty()
     }
 
+    /// Whether the caller cancelled the batch.
+    pub(crate) fn is_cancelled(&self) -> bool {
+        self.0.is_cancelled()
+    }
+
     /// Splits off the first `n` requests.
     pub(crate) fn take_front(&mut self, n: usize) -> Pending {
         Pending(self.0.split_front(n))

@@ -3,13 +3,14 @@
 //! destroy never overlap, memory registered after a communicator was prepared is reached
 //! without a failed attempt, a failed build leaves nothing bound, location `*` is asked of the
 //! runtime, host memory HCCL cannot register is refused at once with what to do, one range
-//! registered by two engines is one HCCL registration, and a failure with work in flight aborts
-//! the stream and waits before the communicator goes.
+//! registered by two engines is one HCCL registration, a failure with work in flight aborts
+//! the stream and waits before the communicator goes, and a one-sided batch on a ready
+//! communicator takes one thread hand-off.
 //!
 //! Each test runs its body in a child process (the test binary re-executed with
 //! `FERRY_HCCL_ENGINES_ROLE`), so the emulator's environment (read once per process) is the
 //! test's own. The emulated CANN must be built (`cargo build -p ferry-cann-emu`). Each test's
-//! emulated devices live in its own loopback net `127.<net>.0.0/24`, nets 60-69 here
+//! emulated devices live in its own loopback net `127.<net>.0.0/24`, nets 59-69 here
 //! (`hccl_transfer.rs` beside this file uses 21-34, the Python tests 41-46 and the smoke test its own), so
 //! suites running at once never share a device endpoint.
 
@@ -488,5 +489,60 @@ fn atlas_a3_servers_use_v12_rank_tables() {
     ma.read(0, &mut got).unwrap();
     assert_eq!(got, pattern(2, REGION as usize)[4096..8192]);
     assert_eq!(stats().failed_attempts, 0, "{:?}", stats());
+    shutdown(&rt, vec![a, b]);
+}
+
+/// A one-sided batch on a ready communicator is queued by the caller's thread on the peer's
+/// device thread, which completes it: one hand-off (the transport counts them; no timing). A
+/// failure there goes back to the driver task, which rebuilds the communicator and retries, and
+/// the batch after that takes one hand-off again.
+#[test]
+fn a_one_sided_batch_on_a_ready_communicator_takes_one_hand_off() {
+    const NAME: &str = "a_one_sided_batch_on_a_ready_communicator_takes_one_hand_off";
+    const BATCHES: u64 = 20;
+    // HcclBatchGet calls: the first read, the warm-up, the batches, then the one that fails.
+    let fail = format!("HcclBatchGet:{}", BATCHES + 3);
+    if !in_child(NAME, 59, &[("FERRY_CANN_EMU_FAIL", fail.as_str())]) {
+        return;
+    }
+    let rt = runtime();
+    let lib = Library::load().unwrap();
+    let Pair { a, b, ma, mb, .. } = pair(&rt, &lib, [Location::Npu(4), Location::Npu(5)]);
+    read(&rt, &a, &b, ma.addr(), mb.addr(), 4096);
+    let target = rt.block_on(a.open_segment(b.segment_name())).unwrap();
+    let read_block = |k: u64| {
+        let req = TransferRequest {
+            opcode: Opcode::Read,
+            source: ma.addr() + k * 4096,
+            target,
+            target_offset: mb.addr() + k * 4096,
+            length: 4096,
+        };
+        rt.block_on(a.transfer(&[req])).unwrap_or_else(|e| panic!("read of block {k}: {e}"));
+    };
+    // The first batch to this open segment may go through the driver (it reads its descriptor).
+    read_block(1);
+    let before = stats();
+    for k in 0..BATCHES {
+        read_block(2 + k);
+    }
+    let after = stats();
+    assert_eq!(after.one_sided_batches - before.one_sided_batches, BATCHES, "{after:?}");
+    assert_eq!(after.handoffs - before.handoffs, BATCHES, "one hand-off per batch: {before:?} -> {after:?}");
+    assert_eq!(after.failed_attempts, 0, "{after:?}");
+
+    // The injected failure: the device thread's attempt fails, the driver rebuilds and retries.
+    let built = after.communicators_built;
+    read_block(2 + BATCHES);
+    let s = stats();
+    assert_eq!(s.failed_attempts, 1, "{s:?}");
+    assert!(s.communicators_built > built, "rebuilt after the failure: {s:?}");
+    read_block(3 + BATCHES);
+    assert_eq!(stats().handoffs - s.handoffs, 1, "straight to the device thread again: {:?}", stats());
+
+    let blocks = (4 + BATCHES) as usize;
+    let mut got = vec![0u8; blocks * 4096];
+    ma.read(0, &mut got).unwrap();
+    assert_eq!(got, pattern(2, REGION as usize)[..blocks * 4096], "every block arrived");
     shutdown(&rt, vec![a, b]);
 }
