@@ -30,8 +30,10 @@ pub struct HccnAddress {
 
 /// Parses `hccn.conf` text: the `address_<phy>=<ip>` lines, by physical device. Other keys
 /// (`netmask_0`, `gateway_0`, `netdetect_0`, ...), blank lines and `#` comments are ignored. An
-/// `address_` line whose device is not a number or whose value is not an IP, and a device given
-/// twice, are errors naming `file` and the line.
+/// `address_` line whose device is not a number or whose value is not an IP, a device given
+/// twice, and two devices given the same IP (each NPU has a NIC of its own; two cards sharing
+/// an address would reach each other's peers, and a transfer to either would wait for a
+/// partner that never comes), are errors naming `file` and the lines.
 pub fn parse_hccn_conf(text: &str, file: &str) -> Result<BTreeMap<u32, HccnAddress>> {
     parse_hccn_keys(text, file, "address_")
 }
@@ -43,6 +45,7 @@ pub fn parse_hccn_conf_v6(text: &str, file: &str) -> Result<BTreeMap<u32, HccnAd
 
 fn parse_hccn_keys(text: &str, file: &str, prefix: &str) -> Result<BTreeMap<u32, HccnAddress>> {
     let mut out: BTreeMap<u32, HccnAddress> = BTreeMap::new();
+    let mut by_ip: std::collections::HashMap<IpAddr, (u32, usize)> = std::collections::HashMap::new();
     for (i, raw) in text.lines().enumerate() {
         let line = i + 1;
         let trimmed = raw.trim();
@@ -58,11 +61,17 @@ fn parse_hccn_keys(text: &str, file: &str, prefix: &str) -> Result<BTreeMap<u32,
         }
         let phy: u32 = dev.parse().map_err(|_| bad(format!("key {key:?}: device id is too large")))?;
         let ip = value.trim();
-        if ip.parse::<IpAddr>().is_err() {
+        let Ok(parsed) = ip.parse::<IpAddr>() else {
             return Err(bad(format!("{key} = {ip:?} is not an IP address; expected `{key}=<device IP>`")));
-        }
+        };
         if let Some(first) = out.get(&phy) {
             return Err(bad(format!("{key} is given twice (first on line {})", first.line)));
+        }
+        if let Some((other, other_line)) = by_ip.insert(parsed, (phy, line)) {
+            return Err(bad(format!(
+                "{key} = {ip} is also the address of NPU {other} ({prefix}{other}, line {other_line}): every card \
+                 needs a device IP of its own"
+            )));
         }
         out.insert(phy, HccnAddress { ip: ip.to_owned(), line });
     }
@@ -262,6 +271,10 @@ mod tests {
             ("\naddress_=1.2.3.4", "line 2: key \"address_\""),
             ("address_1=not-an-ip", "line 1: address_1 = \"not-an-ip\" is not an IP address"),
             ("address_1=1.2.3.4\naddress_1=1.2.3.5", "line 2: address_1 is given twice (first on line 1)"),
+            (
+                "address_0=10.0.0.1\naddress_1=10.0.0.1",
+                "line 2: address_1 = 10.0.0.1 is also the address of NPU 0 (address_0, line 1)",
+            ),
             ("address_99999999999=1.2.3.4", "too large"),
         ] {
             let e = parse_hccn_conf(text, "/h.conf").unwrap_err();
