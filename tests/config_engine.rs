@@ -130,3 +130,29 @@ fn every_declared_option_is_documented_once_in_the_configuration_docs() {
         }
     }
 }
+
+/// `local_transport: false` leaves the same-process shortcut out of an engine: it is not
+/// installed beside the protocol, nor brought back for a peer whose descriptor names `local`.
+#[tokio::test]
+async fn local_transport_false_leaves_the_same_process_transport_out() {
+    let meta = InProcessMetadata::new();
+    let on = builder(&meta).config(Config::from_json_str(r#"{"protocol": "null"}"#, None).unwrap());
+    let on = on.segment_name("on").build().await.unwrap();
+    assert_eq!(on.protocols(), vec!["local", "null"]);
+    let p = write("no-local.json", r#"{"protocol": "null", "local_transport": false}"#);
+    let off = builder(&meta).config(Config::from_file(&p).unwrap()).segment_name("off").build().await.unwrap();
+    assert_eq!(off.protocols(), vec!["null"]);
+    // A peer whose only transport is `local` (the embedded default's protocol).
+    let local_only = builder(&meta).segment_name("local-only").build().await.unwrap();
+    assert_eq!(local_only.local_descriptor().protocol, "local");
+    on.open_segment("local-only").await.expect("the shortcut reaches it");
+    let e = off.open_segment("local-only").await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Unsupported, "{e}");
+    let m = e.message();
+    assert!(m.contains("segment `local-only`") && m.contains("`local_transport` is false"), "{m}");
+    assert!(m.contains(&format!("config field `local_transport` in {}", p.display())), "{m}");
+    assert_eq!(off.protocols(), vec!["null"], "nothing was added");
+    for e in [on, off, local_only] {
+        e.shutdown().await.unwrap();
+    }
+}

@@ -149,8 +149,14 @@ pub(crate) async fn run(args: DoctorArgs) -> Result<std::process::ExitCode> {
         println!("plugin search:    {}", list.join(", "));
     }
     let companions: Vec<&str> = transports.companions().map(|f| f.protocol()).filter(|p| *p != protocol).collect();
-    if !companions.is_empty() {
+    if !companions.is_empty() && cfg.local_transport() {
         println!("also installed:   {} (tried first for same-process peers)", companions.join(", "));
+    } else if !companions.is_empty() {
+        println!(
+            "left out:         {} (local_transport false [{}]: peers in this process are reached through {protocol})",
+            companions.join(", "),
+            source(&cfg, "local_transport")
+        );
     }
     println!("transports built: {}", transports.protocols().join(", "));
 

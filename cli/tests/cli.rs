@@ -192,6 +192,34 @@ fn doctor_names_the_control_channel_beside_a_store() {
 }
 
 #[test]
+fn doctor_says_whether_the_same_process_shortcut_is_installed() {
+    let p = tmp("shortcut.json", r#"{"local_hostname": "10.1.2.3:17000", "protocol": "tcp"}"#);
+    let out = ferry().args(["doctor", "--config"]).arg(&p).output().unwrap();
+    let s = String::from_utf8_lossy(&out.stdout);
+    assert!(s.contains("also installed:   local (tried first for same-process peers)"), "{s}");
+    let out = ferry().args(["doctor", "--config"]).arg(&p).env("FERRY_LOCAL_TRANSPORT", "0").output().unwrap();
+    let s = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{s}");
+    assert!(
+        s.contains("left out:         local (local_transport false [env FERRY_LOCAL_TRANSPORT]: peers in this process are reached through tcp)"),
+        "{s}"
+    );
+    // The embedded default's protocol is `local`: leaving it out is a problem that says why.
+    let out = ferry()
+        .args(["doctor"])
+        .env_remove("MOONCAKE_CONFIG_PATH")
+        .env("FERRY_LOCAL_TRANSPORT", "off")
+        .output()
+        .unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(!out.status.success(), "{text}");
+    assert!(
+        text.contains("field `local_transport` (from environment variable FERRY_LOCAL_TRANSPORT): is false"),
+        "{text}"
+    );
+}
+
+#[test]
 fn doctor_lists_every_declared_option_with_its_value_and_source() {
     let p = tmp(
         "tcp-options.json",

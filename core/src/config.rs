@@ -49,9 +49,14 @@ pub const ENV_OVERRIDES: &[(&str, &str)] = &[
     (CLUSTER_ID_ENV, "cluster_id"),
     ("FERRY_BASE_PORT", "base_port"),
     ("FERRY_RESOLVERS", "resolvers"),
+    (LOCAL_TRANSPORT_ENV, "local_transport"),
     (LOCAL_RANK_ENV, "local_rank"),
     (FERRY_LOCAL_RANK_ENV, "local_rank"),
 ];
+
+/// Environment variable of `local_transport` (the same-process shortcut): `0`/`false`/`off`/`no`
+/// turns it off, `1`/`true`/`on`/`yes` on ([`Config::local_transport`]).
+pub const LOCAL_TRANSPORT_ENV: &str = "FERRY_LOCAL_TRANSPORT";
 
 /// The launcher's local rank (torchrun, vLLM); `FERRY_LOCAL_RANK` wins over it.
 pub const LOCAL_RANK_ENV: &str = "LOCAL_RANK";
@@ -420,6 +425,13 @@ pub struct Config {
     /// other).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub physical_devices: Option<Vec<u32>>,
+    /// The same-process shortcut (default `true`): the `local` transport is installed beside the
+    /// configured protocol and tried first, so engines of one process reach each other by
+    /// memcpy whatever their protocol. `false` leaves it out: engines of one process then talk
+    /// through the configured protocol (a plugin under test, `tcp`), as engines in two
+    /// processes do. See [`Config::local_transport`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub local_transport: Option<bool>,
     /// Fields the core does not know. Kept so nothing is lost: options declared by transports
     /// are read from here ([`Config::option`]); `ferry doctor` lists the fields nothing in its
     /// build declares.
@@ -437,7 +449,7 @@ pub struct Config {
 impl Config {
     /// The embedded default: no file, in-process metadata, the `local` transport.
     pub fn embedded() -> Self {
-        let mut c = Config { protocol: Some("local".into()), ..Config::default() };
+        let mut c = Config { protocol: Some(LOCAL_PROTOCOL.into()), ..Config::default() };
         c.sources.insert("protocol", FieldSource::Api);
         c
     }
@@ -563,6 +575,13 @@ impl Config {
                         bad(format!("not a port number ({} to {})", BASE_PORT_RANGE.start(), BASE_PORT_RANGE.end()))
                     })?))
                 }
+                "local_transport" => {
+                    self.local_transport = Some(parse_switch(&value).ok_or_else(|| {
+                        bad("expected 1 or 0 (also true/false, on/off, yes/no): keep or leave out the same-process \
+                             `local` transport"
+                            .into())
+                    })?)
+                }
                 "resolvers" => {
                     let names: Vec<String> = value.split(',').map(|n| n.trim().to_owned()).collect();
                     if names.iter().any(String::is_empty) {
@@ -611,6 +630,17 @@ impl Config {
         if let Some(rank) = self.local_rank {
             check_range(rank, &LOCAL_RANK_RANGE, "(a local rank: one process of a node)")
                 .map_err(|m| self.value_error("local_rank", &m))?;
+        }
+        if !self.local_transport() && self.protocol() == LOCAL_PROTOCOL {
+            return Err(self.value_error(
+                "local_transport",
+                &format!(
+                    "is false, but the protocol is `local` ({}): the same-process transport cannot be both \
+                     left out and the engine's transport; set `protocol` (or FERRY_PROTOCOL) to the transport \
+                     engines of this process should talk through, or drop `local_transport`",
+                    self.describe_source("protocol")
+                ),
+            ));
         }
         Ok(())
     }
@@ -760,6 +790,21 @@ impl Config {
             .map_err(|_| self.field_error("base_port", &format!("{base} + local rank {rank} = {port} is past 65535")))
     }
 
+    /// Whether the same-process shortcut is on: the `local` transport (every
+    /// [companion](crate::TransportFactory::companion) transport) installed beside the configured
+    /// protocol and tried first for peers of this process. `local_transport`, else
+    /// `FERRY_LOCAL_TRANSPORT`, default `true`.
+    pub fn local_transport(&self) -> bool {
+        self.local_transport.unwrap_or(true)
+    }
+
+    /// The names of the fields the core reads, in declaration order (the fields transports and
+    /// metadata backends declare are [`OptionSpec`](crate::OptionSpec)s, listed by their
+    /// registries). For generated and checked documentation.
+    pub fn core_fields() -> &'static [&'static str] {
+        crate::json_fields::serde_fields::<Config>()
+    }
+
     /// Effective protocol (default [`DEFAULT_PROTOCOL`]).
     pub fn protocol(&self) -> &str {
         self.protocol.as_deref().unwrap_or(DEFAULT_PROTOCOL)
@@ -895,6 +940,18 @@ impl Config {
             .map(|(l, c)| format!(" at line {l} column {c}"))
             .unwrap_or_default();
         Error::config(format!("config {file}: field `{field}`{pos}: {msg}"))
+    }
+}
+
+/// The protocol of the same-process transport, the embedded default's.
+const LOCAL_PROTOCOL: &str = "local";
+
+/// An on/off environment value: `1`, `true`, `on`, `yes` or `0`, `false`, `off`, `no` (any case).
+fn parse_switch(value: &str) -> Option<bool> {
+    match value.trim().to_ascii_lowercase().as_str() {
+        "1" | "true" | "on" | "yes" => Some(true),
+        "0" | "false" | "off" | "no" => Some(false),
+        _ => None,
     }
 }
 
@@ -1334,5 +1391,49 @@ mod tests {
             let e = Config::default().apply_env(|k| (k == var).then(|| value.to_owned())).unwrap_err();
             assert!(e.message().contains(needle), "{var}={value}: {e}");
         }
+    }
+
+    #[test]
+    fn local_transport_is_on_by_default_and_turned_off_by_the_field_or_the_variable() {
+        assert!(Config::default().local_transport());
+        assert!(Config::embedded().local_transport());
+        let c = Config::from_json_str(r#"{"protocol": "tcp", "local_transport": false}"#, None).unwrap();
+        assert!(!c.local_transport());
+        assert!(Config::core_fields().contains(&"local_transport"));
+        for (value, on) in [("0", false), ("off", false), ("False", false), ("no", false), ("1", true), ("yes", true)] {
+            let mut c = Config::from_json_str(r#"{"protocol": "tcp"}"#, None).unwrap();
+            c.apply_env(|k| (k == LOCAL_TRANSPORT_ENV).then(|| value.to_owned())).unwrap();
+            assert_eq!(c.local_transport(), on, "{LOCAL_TRANSPORT_ENV}={value}");
+            assert_eq!(c.source_of("local_transport"), Some(&FieldSource::Env(LOCAL_TRANSPORT_ENV)));
+        }
+        let e = Config::from_json_str(r#"{"protocol": "tcp"}"#, None)
+            .unwrap()
+            .apply_env(|k| (k == LOCAL_TRANSPORT_ENV).then(|| "maybe".to_owned()))
+            .unwrap_err();
+        assert!(e.message().contains("FERRY_LOCAL_TRANSPORT=\"maybe\": expected 1 or 0"), "{e}");
+        let e = Config::from_json_str(r#"{"local_transport": "no"}"#, None).unwrap_err();
+        assert!(e.message().contains("field `local_transport`") && e.message().contains("expected a boolean"), "{e}");
+    }
+
+    #[test]
+    fn leaving_out_the_local_transport_while_it_is_the_protocol_is_refused_naming_both() {
+        let e = Config::from_json_str(r#"{"protocol": "local", "local_transport": false}"#, Some(Path::new("/m.json")))
+            .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Config);
+        assert!(e.message().contains("/m.json: field `local_transport` at line 1 column 23: is false"), "{e}");
+        assert!(e.message().contains("the protocol is `local` (config field `protocol` in /m.json)"), "{e}");
+        // The embedded default's protocol is `local`: the variable alone names itself.
+        let e = Config::discover_with(|k| (k == LOCAL_TRANSPORT_ENV).then(|| "0".to_owned())).unwrap_err();
+        assert!(
+            e.message().contains("field `local_transport` (from environment variable FERRY_LOCAL_TRANSPORT)"),
+            "{e}"
+        );
+        assert!(e.message().contains("set `protocol` (or FERRY_PROTOCOL)"), "{e}");
+        let env = |k: &str| match k {
+            "FERRY_LOCAL_TRANSPORT" => Some("0".to_owned()),
+            "FERRY_PROTOCOL" => Some("tcp".to_owned()),
+            _ => None,
+        };
+        assert!(!Config::discover_with(env).unwrap().local_transport());
     }
 }

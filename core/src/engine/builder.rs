@@ -248,9 +248,12 @@ impl EngineBuilder {
             descriptors: Some(Arc::new(MetadataDescriptors { store: store.clone(), keys: keys.clone() })),
         };
         let mut transports: Vec<Arc<dyn Transport>> = Vec::new();
-        for factory in self.transports.companions() {
-            if factory.protocol() != primary_factory.protocol() {
-                transports.push(factory.create(&ctx).await?);
+        // The same-process shortcut, unless the config leaves it out (`local_transport: false`).
+        if config.local_transport() {
+            for factory in self.transports.companions() {
+                if factory.protocol() != primary_factory.protocol() {
+                    transports.push(factory.create(&ctx).await?);
+                }
             }
         }
         let primary = primary_factory.create(&ctx).await?;

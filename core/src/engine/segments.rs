@@ -96,6 +96,19 @@ impl EngineInner {
             .load(&desc.protocol, &self.config)
             .map_err(|e| e.context(format!("segment `{}`: {}", desc.name, e.message())))?
             .ok_or_else(|| no_transport_for(desc, &self.transport_registry.searched(&self.config)))?;
+        if factory.companion() && !self.config.local_transport() {
+            // Left out by the config: not brought back for a peer that publishes it.
+            return Err(Error::new(
+                ErrorKind::Unsupported,
+                format!(
+                    "segment `{}` is served by the same-process `{}` transport only, which this engine leaves out \
+                     (`local_transport` is false, {})",
+                    desc.name,
+                    desc.protocol,
+                    self.config.describe_source("local_transport")
+                ),
+            ));
+        }
         let transport = factory.create(&self.ctx).await?;
         if !transport.serves(desc) {
             transport.shutdown().await;

@@ -13,8 +13,13 @@
 //! transport, so the same transport can be measured both ways.
 //!
 //! Only host memory is moved; device regions are refused with `Unsupported`.
+//!
+//! It counts the requests it is given ([`ferry_transport_example_requests`], exported for
+//! `dlsym`), so a test can tell that a transfer went through the plugin and not through the
+//! engine's same-process `local` transport (see `local_transport` in docs/configuration.md).
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use async_trait::async_trait;
@@ -31,6 +36,18 @@ pub const PROTOCOL: &str = "example";
 pub const INSTANCE_FIELD: &str = "example_instance";
 
 ferry_plugin::declare_plugin!(protocol = "example", factory = ExampleTransportFactory);
+
+/// Requests given to the `example` transports of this copy of the library.
+static REQUESTS: AtomicU64 = AtomicU64::new(0);
+
+/// Requests the `example` transports of this copy of the library were given to submit since it
+/// was loaded (each once, whatever its outcome). Exported unmangled: a host that loaded the
+/// plugin reads it with `dlsym(handle, "ferry_transport_example_requests")`, to see that the
+/// plugin carried a transfer rather than the engine's same-process `local` transport.
+#[unsafe(no_mangle)]
+pub extern "C" fn ferry_transport_example_requests() -> u64 {
+    REQUESTS.load(Ordering::Relaxed)
+}
 
 /// A live instance, as the directory knows it.
 struct Live {
@@ -136,6 +153,7 @@ impl Transport for ExampleTransport {
     /// Copies inline: a memcpy transport finishes its requests before `submit` returns.
     fn submit(&self, target: &Arc<OpenSegment>, mut submission: Submission) {
         let peer = peer_memory(target.descriptor());
+        REQUESTS.fetch_add(submission.indices().len() as u64, Ordering::Relaxed);
         for i in submission.indices().to_vec() {
             let outcome = if submission.is_cancelled() {
                 Err(Error::new(ErrorKind::Cancelled, "cancelled before it started"))
