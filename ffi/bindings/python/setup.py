@@ -2,14 +2,20 @@
 inside the package.
 
 ``pip install ./ffi/bindings/python`` (from the repository root) runs ``cargo build --release -p
-ferry-capi`` in the Cargo workspace two directories up and copies the library into the wheel
-(for an editable install, ``pip install -e``, into ``src/ferry/``).
+ferry-capi -p ferry-cli`` in the Cargo workspace two directories up and copies the library into
+the wheel (for an editable install, ``pip install -e``, into ``src/ferry/``). Building the C API
+together with the CLI gives every shared crate the features README's first command (``cargo run
+--release -p ferry-cli -- demo``) built it with, so after that command only the C API's own
+crate is compiled; built alone, tokio (and everything above it) would be rebuilt with other
+features. Cargo's progress goes to the terminal (``/dev/tty``) when there is one, since pip
+hides a build's output unless run with ``-v``.
 
 Environment:
   FERRY_CARGO_PROFILE  cargo profile to build (default ``release``; ``debug`` is faster to build)
   FERRY_CAPI_LIB       path of an already built libferry_c.so: bundled as is, cargo is not run
   FERRY_WORKSPACE      the Cargo workspace root, when the package is built outside the repository
   CARGO                the cargo executable (default: ``cargo`` on PATH, then ~/.cargo/bin/cargo)
+  FERRY_BUILD_LOG      ``inherit``: cargo's output goes to pip's log instead of the terminal
 """
 
 import json
@@ -61,7 +67,8 @@ def build_library() -> Path:
     root = workspace_root()
     cargo = cargo_executable()
     profile = os.environ.get("FERRY_CARGO_PROFILE", "release").strip() or "release"
-    cmd = [cargo, "build", "-p", "ferry-capi", "--lib"]
+    # With the CLI: the same feature set as README's first command, so its build is reused.
+    cmd = [cargo, "build", "-p", "ferry-capi", "-p", "ferry-cli"]
     if profile == "release":
         cmd.append("--release")
         out_dir = "release"
@@ -71,7 +78,7 @@ def build_library() -> Path:
         cmd += ["--profile", profile]
         out_dir = profile
     print(f"ferry build: {' '.join(cmd)} (in {root})", flush=True)
-    if subprocess.run(cmd, cwd=root).returncode != 0:
+    if subprocess.run(cmd, cwd=root, stderr=terminal()).returncode != 0:
         fail(f"`{' '.join(cmd)}` failed (see the cargo output above)")
     meta = subprocess.run(
         [cargo, "metadata", "--format-version", "1", "--no-deps"], cwd=root, capture_output=True, text=True
@@ -82,6 +89,20 @@ def build_library() -> Path:
     if not lib.is_file():
         fail(f"cargo succeeded but {lib} does not exist")
     return lib
+
+
+def terminal():
+    """The user's terminal for cargo's progress (pip captures the build's own output), or None
+    (inherit) without one, or when FERRY_BUILD_LOG=inherit asks for the output in pip's log."""
+    if os.environ.get("FERRY_BUILD_LOG") == "inherit":
+        return None
+    try:
+        tty = open("/dev/tty", "w")  # noqa: SIM115 (kept open for the child; closed at exit)
+    except OSError:
+        return None
+    tty.write("ferry build: compiling the C API with cargo (progress below; pip -v shows it too)\n")
+    tty.flush()
+    return tty
 
 
 class BuildPyWithCargo(build_py):
