@@ -43,6 +43,7 @@ mod json_fields;
 pub mod kv;
 pub mod memory;
 pub mod metadata;
+pub mod metrics;
 pub mod options;
 pub mod resolver;
 pub mod segment;
@@ -65,6 +66,7 @@ pub use metadata::{
     ControlChannelFactory, InProcessMetadata, MetadataConnection, MetadataFactory, MetadataRegistry, MetadataStore,
     WatchEvent,
 };
+pub use metrics::{EngineStats, LatencyBucket, LatencyStats, TransferStats};
 pub use options::{OptionSpec, OptionValue, Setting, UnknownField};
 // The built-in resolver links (`ExplicitResolver`, ...) and their order stay in
 // [`resolver`]: users name links in the config, and write their own with these.
