@@ -56,7 +56,7 @@ pub use batch::{
 pub use config::{BasePort, ByteSize, Config, ConfigStyle, FieldSource, MetadataServer, Role};
 pub use control::{ControlChannel, NoControlChannel, Notification};
 pub use descriptor::{BufferDesc, MetadataKeys, RankInfo, RpcMeta, SegmentDescriptor};
-pub use engine::{BlockBatch, EngineBuilder, KvLayoutId, TransferEngine};
+pub use engine::{BlockBatch, EngineBuilder, EngineService, KvLayoutId, ServiceGuard, TransferEngine, WeakEngine};
 pub use environment::Environment;
 pub use error::{Error, ErrorKind, Result};
 pub use host_memory::{HOST_ALIGNMENT, HostAllocation};
