@@ -727,4 +727,61 @@ mod tests {
         assert_eq!(started.load(Ordering::SeqCst), 11, "stopped at shutdown");
         assert_eq!(e.stats().registered_bytes, 0, "readable after shutdown");
     }
+
+    #[tokio::test]
+    #[allow(unsafe_code)]
+    async fn a_failed_batch_is_one_warning_naming_the_peer_and_request_and_successes_log_nothing() {
+        let captured = Captured::default();
+        let writer = captured.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_max_level(tracing::Level::INFO)
+            .with_ansi(false)
+            .finish();
+        let _guard = tracing::subscriber::set_default(subscriber);
+        let text = r#"{"local_hostname": "10.0.0.5:2", "protocol": "still"}"#;
+        let mut b = EngineBuilder::new()
+            .config(Config::from_json_str(text, None).unwrap())
+            .metadata(InProcessMetadata::new() as Arc<dyn MetadataStore>);
+        b.transports_mut().install(Arc::new(HalvesFactory));
+        let e = b.build().await.unwrap();
+        let buf = vec![0u8; 4096];
+        // SAFETY: `buf` outlives the engine's use of it; the transport never touches memory.
+        unsafe { e.register_memory(buf.as_ptr() as u64, 4096, Location::Any) }.await.unwrap();
+        let peer = e.open_segment("10.0.0.5:2").await.unwrap();
+        let req = |opcode, length| TransferRequest {
+            opcode,
+            source: buf.as_ptr() as u64,
+            target: peer,
+            target_offset: buf.as_ptr() as u64,
+            length,
+        };
+        let before = captured.0.lock().unwrap().len();
+        for _ in 0..50 {
+            e.transfer(&[req(Opcode::Read, 64)]).await.unwrap();
+        }
+        assert_eq!(captured.0.lock().unwrap().len(), before, "successful requests log nothing at info");
+        // Three writes fail (and one read succeeds): one line, naming the peer and the first.
+        let _ = e
+            .transfer(&[req(Opcode::Read, 8), req(Opcode::Write, 16), req(Opcode::Write, 32), req(Opcode::Write, 8)])
+            .await;
+        let logged = String::from_utf8(captured.0.lock().unwrap()[before..].to_vec()).unwrap();
+        let lines: Vec<&str> = logged.lines().collect();
+        assert_eq!(lines.len(), 1, "{logged}");
+        for needle in [
+            "WARN",
+            "transfer batch failed",
+            "peer=\"10.0.0.5:2\"",
+            "request=1",
+            "opcode=Write",
+            "length=16",
+            "failed=3",
+            "total=4",
+            "kind=timeout",
+            "writes time out here",
+        ] {
+            assert!(lines[0].contains(needle), "{needle:?} not in {logged}");
+        }
+        e.shutdown().await.unwrap();
+    }
 }
