@@ -30,8 +30,11 @@ use prometheus_client::registry::{Registry, Unit};
 /// The content type of the text `/metrics` serves (OpenMetrics 1.0, which Prometheus scrapes).
 pub const CONTENT_TYPE_OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
+/// Reads one percentile (in microseconds) of a latency snapshot.
+type Percentile = fn(&ferry_core::LatencyStats) -> f64;
+
 /// Quantiles exported as `ferry_batch_latency_quantile_seconds{quantile=...}`.
-const QUANTILES: [(&str, fn(&ferry_core::LatencyStats) -> f64); 4] =
+const QUANTILES: [(&str, Percentile); 4] =
     [("0.5", |l| l.p50_us), ("0.9", |l| l.p90_us), ("0.99", |l| l.p99_us), ("0.999", |l| l.p999_us)];
 
 /// Snapshots of engines' counters as a `prometheus-client` collector.
