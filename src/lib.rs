@@ -68,6 +68,10 @@ pub mod transports {
     pub use ferry_transport_tcp as tcp;
 }
 
+/// The Prometheus endpoint (`metrics_addr`) and the text it serves.
+#[cfg(feature = "metrics")]
+pub use ferry_metrics as metrics_endpoint;
+
 /// The metadata backend crates compiled into this build.
 pub mod metadata_backends {
     #[cfg(feature = "http")]
@@ -151,11 +155,17 @@ pub fn declared_options() -> Vec<&'static OptionSpec> {
 /// An engine builder on the embedded default config with every compiled-in transport, metadata
 /// store and control channel available. Replace the config with `.config(Config::discover()?)` to
 /// honour `MOONCAKE_CONFIG_PATH` and the environment overrides.
+///
+/// With the `metrics` feature (default) it also starts the engine's Prometheus endpoint when
+/// its config has `metrics_addr` (`FERRY_METRICS_ADDR`; see docs/metrics.md).
 pub fn builder() -> EngineBuilder {
-    EngineBuilder::new()
+    let builder = EngineBuilder::new()
         .transports(default_transports())
         .metadata_registry(default_metadata())
-        .resolver_registry(default_resolvers())
+        .resolver_registry(default_resolvers());
+    #[cfg(feature = "metrics")]
+    let builder = builder.service(std::sync::Arc::new(ferry_metrics::MetricsService));
+    builder
 }
 
 /// README's Rust example, compiled and run as a doc test (`cargo test --doc -p ferry`).

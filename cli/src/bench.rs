@@ -157,6 +157,10 @@ fn initiator_segment(args: &BenchArgs) -> Result<Option<String>> {
     Ok(Some(segment.to_owned()))
 }
 
+/// The batch-latency percentiles the summary prints, as text and as JSON (`batch_latency_us`),
+/// by the same names.
+const PERCENTILES: [(&str, f64); 4] = [("p50", 50.0), ("p90", 90.0), ("p99", 99.0), ("p999", 99.9)];
+
 fn parse_size(s: &str) -> Result<u64, String> {
     ByteSize::parse(s).map(|b| b.0).and_then(|b| if b == 0 { Err("size must be non-zero".into()) } else { Ok(b) })
 }
@@ -310,11 +314,10 @@ pub(crate) async fn run(args: BenchArgs) -> Result<std::process::ExitCode> {
                 "batches": latencies.len(),
                 "throughput": rate,
                 "unit": format!("{}/s", args.report_unit),
-                "batch_latency_us": {
-                    "p50": percentile(&latencies, 50.0).as_secs_f64() * 1e6,
-                    "p99": percentile(&latencies, 99.0).as_secs_f64() * 1e6,
-                    "p999": percentile(&latencies, 99.9).as_secs_f64() * 1e6,
-                },
+                "batch_latency_us": PERCENTILES
+                    .iter()
+                    .map(|&(name, p)| (name.to_owned(), serde_json::json!(percentile(&latencies, p).as_secs_f64() * 1e6)))
+                    .collect::<serde_json::Map<_, _>>(),
                 "peak_rss_bytes": peak,
                 "buffer_bytes": args.buffer_size,
                 "device": args.device.to_string(),
@@ -323,12 +326,14 @@ pub(crate) async fn run(args: BenchArgs) -> Result<std::process::ExitCode> {
     } else {
         let _ = writeln!(
             out,
-            "Test completed: duration {:.2}, batch count {}, batch latency p50 {} p99 {} p999 {}, peak RSS {} MiB (buffer {} MiB)",
+            "Test completed: duration {:.2}, batch count {}, batch latency {}, peak RSS {} MiB (buffer {} MiB)",
             elapsed.as_secs_f64(),
             latencies.len(),
-            fmt_latency(percentile(&latencies, 50.0)),
-            fmt_latency(percentile(&latencies, 99.0)),
-            fmt_latency(percentile(&latencies, 99.9)),
+            PERCENTILES
+                .iter()
+                .map(|&(name, p)| format!("{name} {}", fmt_latency(percentile(&latencies, p))))
+                .collect::<Vec<_>>()
+                .join(" "),
             peak.map(|b| b >> 20).unwrap_or(0),
             args.buffer_size >> 20,
         );

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::memory::{Region, RegionLease};
+use crate::metrics::EngineMetrics;
 use crate::segment::OpenSegment;
 pub use crate::segment::SegmentHandle;
 
@@ -145,6 +146,10 @@ pub(crate) struct BatchCore {
     done_cv: Condvar,
     /// Told about each request once it is released.
     on_release: OnRelease,
+    /// The engine's counters (for batches an engine minted).
+    metrics: Option<Arc<EngineMetrics>>,
+    /// A request failed (not cancelled): the batch logs one line when it finishes.
+    any_failed: AtomicBool,
 }
 
 impl BatchCore {
@@ -156,6 +161,7 @@ impl BatchCore {
         leases: Vec<RegionLease>,
         segments: Vec<Arc<OpenSegment>>,
         on_release: Option<ReleaseObserver>,
+        metrics: Option<Arc<EngineMetrics>>,
     ) -> Arc<Self> {
         let n = requests.len();
         let total_bytes = requests.iter().map(|r| r.request.length).sum();
@@ -176,6 +182,8 @@ impl BatchCore {
             done_lock: Mutex::new(n == 0),
             done_cv: Condvar::new(),
             on_release: OnRelease(on_release),
+            metrics,
+            any_failed: AtomicBool::new(false),
         })
     }
 
@@ -269,6 +277,23 @@ impl BatchCore {
             return false;
         }
         if let Err(e) = result {
+            if let Some(m) = &self.metrics {
+                m.failure(e.kind());
+            }
+            if e.kind() != ErrorKind::Cancelled {
+                self.any_failed.store(true, Ordering::Release);
+                let r = &self.requests[i].request;
+                tracing::debug!(
+                    segment = self.metrics.as_ref().map_or("", |m| m.segment()),
+                    peer = self.peer_name(r.target),
+                    request = i,
+                    opcode = ?r.opcode,
+                    length = r.length,
+                    kind = %e.kind(),
+                    error = %e,
+                    "transfer request failed"
+                );
+            }
             if e.kind() == ErrorKind::PeerUnreachable {
                 let target = self.requests[i].request.target;
                 if let Some(seg) = self.segments.iter().find(|s| s.handle() == target) {
@@ -284,11 +309,77 @@ impl BatchCore {
     }
 
     fn finish(&self) {
-        let _ = self.finished_at.set(Instant::now());
+        let now = Instant::now();
+        let _ = self.finished_at.set(now);
+        if let Some(m) = &self.metrics {
+            m.batch_finished(now - self.submitted_at);
+            self.count_into_routes();
+        }
+        if self.any_failed.load(Ordering::Acquire) {
+            self.log_failure();
+        }
         self.notify.notify_waiters();
         let mut done = self.done_lock.lock().unwrap_or_else(|p| p.into_inner());
         *done = true;
         self.done_cv.notify_all();
+    }
+
+    /// The segment name of target `handle`, for logs.
+    fn peer_name(&self, handle: SegmentHandle) -> &str {
+        self.segments.iter().find(|s| s.handle() == handle).map_or("?", |s| s.name())
+    }
+
+    /// One line per failed batch, at `warn`: the peer and request of its first failure, and how
+    /// many failed (each failed request has its own line at `debug`).
+    fn log_failure(&self) {
+        let errors = self.errors.lock().unwrap_or_else(|p| p.into_inner());
+        let failed: Vec<&(usize, Error)> = errors.iter().filter(|(_, e)| e.kind() != ErrorKind::Cancelled).collect();
+        let Some((i, e)) = failed.iter().min_by_key(|(i, _)| *i) else { return };
+        let r = &self.requests[*i].request;
+        tracing::warn!(
+            segment = self.metrics.as_ref().map_or("", |m| m.segment()),
+            peer = self.peer_name(r.target),
+            request = i,
+            opcode = ?r.opcode,
+            length = r.length,
+            failed = failed.len(),
+            total = self.len(),
+            kind = %e.kind(),
+            error = %e,
+            "transfer batch failed"
+        );
+    }
+
+    /// Adds the finished batch's requests to the counters of their routes: each run of requests
+    /// to one segment with one opcode with a few atomic additions (every outcome is final here).
+    fn count_into_routes(&self) {
+        let flush = |key: Option<(SegmentHandle, usize)>, (requests, bytes, failed): (u64, u64, u64)| {
+            let Some((target, opcode)) = key else { return };
+            let seg = match self.segments.as_slice() {
+                [only] if only.handle() == target => Some(only),
+                all => all.iter().find(|s| s.handle() == target),
+            };
+            if let Some(route) = seg.and_then(|s| s.metrics()) {
+                route.add(opcode, requests, bytes, failed);
+            }
+        };
+        let mut key = None;
+        let mut acc = (0u64, 0u64, 0u64);
+        for (r, state) in self.requests.iter().zip(self.state.iter()) {
+            let this = Some((r.request.target, r.request.opcode as usize));
+            if this != key {
+                flush(key, acc);
+                key = this;
+                acc = (0, 0, 0);
+            }
+            if state.load(Ordering::Acquire) == COMPLETED {
+                acc.0 += 1;
+                acc.1 += r.request.length;
+            } else {
+                acc.2 += 1;
+            }
+        }
+        flush(key, acc);
     }
 
     /// Cancels every request that has not completed. Requests a transport already started may
@@ -485,7 +576,7 @@ impl Batch {
         segments: Vec<Arc<OpenSegment>>,
     ) -> std::result::Result<(Batch, Submission), (usize, Error)> {
         let leases = memory.lease_many(requests.iter().map(|r| (r.source, r.length)))?;
-        Self::from_leases(requests, leases, segments, None)
+        Self::from_leases(requests, leases, segments, None, None)
     }
 
     /// [`lease`](Self::lease), with `on_release` told about each request once its transport
@@ -507,17 +598,18 @@ impl Batch {
         on_release: impl Fn(&Batch, usize) + Send + Sync + 'static,
     ) -> std::result::Result<(Batch, Submission), (usize, Error)> {
         let leases = memory.lease_many(requests.iter().map(|r| (r.source, r.length)))?;
-        Self::from_leases(requests, leases, segments, Some(Box::new(on_release)))
+        Self::from_leases(requests, leases, segments, Some(Box::new(on_release)), None)
     }
 
     /// [`lease`](Self::lease) with the leases already taken (one per request, in order, each
     /// covering its request's local range: the engine checks the local ranges before it looks
-    /// up the segments, and takes them only once).
+    /// up the segments, and takes them only once), counting into the engine's `metrics`.
     pub(crate) fn from_leases(
         requests: &[TransferRequest],
         leases: Vec<RegionLease>,
         segments: Vec<Arc<OpenSegment>>,
         on_release: Option<ReleaseObserver>,
+        metrics: Option<Arc<EngineMetrics>>,
     ) -> std::result::Result<(Batch, Submission), (usize, Error)> {
         let validated: Vec<ValidatedRequest> = requests
             .iter()
@@ -528,7 +620,7 @@ impl Batch {
         let mut held = leases;
         held.sort_unstable_by_key(|l| Arc::as_ptr(l) as usize);
         held.dedup_by(|a, b| Arc::ptr_eq(a, b));
-        let core = BatchCore::new(validated, held, segments, on_release);
+        let core = BatchCore::new(validated, held, segments, on_release, metrics);
         let n =
             u32::try_from(requests.len()).map_err(|_| (0, Error::invalid("more than 2^32 requests in one batch")))?;
         let submission = Submission::new(core.clone(), (0..n).collect());

@@ -52,7 +52,11 @@ pub const ENV_OVERRIDES: &[(&str, &str)] = &[
     (LOCAL_TRANSPORT_ENV, "local_transport"),
     (LOCAL_RANK_ENV, "local_rank"),
     (FERRY_LOCAL_RANK_ENV, "local_rank"),
+    (METRICS_ADDR_ENV, "metrics_addr"),
 ];
+
+/// Environment variable of `metrics_addr` (where an engine serves its Prometheus metrics).
+pub const METRICS_ADDR_ENV: &str = "FERRY_METRICS_ADDR";
 
 /// Environment variable of `local_transport` (the same-process shortcut): `0`/`false`/`off`/`no`
 /// turns it off, `1`/`true`/`on`/`yes` on ([`Config::local_transport`]).
@@ -432,6 +436,12 @@ pub struct Config {
     /// processes do. See [`Config::local_transport`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub local_transport: Option<bool>,
+    /// Address (`ip:port`) where the engine serves its counters as Prometheus text at
+    /// `/metrics` (with the facade's `metrics` feature, default); port 0 picks a free port.
+    /// Absent: no endpoint ([`TransferEngine::stats`](crate::TransferEngine::stats) still
+    /// reads them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metrics_addr: Option<String>,
     /// Fields the core does not know. Kept so nothing is lost: options declared by transports
     /// are read from here ([`Config::option`]); `ferry doctor` lists the fields nothing in its
     /// build declares.
@@ -566,6 +576,7 @@ impl Config {
                     })?)
                 }
                 "cluster_id" => self.cluster_id = Some(value.clone()),
+                "metrics_addr" => self.metrics_addr = Some(value.clone()),
                 "rpc_port" => {
                     self.rpc_port =
                         Some(value.parse().map_err(|_| bad("not a port number (0 to 65535; 0: a free port)".into()))?)
@@ -630,6 +641,14 @@ impl Config {
         if let Some(rank) = self.local_rank {
             check_range(rank, &LOCAL_RANK_RANGE, "(a local rank: one process of a node)")
                 .map_err(|m| self.value_error("local_rank", &m))?;
+        }
+        if let Some(addr) = &self.metrics_addr
+            && addr.parse::<std::net::SocketAddr>().is_err()
+        {
+            return Err(self.value_error(
+                "metrics_addr",
+                &format!("is \"{addr}\"; expected an IP address and port, e.g. 127.0.0.1:9464 or 0.0.0.0:9464"),
+            ));
         }
         if !self.local_transport() && self.protocol() == LOCAL_PROTOCOL {
             return Err(self.value_error(
@@ -803,6 +822,12 @@ impl Config {
     /// registries). For generated and checked documentation.
     pub fn core_fields() -> &'static [&'static str] {
         crate::json_fields::serde_fields::<Config>()
+    }
+
+    /// Where the engine serves its Prometheus metrics (`metrics_addr`), when set and valid
+    /// ([`validate`](Self::validate) refuses an invalid one).
+    pub fn metrics_addr(&self) -> Option<std::net::SocketAddr> {
+        self.metrics_addr.as_deref().and_then(|a| a.parse().ok())
     }
 
     /// Effective protocol (default [`DEFAULT_PROTOCOL`]).
@@ -1435,5 +1460,24 @@ mod tests {
             _ => None,
         };
         assert!(!Config::discover_with(env).unwrap().local_transport());
+    }
+
+    #[test]
+    fn metrics_addr_is_an_ip_and_port_from_the_file_or_the_environment() {
+        let c = Config::from_json_str(r#"{"metrics_addr": "127.0.0.1:9464"}"#, None).unwrap();
+        assert_eq!(c.metrics_addr(), Some("127.0.0.1:9464".parse().unwrap()));
+        assert!(Config::core_fields().contains(&"metrics_addr"));
+        let mut c = Config::default();
+        c.apply_env(|k| (k == METRICS_ADDR_ENV).then(|| "0.0.0.0:0".to_owned())).unwrap();
+        assert_eq!(c.metrics_addr().map(|a| a.port()), Some(0));
+        assert_eq!(c.source_of("metrics_addr"), Some(&FieldSource::Env(METRICS_ADDR_ENV)));
+        let e = Config::default().apply_env(|k| (k == METRICS_ADDR_ENV).then(|| "localhost".to_owned())).unwrap_err();
+        assert!(
+            e.message().contains("FERRY_METRICS_ADDR") && e.message().contains("expected an IP address and port"),
+            "{e}"
+        );
+        let e = Config::from_json_str(r#"{"metrics_addr": ":9464"}"#, None).unwrap_err();
+        assert!(e.message().contains("metrics_addr"), "{e}");
+        assert_eq!(Config::default().metrics_addr(), None);
     }
 }

@@ -43,6 +43,7 @@ mod json_fields;
 pub mod kv;
 pub mod memory;
 pub mod metadata;
+pub mod metrics;
 pub mod options;
 pub mod resolver;
 pub mod segment;
@@ -55,7 +56,7 @@ pub use batch::{
 pub use config::{BasePort, ByteSize, Config, ConfigStyle, FieldSource, MetadataServer, Role};
 pub use control::{ControlChannel, NoControlChannel, Notification};
 pub use descriptor::{BufferDesc, MetadataKeys, RankInfo, RpcMeta, SegmentDescriptor};
-pub use engine::{BlockBatch, EngineBuilder, KvLayoutId, TransferEngine};
+pub use engine::{BlockBatch, EngineBuilder, EngineService, KvLayoutId, ServiceGuard, TransferEngine, WeakEngine};
 pub use environment::Environment;
 pub use error::{Error, ErrorKind, Result};
 pub use host_memory::{HOST_ALIGNMENT, HostAllocation};
@@ -65,6 +66,7 @@ pub use metadata::{
     ControlChannelFactory, InProcessMetadata, MetadataConnection, MetadataFactory, MetadataRegistry, MetadataStore,
     WatchEvent,
 };
+pub use metrics::{EngineStats, LatencyBucket, LatencyStats, TransferStats};
 pub use options::{OptionSpec, OptionValue, Setting, UnknownField};
 // The built-in resolver links (`ExplicitResolver`, ...) and their order stay in
 // [`resolver`]: users name links in the config, and write their own with these.

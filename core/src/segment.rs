@@ -51,6 +51,9 @@ pub struct OpenSegment {
     /// What the transport opened for this descriptor, or why it could not.
     peer: std::result::Result<PeerHandle, Error>,
     stale: AtomicBool,
+    /// The engine's counters for this peer and transport (none for segments built outside an
+    /// engine).
+    metrics: Option<Arc<crate::metrics::RouteMetrics>>,
 }
 
 impl std::fmt::Debug for OpenSegment {
@@ -80,7 +83,26 @@ impl OpenSegment {
             .map(|b| (b.addr, b.addr.saturating_add(b.length)))
             .collect();
         ranges.sort_unstable();
-        Self { handle, descriptor, ranges, protocol: protocol.into(), peer, stale: AtomicBool::new(false) }
+        Self {
+            handle,
+            descriptor,
+            ranges,
+            protocol: protocol.into(),
+            peer,
+            stale: AtomicBool::new(false),
+            metrics: None,
+        }
+    }
+
+    /// The same segment, counting its requests into `metrics` (the engine's, per route).
+    pub(crate) fn with_metrics(mut self, metrics: Arc<crate::metrics::RouteMetrics>) -> Self {
+        self.metrics = Some(metrics);
+        self
+    }
+
+    /// The engine's counters of this route, when an engine opened it.
+    pub(crate) fn metrics(&self) -> Option<&Arc<crate::metrics::RouteMetrics>> {
+        self.metrics.as_ref()
     }
 
     /// The handle callers use.

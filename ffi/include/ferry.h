@@ -173,6 +173,29 @@ int32_t ferry_engine_segment_name(FerryEngine engine, char *buf, size_t cap, siz
 int32_t ferry_engine_rpc_port(FerryEngine engine, uint16_t *out);
 
 /**
+ * Copies a snapshot of the engine's counters, as JSON text, NUL-terminated into `buf` of `cap`
+ * bytes and stores its length without the NUL in `*len`.
+ *
+ * The JSON object is `TransferEngine::stats` of the Rust API: `segment`, `transfers` (one
+ * object per transport, peer and opcode: `requests`, `bytes`, `failed_requests`), `failures` and
+ * `rejected_submissions` (counts by error kind name), `batch_latency` (`count`, `sum_seconds`,
+ * `p50_us`, `p90_us`, `p99_us`, `p999_us`, `max_us`, `buckets`), `open_segments`,
+ * `registered_bytes`, `registered_regions`; docs/metrics.md describes each. Fields may be added
+ * in later versions, never removed.
+ *
+ * When `cap` is too small (`cap <= *len`) nothing is copied and it returns
+ * `FERRY_E_INVALID_ARGUMENT`, with `*len` set: call with `buf = NULL, cap = 0` to learn the size,
+ * and leave some room (a few hundred bytes): the counters, and so the text, may grow between
+ * the two calls. Works after the engine shut down too (the counters stay readable until
+ * `ferry_engine_destroy`).
+ *
+ * # Safety
+ * `buf` is NULL (then `cap` must be 0) or valid for writing `cap` bytes; `len` is valid for
+ * writing one `size_t`.
+ */
+int32_t ferry_engine_stats(FerryEngine engine, char *buf, size_t cap, size_t *len);
+
+/**
  * Registers `[addr, addr + length)` with the engine and publishes it: from now on local
  * requests may use the range, and peers may read and write it.
  *

@@ -16,6 +16,7 @@ pub struct EngineBuilder {
     resolvers: Option<ResolverChain>,
     resolver_registry: ResolverRegistry,
     local_rank: Option<u32>,
+    services: Vec<Arc<dyn EngineService>>,
 }
 
 impl std::fmt::Debug for EngineBuilder {
@@ -46,6 +47,7 @@ impl EngineBuilder {
             resolvers: None,
             resolver_registry: ResolverRegistry::with_builtin(),
             local_rank: None,
+            services: Vec::new(),
         }
     }
 
@@ -142,6 +144,13 @@ impl EngineBuilder {
     /// resolvers, the device.
     pub fn local_rank(mut self, rank: u32) -> Self {
         self.local_rank = Some(rank);
+        self
+    }
+
+    /// Adds a service started beside the engine once it is built (and stopped with it); the
+    /// facade's builder adds its metrics endpoint this way.
+    pub fn service(mut self, service: Arc<dyn EngineService>) -> Self {
+        self.services.push(service);
         self
     }
 
@@ -260,6 +269,7 @@ impl EngineBuilder {
         transports.push(primary.clone());
         let transport_registry = self.transports;
 
+        let metrics = EngineMetrics::new(&name);
         let inner = Arc::new(EngineInner {
             name,
             instance,
@@ -282,6 +292,8 @@ impl EngineBuilder {
             owned_runtime: Mutex::new(None),
             shut_down: AtomicBool::new(false),
             watch_task: Mutex::new(Vec::new()),
+            metrics,
+            services: Mutex::new(Vec::new()),
         });
         inner.refuse_live_namesake().await?;
         inner.publish().await?;
@@ -298,7 +310,18 @@ impl EngineBuilder {
             control_channel = inner.channel.name(),
             "engine started"
         );
-        Ok(TransferEngine { inner })
+        let engine = TransferEngine { inner };
+        for service in &self.services {
+            match service.start(&engine).await {
+                Ok(Some(guard)) => engine.inner.services.lock().unwrap_or_else(|p| p.into_inner()).push(guard),
+                Ok(None) => {}
+                Err(e) => {
+                    let _ = engine.shutdown().await;
+                    return Err(e.context(format!("starting the engine's {}: {}", service.name(), e.message())));
+                }
+            }
+        }
+        Ok(engine)
     }
 }
 

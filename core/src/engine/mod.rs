@@ -7,6 +7,7 @@ mod notify;
 mod publication;
 mod registration;
 mod segments;
+mod service;
 mod submit;
 
 use std::collections::HashMap;
@@ -27,6 +28,7 @@ use crate::kv::{
 };
 use crate::memory::{Location, MemoryRegistry, Region, RegisteredMemory};
 use crate::metadata::{MetadataConnection, MetadataRegistry, MetadataStore, WatchEvent};
+use crate::metrics::{EngineMetrics, EngineStats};
 use crate::resolver::{Environment, Resolution, ResolveQuery, ResolverChain, ResolverRegistry};
 use crate::segment::OpenSegment;
 use crate::segment_name::SegmentName;
@@ -38,6 +40,7 @@ pub use builder::EngineBuilder;
 pub use publication::REPUBLISH_CHECK;
 use publication::keep_published;
 use segments::{MetadataDescriptors, Route, SegmentTable, watch_segments};
+pub use service::{EngineService, ServiceGuard, WeakEngine};
 
 struct EngineInner {
     name: String,
@@ -70,6 +73,10 @@ struct EngineInner {
     shut_down: AtomicBool,
     /// Background tasks (re-publication, watch), aborted at shutdown.
     watch_task: Mutex<Vec<tokio::task::JoinHandle<()>>>,
+    /// Counters and the batch-latency histogram ([`TransferEngine::stats`]).
+    metrics: Arc<EngineMetrics>,
+    /// Services started beside the engine (stopped at shutdown, or when this is dropped).
+    services: Mutex<Vec<ServiceGuard>>,
 }
 
 impl Drop for EngineInner {
@@ -182,6 +189,21 @@ impl TransferEngine {
         self.inner.descriptor()
     }
 
+    /// A snapshot of this engine's counters: completed and failed requests and their bytes by
+    /// transport, peer and opcode (requests this engine initiated), failures and refused
+    /// submissions by error kind, batch-latency percentiles and buckets, open segments, and
+    /// registered memory. Cheap enough to call every second (it reads the counters, locks the
+    /// segment table and the memory registry briefly, and allocates the snapshot); works after
+    /// shutdown too. docs/metrics.md describes every field.
+    pub fn stats(&self) -> EngineStats {
+        let mut stats = self.inner.metrics.snapshot();
+        stats.open_segments = self.inner.segments.read().unwrap_or_else(|p| p.into_inner()).len() as u64;
+        let regions = self.inner.memory.regions();
+        stats.registered_regions = regions.len() as u64;
+        stats.registered_bytes = regions.iter().map(|r| r.len()).sum();
+        stats
+    }
+
     /// Default transfer timeout (from the config).
     pub fn transfer_timeout(&self) -> Duration {
         self.inner.config.transfer_timeout()
@@ -240,6 +262,9 @@ impl TransferEngine {
             task.abort();
         }
         self.inner.memory.close();
+        // Services stop first (a metrics endpoint stops answering; its counters stay readable
+        // through `stats`).
+        drop(std::mem::take(&mut *self.inner.services.lock().unwrap_or_else(|p| p.into_inner())));
         let _change = self.inner.transport_change.lock().await;
         for t in self.inner.transports().iter() {
             t.shutdown().await;
@@ -596,5 +621,167 @@ mod tests {
             e.message().contains("field `transfer_timeout_ms`") && e.message().contains("expected 1 to 86400000"),
             "{e}"
         );
+    }
+
+    /// Completes reads, fails writes with a timeout.
+    struct Halves;
+    #[async_trait::async_trait]
+    impl Transport for Halves {
+        fn protocol(&self) -> &str {
+            "still"
+        }
+        fn capabilities(&self) -> Capabilities {
+            Capabilities { read: true, write: true, ..Capabilities::default() }
+        }
+        fn submit(&self, _: &Arc<OpenSegment>, mut submission: Submission) {
+            let outcomes: Vec<(u32, bool)> =
+                submission.requests().map(|(i, r)| (i, r.request.opcode == Opcode::Read)).collect();
+            for (i, read) in outcomes {
+                submission.complete(i, if read { Ok(()) } else { Err(Error::timeout("writes time out here")) });
+            }
+        }
+    }
+    struct HalvesFactory;
+    #[async_trait::async_trait]
+    impl TransportFactory for HalvesFactory {
+        fn protocol(&self) -> &'static str {
+            "still"
+        }
+        async fn create(&self, _: &TransportContext) -> Result<Arc<dyn Transport>> {
+            Ok(Arc::new(Halves))
+        }
+    }
+
+    /// Records that it started and whether it was stopped.
+    struct Flag(Arc<AtomicU64>);
+    #[async_trait::async_trait]
+    impl EngineService for Flag {
+        fn name(&self) -> &str {
+            "flag"
+        }
+        async fn start(&self, engine: &TransferEngine) -> Result<Option<ServiceGuard>> {
+            if engine.config().metrics_addr().is_none() {
+                return Ok(None);
+            }
+            self.0.fetch_add(1, Ordering::SeqCst);
+            let stopped = self.0.clone();
+            Ok(Some(ServiceGuard::new(move || {
+                stopped.fetch_add(10, Ordering::SeqCst);
+            })))
+        }
+    }
+
+    #[tokio::test]
+    #[allow(unsafe_code)]
+    async fn stats_count_requests_bytes_failures_latency_segments_and_memory_per_route() {
+        let text = r#"{"local_hostname": "10.0.0.5:1", "protocol": "still", "metrics_addr": "127.0.0.1:0"}"#;
+        let started = Arc::new(AtomicU64::new(0));
+        let mut b = EngineBuilder::new()
+            .config(Config::from_json_str(text, None).unwrap())
+            .metadata(InProcessMetadata::new() as Arc<dyn MetadataStore>)
+            .service(Arc::new(Flag(started.clone())));
+        b.transports_mut().install(Arc::new(HalvesFactory));
+        let e = b.build().await.unwrap();
+        assert_eq!(started.load(Ordering::SeqCst), 1, "the service started");
+        let buf = vec![0u8; 8192];
+        // SAFETY: `buf` outlives the engine's use of it (shut down below); the transport never
+        // touches memory.
+        unsafe { e.register_memory(buf.as_ptr() as u64, 8192, Location::Any) }.await.unwrap();
+        let peer = e.open_segment("10.0.0.5:1").await.unwrap();
+        let req = |opcode, offset: u64, length| TransferRequest {
+            opcode,
+            source: buf.as_ptr() as u64 + offset,
+            target: peer,
+            target_offset: buf.as_ptr() as u64 + offset,
+            length,
+        };
+        let batch = e
+            .submit(&[req(Opcode::Read, 0, 100), req(Opcode::Read, 100, 28), req(Opcode::Write, 0, 4096)])
+            .await
+            .unwrap();
+        assert!(batch.wait_ok(Duration::from_secs(5)).await.is_err());
+        e.transfer(&[req(Opcode::Read, 0, 1000)]).await.unwrap();
+        // Outside the registered memory: refused, nothing counted but the refusal.
+        let refused = e.submit(&[req(Opcode::Read, 8192, 8)]).await.unwrap_err();
+        assert_eq!(refused.kind(), ErrorKind::OutOfBounds);
+
+        let s = e.stats();
+        assert_eq!(s.segment, "10.0.0.5:1");
+        let route = |op: &str| s.transfers.iter().find(|t| t.opcode == op && t.peer == "10.0.0.5:1").unwrap();
+        assert_eq!(route("read").transport, "still");
+        assert_eq!((route("read").requests, route("read").bytes, route("read").failed_requests), (3, 1128, 0));
+        assert_eq!((route("write").requests, route("write").bytes, route("write").failed_requests), (0, 0, 1));
+        assert_eq!(s.totals(), (3, 1128));
+        assert_eq!(s.failures["timeout"], 1);
+        assert_eq!(s.failures.values().sum::<u64>(), 1);
+        assert_eq!(s.rejected_submissions["out_of_bounds"], 1);
+        assert_eq!(s.batch_latency.count, 2);
+        assert!(s.batch_latency.p50_us > 0.0 && s.batch_latency.p50_us <= s.batch_latency.p999_us);
+        assert_eq!((s.open_segments, s.registered_bytes, s.registered_regions), (1, 8192, 1));
+
+        // Closing the segment keeps its totals; the gauge goes down.
+        e.close_segment(peer).unwrap();
+        let after = e.stats();
+        assert_eq!((after.open_segments, after.totals()), (0, (3, 1128)));
+        e.shutdown().await.unwrap();
+        assert_eq!(started.load(Ordering::SeqCst), 11, "stopped at shutdown");
+        assert_eq!(e.stats().registered_bytes, 0, "readable after shutdown");
+    }
+
+    #[tokio::test]
+    #[allow(unsafe_code)]
+    async fn a_failed_batch_is_one_warning_naming_the_peer_and_request_and_successes_log_nothing() {
+        let captured = Captured::default();
+        let writer = captured.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_max_level(tracing::Level::INFO)
+            .with_ansi(false)
+            .finish();
+        let _guard = tracing::subscriber::set_default(subscriber);
+        let text = r#"{"local_hostname": "10.0.0.5:2", "protocol": "still"}"#;
+        let mut b = EngineBuilder::new()
+            .config(Config::from_json_str(text, None).unwrap())
+            .metadata(InProcessMetadata::new() as Arc<dyn MetadataStore>);
+        b.transports_mut().install(Arc::new(HalvesFactory));
+        let e = b.build().await.unwrap();
+        let buf = vec![0u8; 4096];
+        // SAFETY: `buf` outlives the engine's use of it; the transport never touches memory.
+        unsafe { e.register_memory(buf.as_ptr() as u64, 4096, Location::Any) }.await.unwrap();
+        let peer = e.open_segment("10.0.0.5:2").await.unwrap();
+        let req = |opcode, length| TransferRequest {
+            opcode,
+            source: buf.as_ptr() as u64,
+            target: peer,
+            target_offset: buf.as_ptr() as u64,
+            length,
+        };
+        let before = captured.0.lock().unwrap().len();
+        for _ in 0..50 {
+            e.transfer(&[req(Opcode::Read, 64)]).await.unwrap();
+        }
+        assert_eq!(captured.0.lock().unwrap().len(), before, "successful requests log nothing at info");
+        // Three writes fail (and one read succeeds): one line, naming the peer and the first.
+        let _ = e
+            .transfer(&[req(Opcode::Read, 8), req(Opcode::Write, 16), req(Opcode::Write, 32), req(Opcode::Write, 8)])
+            .await;
+        let logged = String::from_utf8(captured.0.lock().unwrap()[before..].to_vec()).unwrap();
+        let lines: Vec<&str> = logged.lines().collect();
+        assert_eq!(lines.len(), 1, "{logged}");
+        for needle in [
+            "WARN",
+            "transfer batch failed",
+            "peer=\"10.0.0.5:2\"",
+            "request=1",
+            "opcode=Write",
+            "length=16",
+            "failed=3",
+            "total=4",
+            "kind=timeout",
+            "writes time out here",
+        ] {
+            assert!(lines[0].contains(needle), "{needle:?} not in {logged}");
+        }
+        e.shutdown().await.unwrap();
     }
 }

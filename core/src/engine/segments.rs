@@ -9,6 +9,13 @@ pub(super) struct SegmentTable {
     by_handle: HashMap<SegmentHandle, Route>,
 }
 
+impl SegmentTable {
+    /// Open segments.
+    pub(super) fn len(&self) -> usize {
+        self.by_handle.len()
+    }
+}
+
 /// An open segment and the transport that serves it (the engine's: transports see only the
 /// segment, and callers neither, so no caller can reach a transport's methods).
 #[derive(Clone)]
@@ -164,7 +171,9 @@ impl EngineInner {
                 h
             }
         };
-        let segment = Arc::new(OpenSegment::new(handle, desc, transport.protocol(), peer));
+        // The route's counters are found (or made) here, once per open, never per request.
+        let metrics = self.metrics.route(transport.protocol(), name);
+        let segment = Arc::new(OpenSegment::new(handle, desc, transport.protocol(), peer).with_metrics(metrics));
         let route = Route { segment, transport };
         table.by_handle.insert(handle, route.clone());
         Ok(route)

@@ -25,6 +25,14 @@ impl TransferEngine {
     /// The caller must not run two transfers into overlapping destination ranges at the same
     /// time, nor touch a destination range until its request completed (as with any DMA engine).
     pub async fn submit(&self, requests: &[TransferRequest]) -> Result<Batch> {
+        let submitted = self.submit_checked(requests).await;
+        if let Err(e) = &submitted {
+            self.inner.metrics.rejected(e.kind());
+        }
+        submitted
+    }
+
+    async fn submit_checked(&self, requests: &[TransferRequest]) -> Result<Batch> {
         self.inner.check_open()?;
         if requests.is_empty() {
             return Err(Error::invalid("empty batch: no requests to submit"));
@@ -79,8 +87,8 @@ impl TransferEngine {
         }
 
         let targets = segments.iter().map(|r| r.segment.clone()).collect();
-        let (batch, mut all) =
-            Batch::from_leases(requests, leases, targets, None).map_err(|(i, e)| request_error(i, e))?;
+        let (batch, mut all) = Batch::from_leases(requests, leases, targets, None, Some(self.inner.metrics.clone()))
+            .map_err(|(i, e)| request_error(i, e))?;
         if segments.len() == 1 {
             segments[0].transport.submit(&segments[0].segment, all);
         } else {

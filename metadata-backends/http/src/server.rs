@@ -4,8 +4,9 @@
 //! taking a name in use, answered 400), `GET /health`,
 //! persistence across restarts (`--data-dir`), limits on key length, body size and the total
 //! stored, keys checked to be UTF-8 (never merged by lossy decoding), an optional write token
-//! (PUT and DELETE need `Authorization: Bearer <token>`; reads stay open), graceful shutdown and
-//! request logging.
+//! (PUT and DELETE need `Authorization: Bearer <token>`; reads stay open), graceful shutdown,
+//! request logging, and `GET /metrics` (Prometheus text: requests by route, method and status,
+//! stored keys and bytes; docs/metrics.md).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -26,8 +27,50 @@ use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio_io_timeout::TimeoutStream;
 
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::{Registry, Unit};
+
 use crate::store::Store;
 use crate::token::Token;
+
+/// The content type of `/metrics` (OpenMetrics 1.0 text, which Prometheus scrapes).
+const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// Labels of `ferry_metadata_requests_total`: route, method, status.
+type RequestLabels = [(&'static str, String); 3];
+
+/// The server's Prometheus metrics.
+struct ServerMetrics {
+    registry: Registry,
+    requests: Family<RequestLabels, Counter>,
+    keys: Gauge,
+    bytes: Gauge,
+}
+
+impl ServerMetrics {
+    fn new() -> Self {
+        let mut registry = Registry::default();
+        let requests = Family::<RequestLabels, Counter>::default();
+        registry.register(
+            "ferry_metadata_requests",
+            "HTTP requests answered, by route (/metadata, /health, /metrics, other), method and status",
+            requests.clone(),
+        );
+        let keys = Gauge::default();
+        registry.register("ferry_metadata_keys", "Keys stored", keys.clone());
+        let bytes = Gauge::default();
+        registry.register_with_unit(
+            "ferry_metadata_stored",
+            "Bytes of the keys and values stored (what --max-total-bytes limits)",
+            Unit::Bytes,
+            bytes.clone(),
+        );
+        Self { registry, requests, keys, bytes }
+    }
+}
 
 /// Limits of the server.
 #[derive(Debug, Clone)]
@@ -74,6 +117,7 @@ struct App {
     /// Held while an `rpc_meta` key is compared and written, so two engines racing for one name
     /// cannot both succeed.
     rpc_meta: Arc<std::sync::Mutex<()>>,
+    metrics: Arc<ServerMetrics>,
 }
 
 /// `application/x-www-form-urlencoded` decoding of one query component, to bytes: `+` is a
@@ -241,6 +285,33 @@ async fn health(State(app): State<App>) -> Response {
     (StatusCode::OK, format!("OK {} keys", app.store.len())).into_response()
 }
 
+/// `GET /metrics`: the request counters, and the store's keys and bytes as they are now.
+async fn metrics(State(app): State<App>) -> Response {
+    app.metrics.keys.set(i64::try_from(app.store.len()).unwrap_or(i64::MAX));
+    app.metrics.bytes.set(i64::try_from(app.store.bytes()).unwrap_or(i64::MAX));
+    let mut text = String::new();
+    match encode(&mut text, &app.metrics.registry) {
+        Ok(()) => (StatusCode::OK, [(header::CONTENT_TYPE, OPENMETRICS)], text).into_response(),
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, format!("encoding the metrics: {e}")).into_response(),
+    }
+}
+
+/// Counts every request by route, method and status (the route is one of the server's paths,
+/// else `other`, so the label's values stay few whatever clients ask for).
+async fn count_request(State(app): State<App>, req: Request, next: Next) -> Response {
+    let route: &'static str = match req.uri().path() {
+        "/metadata" => "/metadata",
+        "/health" => "/health",
+        "/metrics" => "/metrics",
+        _ => "other",
+    };
+    let method = req.method().as_str().to_owned();
+    let resp = next.run(req).await;
+    let labels = [("route", route.to_owned()), ("method", method), ("status", resp.status().as_u16().to_string())];
+    app.metrics.requests.get_or_create(&labels).inc();
+    resp
+}
+
 async fn log_request(req: Request, next: Next) -> Response {
     if !tracing::enabled!(tracing::Level::DEBUG) {
         return next.run(req).await;
@@ -260,13 +331,15 @@ pub fn router(store: Arc<Store>, limits: Limits) -> Router {
 /// and HEAD) need `Authorization: Bearer <token>` and get 401 without it.
 pub fn router_with(store: Arc<Store>, limits: Limits, write_token: Option<Token>) -> Router {
     let body_limit = limits.max_body;
-    let app = App { store, limits, write_token, rpc_meta: Arc::default() };
+    let app = App { store, limits, write_token, rpc_meta: Arc::default(), metrics: Arc::new(ServerMetrics::new()) };
     Router::new()
         .route("/metadata", get(get_key).put(put_key).delete(delete_key))
         .route("/health", get(health))
+        .route("/metrics", get(metrics))
         .layer(DefaultBodyLimit::max(body_limit))
         .layer(middleware::from_fn_with_state(app.clone(), require_token))
         .layer(middleware::from_fn(log_request))
+        .layer(middleware::from_fn_with_state(app.clone(), count_request))
         .with_state(app)
 }
 

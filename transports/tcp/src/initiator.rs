@@ -348,7 +348,7 @@ async fn connection(
         match outcome {
             Ok(()) => unacked.into_iter().for_each(|j| j.finish(Ok(()))),
             Err(e) => {
-                tracing::debug!(error = %e, "tcp initiator: write failed; connection dropped");
+                tracing::debug!(host = %addr.host, port = addr.port, error = %e, "tcp initiator: write failed; connection dropped");
                 unacked.into_iter().for_each(|j| j.finish(Err(e.duplicate())));
                 return finish(w, inflight_tx, flushed, reader, queue).await;
             }

@@ -210,6 +210,51 @@ pub unsafe extern "C" fn ferry_engine_rpc_port(engine: FerryEngine, out: *mut u1
     })
 }
 
+/// Copies a snapshot of the engine's counters, as JSON text, NUL-terminated into `buf` of `cap`
+/// bytes and stores its length without the NUL in `*len`.
+///
+/// The JSON object is `TransferEngine::stats` of the Rust API: `segment`, `transfers` (one
+/// object per transport, peer and opcode: `requests`, `bytes`, `failed_requests`), `failures` and
+/// `rejected_submissions` (counts by error kind name), `batch_latency` (`count`, `sum_seconds`,
+/// `p50_us`, `p90_us`, `p99_us`, `p999_us`, `max_us`, `buckets`), `open_segments`,
+/// `registered_bytes`, `registered_regions`; docs/metrics.md describes each. Fields may be added
+/// in later versions, never removed.
+///
+/// When `cap` is too small (`cap <= *len`) nothing is copied and it returns
+/// `FERRY_E_INVALID_ARGUMENT`, with `*len` set: call with `buf = NULL, cap = 0` to learn the size,
+/// and leave some room (a few hundred bytes): the counters, and so the text, may grow between
+/// the two calls. Works after the engine shut down too (the counters stay readable until
+/// `ferry_engine_destroy`).
+///
+/// # Safety
+/// `buf` is NULL (then `cap` must be 0) or valid for writing `cap` bytes; `len` is valid for
+/// writing one `size_t`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ferry_engine_stats(engine: FerryEngine, buf: *mut c_char, cap: usize, len: *mut usize) -> i32 {
+    guard("ferry_engine_stats", || {
+        // SAFETY: the caller promises `len` is valid for one write (this function's contract).
+        let len = unsafe { Out::new(len, "len") }?;
+        if buf.is_null() && cap > 0 {
+            return Err(invalid(format!("`buf` is null but `cap` is {cap}")));
+        }
+        let e = self::engine(engine)?;
+        let json = serde_json::to_string(&e.stats())
+            .map_err(|err| Error::new(ErrorKind::Internal, format!("encoding the engine's stats as JSON: {err}")))?;
+        len.write(json.len());
+        if cap <= json.len() {
+            return Err(invalid(format!(
+                "`cap` is {cap}, too small for the stats ({} bytes plus the NUL); `*len` holds their length",
+                json.len()
+            )));
+        }
+        // SAFETY: `buf` is valid for `cap` bytes (this function's contract), and `cap` is larger
+        // than the text, so the whole of it and the NUL fit.
+        let copied = unsafe { copy_str(&json, buf, cap) };
+        debug_assert!(copied);
+        Ok(())
+    })
+}
+
 /// Registers `[addr, addr + length)` with the engine and publishes it: from now on local
 /// requests may use the range, and peers may read and write it.
 ///

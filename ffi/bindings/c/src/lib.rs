@@ -47,7 +47,8 @@ pub use batch::{
 pub use engine::{
     ferry_allocate_buffer, ferry_close_segment, ferry_engine_create, ferry_engine_create_from_env,
     ferry_engine_create_from_file, ferry_engine_destroy, ferry_engine_rpc_port, ferry_engine_segment_name,
-    ferry_free_buffer, ferry_open_segment, ferry_register_memory, ferry_segment_buffers, ferry_unregister_memory,
+    ferry_engine_stats, ferry_free_buffer, ferry_open_segment, ferry_register_memory, ferry_segment_buffers,
+    ferry_unregister_memory,
 };
 pub use ferry_abi::{FerryTransferRequest, FerryTransferStatus};
 pub use kv::{

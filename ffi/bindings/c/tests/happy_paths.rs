@@ -697,3 +697,67 @@ fn allocated_buffers_move_bytes_and_are_not_freed_while_registered() {
     fails(unsafe { ferry_allocate_buffer(a, 1, &mut out) }, FERRY_E_NOT_FOUND, &["destroyed"]);
     fails(ferry_free_buffer(0), FERRY_E_NOT_FOUND, &[]);
 }
+
+/// `ferry_engine_stats` as a C caller uses it: the length first, then the JSON text.
+fn stats(e: FerryEngine) -> serde_json::Value {
+    let mut len = 0usize;
+    // SAFETY: a null buffer with cap 0 and a valid out-pointer.
+    fails(
+        unsafe { ferry_engine_stats(e, std::ptr::null_mut(), 0, &mut len) },
+        FERRY_E_INVALID_ARGUMENT,
+        &["too small"],
+    );
+    assert!(len > 0);
+    let mut buf = vec![0 as c_char; len + 256];
+    let mut got = 0usize;
+    // SAFETY: `buf` holds `buf.len()` bytes; a valid out-pointer.
+    ok(unsafe { ferry_engine_stats(e, buf.as_mut_ptr(), buf.len(), &mut got) });
+    // SAFETY: the call wrote a NUL-terminated string into `buf`.
+    let text = unsafe { CStr::from_ptr(buf.as_ptr()) }.to_str().unwrap().to_owned();
+    assert_eq!(text.len(), got);
+    serde_json::from_str(&text).unwrap()
+}
+
+#[test]
+fn engine_stats_count_what_moved_as_json() {
+    let a = engine(None);
+    let b = engine(None);
+    let src = Buffer::pattern(16 * 1024, 3);
+    let dst = Buffer::zeroed(16 * 1024);
+    register(a, &src);
+    register(b, &dst);
+    let peer = open(b, &name(a));
+    let reqs = [
+        req(FERRY_OPCODE_READ, peer, dst.addr(), src.addr(), 4096),
+        req(FERRY_OPCODE_READ, peer, dst.addr() + 4096, src.addr() + 4096, 4096),
+    ];
+    // SAFETY: `reqs` holds 2 requests.
+    ok(unsafe { ferry_transfer_sync(b, reqs.as_ptr(), 2, 0) });
+
+    let s = stats(b);
+    assert_eq!(s["segment"], name(b).as_str());
+    let read = s["transfers"].as_array().unwrap().iter().find(|t| t["opcode"] == "read").unwrap().clone();
+    assert_eq!(
+        (read["peer"].as_str(), read["requests"].as_u64(), read["bytes"].as_u64()),
+        (Some(name(a).as_str()), Some(2), Some(8192))
+    );
+    assert_eq!(s["batch_latency"]["count"], 1);
+    assert!(s["batch_latency"]["p99_us"].as_f64().unwrap() > 0.0);
+    assert_eq!((s["open_segments"].as_u64(), s["registered_bytes"].as_u64()), (Some(1), Some(16 * 1024)));
+    assert_eq!(s["failures"]["timeout"], 0);
+    assert_eq!(stats(a)["transfers"].as_array().unwrap().len(), 0, "a initiated nothing");
+
+    // A buffer one byte short: refused, the length said.
+    let mut len = 0usize;
+    // SAFETY: a null buffer with cap 0 and a valid out-pointer.
+    let _ = unsafe { ferry_engine_stats(b, std::ptr::null_mut(), 0, &mut len) };
+    let mut short = vec![0 as c_char; len];
+    let mut again = 0usize;
+    // SAFETY: `short` holds `len` bytes.
+    fails(unsafe { ferry_engine_stats(b, short.as_mut_ptr(), len, &mut again) }, FERRY_E_INVALID_ARGUMENT, &["`cap`"]);
+    assert!(again >= len);
+    destroy(a);
+    destroy(b);
+    // SAFETY: a valid out-pointer.
+    fails(unsafe { ferry_engine_stats(b, std::ptr::null_mut(), 0, &mut len) }, FERRY_E_NOT_FOUND, &[]);
+}

@@ -65,6 +65,7 @@ _PROTOTYPES = {
     "ferry_engine_destroy": (c_int32, [c_uint64]),
     "ferry_engine_segment_name": (c_int32, [c_uint64, c_char_p, c_size_t, POINTER(c_size_t)]),
     "ferry_engine_rpc_port": (c_int32, [c_uint64, POINTER(c_uint16)]),
+    "ferry_engine_stats": (c_int32, [c_uint64, c_char_p, c_size_t, POINTER(c_size_t)]),
     "ferry_register_memory": (c_int32, [c_uint64, c_uint64, c_uint64, c_char_p]),
     "ferry_unregister_memory": (c_int32, [c_uint64, c_uint64]),
     "ferry_allocate_buffer": (c_int32, [c_uint64, c_uint64, POINTER(c_uint64)]),

@@ -546,6 +546,30 @@ class TransferEngine:
         """Same as :meth:`get_local_segment_name`."""
         return self.get_local_segment_name()
 
+    def get_stats(self) -> Dict[str, Any]:
+        """A snapshot of this engine's counters, as a dict (Ferry's own; Mooncake has none):
+        ``segment``; ``transfers``, a list of dicts with ``transport``, ``peer``, ``opcode``
+        (``"read"``/``"write"``), ``requests``, ``bytes`` and ``failed_requests`` of the requests
+        this engine initiated; ``failures`` and ``rejected_submissions``, counts by error kind
+        (``"timeout"``, ``"peer_unreachable"``, ...); ``batch_latency`` with ``count``,
+        ``sum_seconds``, ``p50_us``, ``p90_us``, ``p99_us``, ``p999_us``, ``max_us`` and
+        ``buckets``; ``open_segments``, ``registered_bytes``, ``registered_regions``. Counters
+        are totals since the engine started. docs/metrics.md describes every field. Raises
+        :class:`ferry.FerryError` on failure (the engine is not initialized, or was closed)."""
+        handle = self._need("get_stats")
+        cap = 4096
+        while True:
+            buf = ctypes.create_string_buffer(cap)
+            length = c_size_t()
+            rc = _capi.lib.ferry_engine_stats(handle, buf, cap, byref(length))
+            if rc == OK:
+                return json.loads(buf.value.decode("utf-8"))
+            if rc == E_INVALID_ARGUMENT and length.value >= cap:
+                # The text may grow between two calls: leave room.
+                cap = length.value + 1024
+                continue
+            self._raise_on(rc, "get_stats")
+
     # --- memory ------------------------------------------------------------------------------
 
     def register_memory(self, buffer_addr: int, capacity: int, location: str = "*") -> int:
