@@ -145,6 +145,9 @@ pub(crate) struct BatchCore {
     done_cv: Condvar,
     /// Told about each request once it is released.
     on_release: OnRelease,
+    /// The submitting thread blocks waiting for this batch right after submitting it
+    /// ([`Submission::caller_waits`]).
+    caller_waits: bool,
 }
 
 impl BatchCore {
@@ -156,6 +159,7 @@ impl BatchCore {
         leases: Vec<RegionLease>,
         segments: Vec<Arc<OpenSegment>>,
         on_release: Option<ReleaseObserver>,
+        caller_waits: bool,
     ) -> Arc<Self> {
         let n = requests.len();
         let total_bytes = requests.iter().map(|r| r.request.length).sum();
@@ -176,6 +180,7 @@ impl BatchCore {
             done_lock: Mutex::new(n == 0),
             done_cv: Condvar::new(),
             on_release: OnRelease(on_release),
+            caller_waits,
         })
     }
 
@@ -485,7 +490,7 @@ impl Batch {
         segments: Vec<Arc<OpenSegment>>,
     ) -> std::result::Result<(Batch, Submission), (usize, Error)> {
         let leases = memory.lease_many(requests.iter().map(|r| (r.source, r.length)))?;
-        Self::from_leases(requests, leases, segments, None)
+        Self::from_leases(requests, leases, segments, None, false)
     }
 
     /// [`lease`](Self::lease), with `on_release` told about each request once its transport
@@ -507,17 +512,19 @@ impl Batch {
         on_release: impl Fn(&Batch, usize) + Send + Sync + 'static,
     ) -> std::result::Result<(Batch, Submission), (usize, Error)> {
         let leases = memory.lease_many(requests.iter().map(|r| (r.source, r.length)))?;
-        Self::from_leases(requests, leases, segments, Some(Box::new(on_release)))
+        Self::from_leases(requests, leases, segments, Some(Box::new(on_release)), false)
     }
 
     /// [`lease`](Self::lease) with the leases already taken (one per request, in order, each
     /// covering its request's local range: the engine checks the local ranges before it looks
-    /// up the segments, and takes them only once).
+    /// up the segments, and takes them only once). `caller_waits`: see
+    /// [`Submission::caller_waits`].
     pub(crate) fn from_leases(
         requests: &[TransferRequest],
         leases: Vec<RegionLease>,
         segments: Vec<Arc<OpenSegment>>,
         on_release: Option<ReleaseObserver>,
+        caller_waits: bool,
     ) -> std::result::Result<(Batch, Submission), (usize, Error)> {
         let validated: Vec<ValidatedRequest> = requests
             .iter()
@@ -528,7 +535,7 @@ impl Batch {
         let mut held = leases;
         held.sort_unstable_by_key(|l| Arc::as_ptr(l) as usize);
         held.dedup_by(|a, b| Arc::ptr_eq(a, b));
-        let core = BatchCore::new(validated, held, segments, on_release);
+        let core = BatchCore::new(validated, held, segments, on_release, caller_waits);
         let n =
             u32::try_from(requests.len()).map_err(|_| (0, Error::invalid("more than 2^32 requests in one batch")))?;
         let submission = Submission::new(core.clone(), (0..n).collect());
@@ -709,6 +716,19 @@ impl Submission {
     /// True once the caller cancelled the batch: check before starting a request.
     pub fn is_cancelled(&self) -> bool {
         self.core.is_cancelled()
+    }
+
+    /// True when the thread that submitted the batch blocks waiting for it right after
+    /// [`Transport::submit`](crate::Transport::submit) returns, and `submit` runs on that
+    /// thread, outside any async runtime
+    /// ([`TransferEngine::submit_for_blocking_wait`](crate::TransferEngine::submit_for_blocking_wait),
+    /// which `transfer_blocking`, C's `ferry_transfer_sync` and `ferry bench` use). A transport
+    /// may then run a request to completion inside `submit`, blocking on its I/O, instead of
+    /// handing it to another thread whose completion would have to wake the caller: the
+    /// caller would wait anyway. Never true for a batch submitted through the async API, whose
+    /// `submit` may run on a runtime worker that must not block.
+    pub fn caller_waits(&self) -> bool {
+        self.core.caller_waits
     }
 
     /// The batch's caller handle (for a transport that reports per batch, such as a plugin host).

@@ -25,6 +25,12 @@ impl TransferEngine {
     /// The caller must not run two transfers into overlapping destination ranges at the same
     /// time, nor touch a destination range until its request completed (as with any DMA engine).
     pub async fn submit(&self, requests: &[TransferRequest]) -> Result<Batch> {
+        self.submit_marked(requests, false).await
+    }
+
+    /// [`submit`](Self::submit), with the batch's [`Submission::caller_waits`] set to
+    /// `caller_waits` (only the blocking entry points set it, from the caller's own thread).
+    async fn submit_marked(&self, requests: &[TransferRequest], caller_waits: bool) -> Result<Batch> {
         self.inner.check_open()?;
         if requests.is_empty() {
             return Err(Error::invalid("empty batch: no requests to submit"));
@@ -80,7 +86,7 @@ impl TransferEngine {
 
         let targets = segments.iter().map(|r| r.segment.clone()).collect();
         let (batch, mut all) =
-            Batch::from_leases(requests, leases, targets, None).map_err(|(i, e)| request_error(i, e))?;
+            Batch::from_leases(requests, leases, targets, None, caller_waits).map_err(|(i, e)| request_error(i, e))?;
         if segments.len() == 1 {
             segments[0].transport.submit(&segments[0].segment, all);
         } else {
@@ -95,6 +101,22 @@ impl TransferEngine {
     /// Blocking form of [`submit`](Self::submit).
     pub fn submit_blocking(&self, requests: &[TransferRequest]) -> Result<Batch> {
         self.block_on(self.submit(requests))?
+    }
+
+    /// [`submit_blocking`](Self::submit_blocking) for a caller that waits for the batch on this
+    /// thread at once ([`Batch::wait_blocking`] or [`Batch::wait_ok_blocking`]), as
+    /// [`transfer_blocking`](Self::transfer_blocking), C's `ferry_transfer_sync` and
+    /// `ferry bench` do.
+    ///
+    /// The transports are told so ([`Submission::caller_waits`]), and their `submit` runs on
+    /// this thread ([`block_on`](Self::block_on) polls the submit here, not on a runtime
+    /// worker), so one may finish a request before this returns: the TCP transport does the
+    /// whole round trip of a single request on this thread when one of its peer's direct
+    /// connections is idle, which saves two thread wake-ups (to its I/O thread and back). The
+    /// batch may therefore already be done when this returns. A caller that wants to do other
+    /// work while the batch runs uses [`submit_blocking`](Self::submit_blocking).
+    pub fn submit_for_blocking_wait(&self, requests: &[TransferRequest]) -> Result<Batch> {
+        self.block_on(self.submit_marked(requests, true))?
     }
 
     /// Submits and waits (with the configured transfer timeout); `Ok` only when every request
@@ -118,7 +140,7 @@ impl TransferEngine {
 
     /// Blocking form of [`transfer`](Self::transfer).
     pub fn transfer_blocking(&self, requests: &[TransferRequest]) -> Result<()> {
-        let batch = self.submit_blocking(requests)?;
+        let batch = self.submit_for_blocking_wait(requests)?;
         let mut outcome = batch.wait_ok_blocking(self.transfer_timeout());
         if outcome.as_ref().is_err_and(|e| e.kind() == ErrorKind::Timeout) && !batch.is_done() {
             outcome = batch.wait_ok_blocking(REPORT_GRACE);
