@@ -106,6 +106,23 @@ pub struct TcpTransport {
     peers: Mutex<HashMap<PeerAddr, Arc<Peer>>>,
     stop: watch::Sender<bool>,
     server: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    stats: Counters,
+}
+
+/// How the initiator's requests went (see [`TcpTransport::stats`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct TcpStats {
+    /// Requests run to completion on the submitting thread, over a direct connection (no hand-off
+    /// to an I/O thread).
+    pub direct: u64,
+    /// Requests handed to a lane (an I/O thread) to be sent and answered there.
+    pub queued: u64,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    direct: std::sync::atomic::AtomicU64,
+    queued: std::sync::atomic::AtomicU64,
 }
 
 impl std::fmt::Debug for TcpTransport {
@@ -155,7 +172,15 @@ impl TcpTransport {
             peers: Mutex::new(HashMap::new()),
             stop,
             server: Mutex::new(Some(server)),
+            stats: Counters::default(),
         })
+    }
+
+    /// How many requests this transport's initiator ran on the submitting thread, and how many
+    /// it handed to a lane, since it started.
+    pub fn stats(&self) -> TcpStats {
+        use std::sync::atomic::Ordering::Relaxed;
+        TcpStats { direct: self.stats.direct.load(Relaxed), queued: self.stats.queued.load(Relaxed) }
     }
 
     /// The data port this transport listens on.
@@ -332,6 +357,7 @@ impl Transport for TcpTransport {
         };
         let deadline = initiator::deadline(self.timeout);
         for one in submission.into_each() {
+            self.stats.queued.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             if let Err(unsent) = peer.send(one, deadline) {
                 unsent.fail_all(&Error::new(ferry_core::ErrorKind::Shutdown, "tcp transport stopped"));
             }
