@@ -33,6 +33,7 @@
 
 mod auth;
 mod conns;
+mod direct;
 mod endpoint;
 pub mod fence;
 mod initiator;
@@ -107,6 +108,8 @@ pub struct TcpTransport {
     stop: watch::Sender<bool>,
     server: Mutex<Option<tokio::task::JoinHandle<()>>>,
     stats: Counters,
+    /// Every direct connection, cut at shutdown.
+    direct: Arc<direct::DirectRegistry>,
 }
 
 /// How the initiator's requests went (see [`TcpTransport::stats`]).
@@ -173,6 +176,7 @@ impl TcpTransport {
             stop,
             server: Mutex::new(Some(server)),
             stats: Counters::default(),
+            direct: Arc::default(),
         })
     }
 
@@ -217,7 +221,15 @@ impl TcpTransport {
         Ok(peers
             .entry(addr.clone())
             .or_insert_with(|| {
-                Arc::new(Peer::start(addr, self.lanes, &self.io, self.auth.secret(), self.stop.subscribe()))
+                Arc::new(Peer::start(
+                    addr,
+                    self.lanes,
+                    &self.io,
+                    self.auth.secret(),
+                    self.stop.subscribe(),
+                    self.direct.clone(),
+                    self.timeout,
+                ))
             })
             .clone())
     }
@@ -316,6 +328,7 @@ impl Drop for IoThreads {
 impl Drop for TcpTransport {
     fn drop(&mut self) {
         let _ = self.stop.send(true);
+        self.direct.stop();
         if let Some(h) = self.server.lock().unwrap_or_else(|p| p.into_inner()).take() {
             h.abort();
         }
@@ -356,6 +369,19 @@ impl Transport for TcpTransport {
             Err(e) => return submission.fail_all(&e),
         };
         let deadline = initiator::deadline(self.timeout);
+        // A caller that waits for its one request anyway has it run on its own thread when a
+        // direct connection is idle: no hand-off to an I/O thread and back.
+        let submission = if submission.caller_waits() && submission.len() == 1 {
+            match peer.try_direct(submission, deadline) {
+                Ok(()) => {
+                    self.stats.direct.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    return;
+                }
+                Err(s) => s,
+            }
+        } else {
+            submission
+        };
         for one in submission.into_each() {
             self.stats.queued.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             if let Err(unsent) = peer.send(one, deadline) {
@@ -366,6 +392,8 @@ impl Transport for TcpTransport {
 
     async fn shutdown(&self) {
         let _ = self.stop.send(true);
+        // A caller blocked in a direct request returns at once, with `Shutdown`.
+        self.direct.stop();
         let server = self.server.lock().unwrap_or_else(|p| p.into_inner()).take();
         if let Some(h) = server {
             let _ = h.await;
@@ -400,7 +428,7 @@ mod tests {
         let io = IoThreads::start(1).unwrap();
         let addr = PeerAddr { host: "127.0.0.1".into(), port: 1, v2: true, fence: true };
         let (_stop, stop_rx) = tokio::sync::watch::channel(false);
-        let peer = Peer::start(addr, 2, &io, None, stop_rx);
+        let peer = Peer::start(addr, 2, &io, None, stop_rx, Arc::default(), Duration::from_secs(1));
         assert!(peer.unused_for(Duration::ZERO), "no load, no use: prunable at once");
         assert!(!peer.unused_for(Duration::from_secs(3600)), "not idle for an hour yet");
     }

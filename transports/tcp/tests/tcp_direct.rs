@@ -129,7 +129,7 @@ fn a_waiting_callers_single_request_runs_on_its_own_thread() {
 
     until_direct(&e, &capture, req(Opcode::Read, l, peer, r, 4096));
     for (i, &len) in [4096u64, 1 << 20].iter().enumerate() {
-        let at = (i as u64 + 1) << 21;
+        let at = (i as u64 + 1) << 20;
         // READ into local at `at`, WRITE from out at `at` to remote at `at`.
         direct(&e, &capture, req(Opcode::Read, l + at, peer, r + at, len));
         assert_eq!(

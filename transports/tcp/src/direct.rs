@@ -1,0 +1,405 @@
+//! The direct path: one request's whole round trip on the submitting thread.
+//!
+//! A caller that submits a single request and then blocks waiting for it
+//! ([`Submission::caller_waits`]) would otherwise pay two thread wake-ups per request: the lane's
+//! I/O thread woken to send it, and the caller woken when that thread completes it. Each costs
+//! tens of microseconds on a virtualised host, as much as a small transfer. So when such a
+//! request finds one of its peer's *direct connections* idle, the caller's thread writes the
+//! header (and a WRITE's payload, in one vectored write, straight from registered memory) and
+//! reads the status (and a READ's data, straight into registered memory) itself, over a blocking
+//! socket, and completes the request before `submit` returns.
+//!
+//! What the lanes guarantee holds here too:
+//! - **Only when free.** A direct connection is taken only when one is idle, with a lock that
+//!   is never waited for (held for a few instructions only); otherwise the request goes through
+//!   a lane. v1 peers, peers with a fence due ([`PeerFence::pending`]: the lanes settle it
+//!   first), batches of several requests and callers that do not wait go through the lanes.
+//! - **Opened off the caller's path.** The first waiting request to a peer goes through a lane
+//!   and asks an I/O thread to open a direct connection with the lanes' own
+//!   [`connect`](crate::initiator::connect) (peer authentication included), which is then made
+//!   a blocking std socket and put in the peer's pool (at most as many as the peer has lanes).
+//!   A connection that failed is dropped and reopened the same way.
+//! - **Deadlines.** Every system call blocks at most until the request's deadline (the socket's
+//!   send and receive timeouts are set to what is left before each call).
+//! - **Fences.** A connection that failed a WRITE is marked in the peer's [`PeerFence`] before
+//!   the failure is reported; the next request then goes through a lane, which fences first.
+//! - **Idle closes.** A connection is checked (a non-blocking peek) before each request; one the
+//!   peer closed while idle is dropped and the request goes through a lane, which opens a fresh
+//!   connection (READ and WRITE are idempotent, and nothing was sent).
+//! - **Shutdown.** Every direct connection is registered with the transport's
+//!   [`DirectRegistry`] (a clone of its socket); the transport's shutdown shuts them all down,
+//!   which ends a caller's blocked read or write at once with
+//!   [`ErrorKind::Shutdown`](ferry_core::ErrorKind::Shutdown).
+//! - **Memory.** Memory is touched only through [`bytes`] and [`bytes_mut`], under the lease the
+//!   [`Submission`] holds until it is completed, after the last system call on it.
+
+use std::io::{IoSlice, IoSliceMut, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use ferry_core::{Error, ErrorKind, Opcode, Submission, ValidatedRequest};
+
+use crate::fence::PeerFence;
+use crate::initiator::PeerAddr;
+use crate::memory::{bytes, bytes_mut};
+use crate::wire::{HEADER_LEN, Header, STATUS_LEN, Status};
+
+/// The transport's direct connections, to cut them all at shutdown.
+#[derive(Debug, Default)]
+pub(crate) struct DirectRegistry {
+    stopped: AtomicBool,
+    /// A clone of each open direct connection's socket, by id.
+    open: Mutex<Vec<(u64, TcpStream)>>,
+    next: AtomicU64,
+}
+
+impl DirectRegistry {
+    /// True once the transport shuts down: no direct request starts any more.
+    pub(crate) fn stopped(&self) -> bool {
+        self.stopped.load(Ordering::SeqCst)
+    }
+
+    /// Shuts every direct connection down (a caller blocked on one returns at once), and
+    /// refuses new ones.
+    pub(crate) fn stop(&self) {
+        let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
+        self.stopped.store(true, Ordering::SeqCst);
+        for (_, s) in open.drain(..) {
+            let _ = s.shutdown(Shutdown::Both);
+        }
+    }
+
+    /// Registers `stream`; `None` once stopped (or when its socket cannot be cloned).
+    fn register(self: &Arc<Self>, stream: &TcpStream) -> Option<Registration> {
+        let clone = stream.try_clone().ok()?;
+        let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
+        // Checked under the lock `stop` takes: a connection registered here is cut by a stop
+        // that comes later, and a stop that came first refuses it.
+        if self.stopped() {
+            return None;
+        }
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        open.push((id, clone));
+        Some(Registration { registry: self.clone(), id })
+    }
+}
+
+/// A direct connection's entry in the registry, removed when the connection is dropped.
+#[derive(Debug)]
+struct Registration {
+    registry: Arc<DirectRegistry>,
+    id: u64,
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        self.registry.open.lock().unwrap_or_else(|p| p.into_inner()).retain(|(id, _)| *id != self.id);
+    }
+}
+
+/// One direct connection: a blocking socket, idle between requests.
+#[derive(Debug)]
+pub(crate) struct DirectConn {
+    stream: TcpStream,
+    /// The address the peer sees it from (what a fence names).
+    local: SocketAddr,
+    _registration: Registration,
+}
+
+impl DirectConn {
+    /// Makes `stream` (connected, and authenticated when peer authentication is on) a direct
+    /// connection registered with `registry`.
+    pub(crate) fn new(stream: TcpStream, registry: &Arc<DirectRegistry>) -> std::io::Result<Self> {
+        stream.set_nonblocking(false)?;
+        stream.set_nodelay(true)?;
+        let local = stream.local_addr()?;
+        let registration =
+            registry.register(&stream).ok_or_else(|| std::io::Error::other("the transport is shutting down"))?;
+        Ok(Self { stream, local, _registration: registration })
+    }
+
+    /// Whether the peer kept the idle connection open: nothing to read yet. A clean close, an
+    /// error or a stray byte all mean it cannot carry a request.
+    pub(crate) fn still_open(&self) -> bool {
+        if self.stream.set_nonblocking(true).is_err() {
+            return false;
+        }
+        let open = matches!(self.stream.peek(&mut [0u8; 1]), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock);
+        self.stream.set_nonblocking(false).is_ok() && open
+    }
+}
+
+/// A peer's direct connections.
+#[derive(Debug)]
+pub(crate) struct DirectPool {
+    state: Mutex<PoolState>,
+    /// At most this many connections (idle, in use and being opened).
+    max: usize,
+}
+
+#[derive(Debug, Default)]
+struct PoolState {
+    idle: Vec<DirectConn>,
+    /// Connections idle, in use or being opened.
+    count: usize,
+}
+
+/// What [`DirectPool::take`] found.
+pub(crate) enum Take {
+    /// An idle connection, now the caller's.
+    Conn(DirectConn),
+    /// None idle; one more should be opened (the pool counts it already).
+    Open,
+    /// None idle, or the pool was busy for a moment.
+    None,
+}
+
+impl DirectPool {
+    pub(crate) fn new(max: usize) -> Self {
+        Self { state: Mutex::new(PoolState::default()), max: max.max(1) }
+    }
+
+    /// An idle connection, never waiting for the lock.
+    pub(crate) fn take(&self) -> Take {
+        let Ok(mut s) = self.state.try_lock() else { return Take::None };
+        if let Some(c) = s.idle.pop() {
+            return Take::Conn(c);
+        }
+        if s.count < self.max {
+            s.count += 1;
+            return Take::Open;
+        }
+        Take::None
+    }
+
+    /// Gives back a connection that served its request.
+    pub(crate) fn put(&self, conn: DirectConn) {
+        self.state.lock().unwrap_or_else(|p| p.into_inner()).idle.push(conn);
+    }
+
+    /// A connection taken, or being opened, is gone.
+    pub(crate) fn lost(&self) {
+        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        s.count = s.count.saturating_sub(1);
+    }
+}
+
+/// Counts an opening connection lost unless it was put into the pool.
+pub(crate) struct Opening(Option<Arc<DirectPool>>);
+
+impl Opening {
+    pub(crate) fn new(pool: Arc<DirectPool>) -> Self {
+        Self(Some(pool))
+    }
+
+    /// The connection opened: into the pool.
+    pub(crate) fn done(mut self, conn: DirectConn) {
+        if let Some(pool) = self.0.take() {
+            pool.put(conn);
+        }
+    }
+}
+
+impl Drop for Opening {
+    fn drop(&mut self) {
+        if let Some(pool) = self.0.take() {
+            pool.lost();
+        }
+    }
+}
+
+/// Runs the one request of `submission` over `conn` on this thread and completes it. Returns
+/// the connection when it can serve another request.
+///
+/// Before a failure of a WRITE is reported the connection is marked in `fence`.
+pub(crate) fn run(
+    addr: &PeerAddr,
+    conn: DirectConn,
+    submission: Submission,
+    deadline: Instant,
+    fence: &PeerFence,
+    registry: &DirectRegistry,
+) -> Option<DirectConn> {
+    let Some(submission) = submission.unless_cancelled("it was sent") else { return Some(conn) };
+    if deadline <= Instant::now() {
+        submission.fail_all(&Error::timeout("tcp request not sent before its deadline"));
+        return Some(conn);
+    }
+    let index = submission.indices()[0];
+    let v = submission.request(index);
+    match round_trip(addr, &conn.stream, v, deadline) {
+        Ok(outcome) => {
+            submission.complete_all(&outcome);
+            Some(conn)
+        }
+        Err(failure) => {
+            // The connection is out of step (or gone): dropped. A WRITE on it may still land,
+            // so the peer's lanes fence it before anything more goes to that peer.
+            if v.request.opcode == Opcode::Write {
+                fence.mark(conn.local);
+            }
+            drop(conn);
+            let failure = if registry.stopped() {
+                Error::new(
+                    ErrorKind::Shutdown,
+                    format!("tcp peer {}:{}: transport shut down while waiting for the response", addr.host, addr.port),
+                )
+            } else {
+                failure
+            };
+            submission.fail_all(&failure);
+            None
+        }
+    }
+}
+
+/// Sends `v` and reads its answer. `Ok` holds the request's outcome (a rejection included: the
+/// connection stays in step); `Err`, a failure that ends the connection.
+fn round_trip(
+    addr: &PeerAddr,
+    s: &TcpStream,
+    v: &ValidatedRequest,
+    deadline: Instant,
+) -> Result<Result<(), Error>, Error> {
+    let r = &v.request;
+    let header = Header { size: r.length, addr: r.target_offset, opcode: r.opcode, v2: true }.encode();
+    let payload: &[u8] = match r.opcode {
+        Opcode::Write => bytes(&v.local, r.source, r.length)
+            .ok_or_else(|| Error::transport("local range outside its leased region"))?,
+        Opcode::Read => &[],
+    };
+    write_all(addr, s, &header, payload, deadline)?;
+    // A READ's data goes straight into its destination; the status and the first of the data
+    // are read in one call.
+    let dst: &mut [u8] = match r.opcode {
+        Opcode::Read => bytes_mut(&v.local, r.source, r.length)
+            .ok_or_else(|| Error::transport("local range outside its leased region"))?,
+        Opcode::Write => &mut [],
+    };
+    let mut status = [0u8; STATUS_LEN];
+    let mut got = 0usize;
+    while got < STATUS_LEN {
+        got += read_some(addr, s, &mut [IoSliceMut::new(&mut status[got..]), IoSliceMut::new(dst)], deadline)?;
+    }
+    match check_status(r, &status).map_err(|e| protocol(addr, e))? {
+        // A rejection comes alone; anything after it is a peer out of step.
+        Err(_) if got > STATUS_LEN => Err(protocol(addr, std::io::Error::other("data after a rejection"))),
+        Err(rejected) => Ok(Err(rejected)),
+        Ok(()) => {
+            let mut at = got - STATUS_LEN;
+            while at < dst.len() {
+                at += read_some(addr, s, &mut [IoSliceMut::new(&mut dst[at..])], deadline)?;
+            }
+            Ok(Ok(()))
+        }
+    }
+}
+
+fn protocol(addr: &PeerAddr, e: std::io::Error) -> Error {
+    Error::unreachable(format!("tcp peer {}:{}: bad response: {e}", addr.host, addr.port))
+}
+
+/// The request's outcome from its status frame (`Err` for a frame that is not one).
+fn check_status(r: &ferry_core::TransferRequest, st: &[u8; STATUS_LEN]) -> std::io::Result<Result<(), Error>> {
+    match Status::decode(st) {
+        Ok(Status::Ok) => Ok(Ok(())),
+        Ok(Status::Rejected) => Ok(Err(Error::new(
+            ErrorKind::OutOfBounds,
+            format!(
+                "peer rejected {:?} of {:#x}+{}: outside its registered memory",
+                r.opcode, r.target_offset, r.length
+            ),
+        ))),
+        Err(e) => Err(std::io::Error::new(std::io::ErrorKind::InvalidData, e)),
+    }
+}
+
+/// What is left before `deadline`, or the timeout error.
+fn left(addr: &PeerAddr, deadline: Instant, what: &str) -> Result<Duration, Error> {
+    let left = deadline.saturating_duration_since(Instant::now());
+    if left.is_zero() {
+        return Err(Error::timeout(format!(
+            "tcp peer {}:{}: {what} before the request's deadline",
+            addr.host, addr.port
+        )));
+    }
+    Ok(left)
+}
+
+/// Writes the header and the payload before `deadline`.
+fn write_all(
+    addr: &PeerAddr,
+    mut s: &TcpStream,
+    header: &[u8; HEADER_LEN],
+    payload: &[u8],
+    deadline: Instant,
+) -> Result<(), Error> {
+    let mut slices = [IoSlice::new(header), IoSlice::new(payload)];
+    let mut rest: &mut [IoSlice<'_>] = if payload.is_empty() { &mut slices[..1] } else { &mut slices };
+    while !rest.is_empty() {
+        let left = left(addr, deadline, "request not sent")?;
+        s.set_write_timeout(Some(left)).map_err(|e| lost(addr, "write failed", e))?;
+        match s.write_vectored(rest) {
+            Ok(0) => return Err(lost(addr, "write failed", std::io::ErrorKind::WriteZero.into())),
+            Ok(n) => IoSlice::advance_slices(&mut rest, n),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) if timed_out(&e) => {
+                return Err(Error::timeout(format!(
+                    "tcp peer {}:{}: request not sent before its deadline",
+                    addr.host, addr.port
+                )));
+            }
+            Err(e) => return Err(lost(addr, "write failed", e)),
+        }
+    }
+    Ok(())
+}
+
+/// Reads at least one byte into `bufs` before `deadline`.
+fn read_some(
+    addr: &PeerAddr,
+    mut s: &TcpStream,
+    bufs: &mut [IoSliceMut<'_>],
+    deadline: Instant,
+) -> Result<usize, Error> {
+    loop {
+        let left = left(addr, deadline, "no response")?;
+        s.set_read_timeout(Some(left)).map_err(|e| lost(addr, "read failed", e))?;
+        match s.read_vectored(bufs) {
+            Ok(0) => {
+                return Err(lost(
+                    addr,
+                    "closed the connection without answering: the peer is shutting down (or its process ended)",
+                    std::io::ErrorKind::UnexpectedEof.into(),
+                ));
+            }
+            Ok(n) => return Ok(n),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) if timed_out(&e) => {
+                return Err(Error::timeout(format!(
+                    "tcp peer {}:{}: no response before the request's deadline",
+                    addr.host, addr.port
+                )));
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {
+                return Err(lost(
+                    addr,
+                    "closed the connection without answering: the peer is shutting down (or its process ended)",
+                    e,
+                ));
+            }
+            Err(e) => return Err(lost(addr, "connection lost", e)),
+        }
+    }
+}
+
+/// A socket timeout (`SO_RCVTIMEO`/`SO_SNDTIMEO` expired).
+fn timed_out(e: &std::io::Error) -> bool {
+    matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut)
+}
+
+fn lost(addr: &PeerAddr, what: &str, e: std::io::Error) -> Error {
+    Error::unreachable(format!("tcp peer {}:{}: {what}: {e}", addr.host, addr.port))
+}
