@@ -112,6 +112,13 @@ impl BatchStatus {
 /// [`Batch::lease_observed`].
 type ReleaseObserver = Box<dyn Fn(&Batch, usize) + Send + Sync>;
 
+/// Whether a batch is done, and how many blocking waiters sleep on it (both under one lock).
+#[derive(Debug)]
+struct Done {
+    done: bool,
+    sleepers: usize,
+}
+
 /// A batch's [`ReleaseObserver`], if any (a newtype only to give it a `Debug`).
 struct OnRelease(Option<ReleaseObserver>);
 
@@ -141,7 +148,7 @@ pub(crate) struct BatchCore {
     submitted_at: Instant,
     finished_at: OnceLock<Instant>,
     notify: tokio::sync::Notify,
-    done_lock: Mutex<bool>,
+    done_lock: Mutex<Done>,
     done_cv: Condvar,
     /// Told about each request once it is released.
     on_release: OnRelease,
@@ -177,7 +184,7 @@ impl BatchCore {
             submitted_at: Instant::now(),
             finished_at: OnceLock::new(),
             notify: tokio::sync::Notify::new(),
-            done_lock: Mutex::new(n == 0),
+            done_lock: Mutex::new(Done { done: n == 0, sleepers: 0 }),
             done_cv: Condvar::new(),
             on_release: OnRelease(on_release),
             caller_waits,
@@ -292,8 +299,12 @@ impl BatchCore {
         let _ = self.finished_at.set(Instant::now());
         self.notify.notify_waiters();
         let mut done = self.done_lock.lock().unwrap_or_else(|p| p.into_inner());
-        *done = true;
-        self.done_cv.notify_all();
+        done.done = true;
+        // A notification is a system call even with nobody waiting: a batch completed before
+        // its caller waited (on the caller's own thread, for one) is not worth one.
+        if done.sleepers > 0 {
+            self.done_cv.notify_all();
+        }
     }
 
     /// Cancels every request that has not completed. Requests a transport already started may
@@ -389,17 +400,27 @@ impl BatchCore {
         // A timeout too large to add to `now` means "no deadline".
         let deadline = Instant::now().checked_add(timeout);
         let mut done = self.done_lock.lock().unwrap_or_else(|p| p.into_inner());
-        while !*done {
+        // Counted under the lock `finish` takes to set `done`: it notifies only when someone
+        // sleeps.
+        done.sleepers += 1;
+        let mut timed_out = false;
+        while !done.done {
             done = match deadline {
                 None => self.done_cv.wait(done).unwrap_or_else(|p| p.into_inner()),
                 Some(deadline) => {
                     let now = Instant::now();
                     if now >= deadline {
-                        return Err(self.timeout_error(timeout));
+                        timed_out = true;
+                        break;
                     }
                     self.done_cv.wait_timeout(done, deadline - now).unwrap_or_else(|p| p.into_inner()).0
                 }
             };
+        }
+        done.sleepers -= 1;
+        drop(done);
+        if timed_out {
+            return Err(self.timeout_error(timeout));
         }
         Ok(self.status())
     }
