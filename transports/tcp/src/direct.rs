@@ -19,11 +19,11 @@
 //!   [`connect`](crate::initiator::connect) (peer authentication included), which is then made
 //!   a blocking std socket and put in the peer's pool (at most as many as the peer has lanes).
 //!   A connection that failed is dropped and reopened the same way.
-//! - **Deadlines.** Every system call blocks at most until the request's deadline (the socket's
-//!   send and receive timeouts are set to what is left before each call).
+//! - **Deadlines.** The socket is non-blocking; the caller's thread waits for it with `ppoll`,
+//!   at most until the request's deadline.
 //! - **Fences.** A connection that failed a WRITE is marked in the peer's [`PeerFence`] before
 //!   the failure is reported; the next request then goes through a lane, which fences first.
-//! - **Idle closes.** A connection is checked (a non-blocking peek) before each request; one the
+//! - **Idle closes.** A connection is checked (a peek) before each request; one the
 //!   peer closed while idle is dropped and the request goes through a lane, which opens a fresh
 //!   connection (READ and WRITE are idempotent, and nothing was sent).
 //! - **Shutdown.** Every direct connection is registered with the transport's
@@ -35,9 +35,10 @@
 
 use std::io::{IoSlice, IoSliceMut, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use ferry_core::{Error, ErrorKind, Opcode, Submission, ValidatedRequest};
 
@@ -112,7 +113,8 @@ impl DirectConn {
     /// Makes `stream` (connected, and authenticated when peer authentication is on) a direct
     /// connection registered with `registry`.
     pub(crate) fn new(stream: TcpStream, registry: &Arc<DirectRegistry>) -> std::io::Result<Self> {
-        stream.set_nonblocking(false)?;
+        // Non-blocking: every wait is a `ppoll` bounded by the request's deadline.
+        stream.set_nonblocking(true)?;
         stream.set_nodelay(true)?;
         let local = stream.local_addr()?;
         let registration =
@@ -123,11 +125,7 @@ impl DirectConn {
     /// Whether the peer kept the idle connection open: nothing to read yet. A clean close, an
     /// error or a stray byte all mean it cannot carry a request.
     pub(crate) fn still_open(&self) -> bool {
-        if self.stream.set_nonblocking(true).is_err() {
-            return false;
-        }
-        let open = matches!(self.stream.peek(&mut [0u8; 1]), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock);
-        self.stream.set_nonblocking(false).is_ok() && open
+        matches!(self.stream.peek(&mut [0u8; 1]), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
     }
 }
 
@@ -281,7 +279,8 @@ fn round_trip(
     let mut status = [0u8; STATUS_LEN];
     let mut got = 0usize;
     while got < STATUS_LEN {
-        got += read_some(addr, s, &mut [IoSliceMut::new(&mut status[got..]), IoSliceMut::new(dst)], deadline)?;
+        // The answer cannot be there yet when the request was just written: wait first.
+        got += read_some(addr, s, &mut [IoSliceMut::new(&mut status[got..]), IoSliceMut::new(dst)], deadline, true)?;
     }
     match check_status(r, &status).map_err(|e| protocol(addr, e))? {
         // A rejection comes alone; anything after it is a peer out of step.
@@ -290,7 +289,7 @@ fn round_trip(
         Ok(()) => {
             let mut at = got - STATUS_LEN;
             while at < dst.len() {
-                at += read_some(addr, s, &mut [IoSliceMut::new(&mut dst[at..])], deadline)?;
+                at += read_some(addr, s, &mut [IoSliceMut::new(&mut dst[at..])], deadline, false)?;
             }
             Ok(Ok(()))
         }
@@ -316,16 +315,37 @@ fn check_status(r: &ferry_core::TransferRequest, st: &[u8; STATUS_LEN]) -> std::
     }
 }
 
-/// What is left before `deadline`, or the timeout error.
-fn left(addr: &PeerAddr, deadline: Instant, what: &str) -> Result<Duration, Error> {
-    let left = deadline.saturating_duration_since(Instant::now());
-    if left.is_zero() {
-        return Err(Error::timeout(format!(
-            "tcp peer {}:{}: {what} before the request's deadline",
-            addr.host, addr.port
-        )));
+/// Waits until `s` has `events` (`POLLIN`, `POLLOUT`; an error or a hang-up counts too: the next
+/// call reports it), at most until `deadline`. `Ok(false)` when the deadline passed.
+fn wait(s: &TcpStream, events: libc::c_short, deadline: Instant) -> std::io::Result<bool> {
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Ok(false);
+        }
+        let ts = libc::timespec {
+            tv_sec: libc::time_t::try_from(left.as_secs()).unwrap_or(libc::time_t::MAX),
+            tv_nsec: libc::c_long::try_from(left.subsec_nanos()).expect("below one second"),
+        };
+        let mut fd = libc::pollfd { fd: s.as_raw_fd(), events, revents: 0 };
+        // SAFETY: `fd` and `ts` are live locals, one `pollfd` as the count says; a null signal
+        // mask leaves the thread's mask alone. The descriptor is `s`'s own, open while borrowed.
+        let n = unsafe { libc::ppoll(&mut fd, 1, &ts, std::ptr::null()) };
+        match n {
+            0 => {}
+            n if n > 0 => return Ok(true),
+            _ => {
+                let e = std::io::Error::last_os_error();
+                if e.kind() != std::io::ErrorKind::Interrupted {
+                    return Err(e);
+                }
+            }
+        }
     }
-    Ok(left)
+}
+
+fn timeout(addr: &PeerAddr, what: &str) -> Error {
+    Error::timeout(format!("tcp peer {}:{}: {what} before the request's deadline", addr.host, addr.port))
 }
 
 /// Writes the header and the payload before `deadline`.
@@ -339,17 +359,14 @@ fn write_all(
     let mut slices = [IoSlice::new(header), IoSlice::new(payload)];
     let mut rest: &mut [IoSlice<'_>] = if payload.is_empty() { &mut slices[..1] } else { &mut slices };
     while !rest.is_empty() {
-        let left = left(addr, deadline, "request not sent")?;
-        s.set_write_timeout(Some(left)).map_err(|e| lost(addr, "write failed", e))?;
         match s.write_vectored(rest) {
             Ok(0) => return Err(lost(addr, "write failed", std::io::ErrorKind::WriteZero.into())),
             Ok(n) => IoSlice::advance_slices(&mut rest, n),
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) if timed_out(&e) => {
-                return Err(Error::timeout(format!(
-                    "tcp peer {}:{}: request not sent before its deadline",
-                    addr.host, addr.port
-                )));
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                if !wait(s, libc::POLLOUT, deadline).map_err(|e| lost(addr, "write failed", e))? {
+                    return Err(timeout(addr, "request not sent"));
+                }
             }
             Err(e) => return Err(lost(addr, "write failed", e)),
         }
@@ -357,47 +374,30 @@ fn write_all(
     Ok(())
 }
 
-/// Reads at least one byte into `bufs` before `deadline`.
+/// Reads at least one byte into `bufs` before `deadline`; with `wait_first`, waits for the
+/// socket before the first attempt (an answer to a request just sent is not there yet).
 fn read_some(
     addr: &PeerAddr,
     mut s: &TcpStream,
     bufs: &mut [IoSliceMut<'_>],
     deadline: Instant,
+    wait_first: bool,
 ) -> Result<usize, Error> {
+    let unanswered = "closed the connection without answering: the peer is shutting down (or its process ended)";
+    let mut ready = !wait_first;
     loop {
-        let left = left(addr, deadline, "no response")?;
-        s.set_read_timeout(Some(left)).map_err(|e| lost(addr, "read failed", e))?;
+        if !ready && !wait(s, libc::POLLIN, deadline).map_err(|e| lost(addr, "read failed", e))? {
+            return Err(timeout(addr, "no response"));
+        }
         match s.read_vectored(bufs) {
-            Ok(0) => {
-                return Err(lost(
-                    addr,
-                    "closed the connection without answering: the peer is shutting down (or its process ended)",
-                    std::io::ErrorKind::UnexpectedEof.into(),
-                ));
-            }
+            Ok(0) => return Err(lost(addr, unanswered, std::io::ErrorKind::UnexpectedEof.into())),
             Ok(n) => return Ok(n),
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) if timed_out(&e) => {
-                return Err(Error::timeout(format!(
-                    "tcp peer {}:{}: no response before the request's deadline",
-                    addr.host, addr.port
-                )));
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {
-                return Err(lost(
-                    addr,
-                    "closed the connection without answering: the peer is shutting down (or its process ended)",
-                    e,
-                ));
-            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => ready = true,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => ready = false,
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return Err(lost(addr, unanswered, e)),
             Err(e) => return Err(lost(addr, "connection lost", e)),
         }
     }
-}
-
-/// A socket timeout (`SO_RCVTIMEO`/`SO_SNDTIMEO` expired).
-fn timed_out(e: &std::io::Error) -> bool {
-    matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut)
 }
 
 fn lost(addr: &PeerAddr, what: &str, e: std::io::Error) -> Error {
