@@ -288,9 +288,14 @@ fn round_trip(
         Err(rejected) => Ok(Err(rejected)),
         Ok(()) => {
             let mut at = got - STATUS_LEN;
+            // A large READ is woken only once a large part of it arrived (each wake-up costs as
+            // much as copying tens of KiB here), never for more than is still to come.
+            let mut lowat = Lowat::new(s, dst.len() - at > LOWAT_FROM);
             while at < dst.len() {
-                at += read_some(addr, s, &mut [IoSliceMut::new(&mut dst[at..])], deadline, false)?;
+                lowat.at_most(dst.len() - at).map_err(|e| lost(addr, "read failed", e))?;
+                at += read_some(addr, s, &mut [IoSliceMut::new(&mut dst[at..])], deadline, lowat.on())?;
             }
+            lowat.reset().map_err(|e| lost(addr, "read failed", e))?;
             Ok(Ok(()))
         }
     }
@@ -313,6 +318,66 @@ fn check_status(r: &ferry_core::TransferRequest, st: &[u8; STATUS_LEN]) -> std::
         ))),
         Err(e) => Err(std::io::Error::new(std::io::ErrorKind::InvalidData, e)),
     }
+}
+
+/// READ data beyond this is read with a raised `SO_RCVLOWAT`.
+const LOWAT_FROM: usize = 64 * 1024;
+/// The highest `SO_RCVLOWAT` set (the kernel grows the receive buffer to twice it).
+const LOWAT_MAX: usize = 512 * 1024;
+
+/// A socket's `SO_RCVLOWAT` while a large READ's data is read: the caller's thread is woken
+/// once `min(rest, LOWAT_MAX)` bytes are there instead of at every segment. Set back to 1
+/// with [`reset`](Self::reset) (a connection that failed is dropped, whatever its setting).
+struct Lowat<'a> {
+    s: &'a TcpStream,
+    /// The value set, 1 when untouched (`None` when not used at all).
+    set: Option<usize>,
+}
+
+impl<'a> Lowat<'a> {
+    fn new(s: &'a TcpStream, used: bool) -> Self {
+        Self { s, set: used.then_some(1) }
+    }
+
+    /// Whether it is raised: the data of a wait is not there yet.
+    fn on(&self) -> bool {
+        self.set.is_some_and(|v| v > 1)
+    }
+
+    /// Sets it to `min(rest, LOWAT_MAX)` when it is above `rest` or below that: never more than
+    /// will come (a wait for it would never end).
+    fn at_most(&mut self, rest: usize) -> std::io::Result<()> {
+        let Some(set) = self.set else { return Ok(()) };
+        let want = rest.min(LOWAT_MAX);
+        if set > rest || (set < want && set == 1) {
+            rcvlowat(self.s, want)?;
+            self.set = Some(want);
+        }
+        Ok(())
+    }
+
+    fn reset(&mut self) -> std::io::Result<()> {
+        if self.on() {
+            rcvlowat(self.s, 1)?;
+            self.set = Some(1);
+        }
+        Ok(())
+    }
+}
+
+fn rcvlowat(s: &TcpStream, bytes: usize) -> std::io::Result<()> {
+    let value = libc::c_int::try_from(bytes).unwrap_or(libc::c_int::MAX);
+    // SAFETY: `value` is a live `c_int` and the length says so; the descriptor is `s`'s own.
+    let rc = unsafe {
+        libc::setsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVLOWAT,
+            (&raw const value).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc == 0 { Ok(()) } else { Err(std::io::Error::last_os_error()) }
 }
 
 /// Waits until `s` has `events` (`POLLIN`, `POLLOUT`; an error or a hang-up counts too: the next
@@ -402,4 +467,68 @@ fn read_some(
 
 fn lost(addr: &PeerAddr, what: &str, e: std::io::Error) -> Error {
     Error::unreachable(format!("tcp peer {}:{}: {what}: {e}", addr.host, addr.port))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::TcpListener;
+
+    use super::*;
+
+    fn pair() -> (TcpStream, TcpStream) {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (s, _) = l.accept().unwrap();
+        (c, s)
+    }
+
+    #[test]
+    fn a_pool_opens_at_most_its_size_and_counts_what_it_loses() {
+        let registry = Arc::new(DirectRegistry::default());
+        let pool = Arc::new(DirectPool::new(2));
+        assert!(matches!(pool.take(), Take::Open));
+        assert!(matches!(pool.take(), Take::Open));
+        assert!(matches!(pool.take(), Take::None), "two are being opened already");
+        // One opening fails (its guard is dropped), the other succeeds.
+        drop(Opening::new(pool.clone()));
+        let (c, _s) = pair();
+        Opening::new(pool.clone()).done(DirectConn::new(c, &registry).unwrap());
+        let Take::Conn(conn) = pool.take() else { panic!("the opened connection is idle") };
+        assert!(matches!(pool.take(), Take::Open), "the failed one may be opened again");
+        pool.put(conn);
+        assert!(matches!(pool.take(), Take::Conn(_)));
+    }
+
+    #[test]
+    fn a_stop_cuts_registered_connections_and_refuses_new_ones() {
+        let registry = Arc::new(DirectRegistry::default());
+        let (c, mut s) = pair();
+        let conn = DirectConn::new(c, &registry).unwrap();
+        assert!(conn.still_open());
+        registry.stop();
+        assert!(registry.stopped());
+        assert!(!conn.still_open(), "shut down by the registry");
+        let mut b = [0u8; 1];
+        assert_eq!(std::io::Read::read(&mut s, &mut b).unwrap(), 0, "the peer sees the close");
+        let (c2, _s2) = pair();
+        assert!(DirectConn::new(c2, &registry).is_err(), "refused once stopped");
+        drop(conn);
+        assert!(registry.open.lock().unwrap().is_empty());
+    }
+
+    #[test]
+    fn an_idle_connection_the_peer_closed_is_seen_closed() {
+        let registry = Arc::new(DirectRegistry::default());
+        let (c, s) = pair();
+        let conn = DirectConn::new(c, &registry).unwrap();
+        assert!(conn.still_open());
+        drop(s);
+        let t = Instant::now();
+        while conn.still_open() {
+            assert!(t.elapsed() < std::time::Duration::from_secs(5));
+            std::thread::yield_now();
+        }
+        drop(conn);
+        assert!(registry.open.lock().unwrap().is_empty(), "a dropped connection leaves the registry");
+    }
 }
