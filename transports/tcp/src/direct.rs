@@ -390,7 +390,7 @@ fn wait(s: &TcpStream, events: libc::c_short, deadline: Instant) -> std::io::Res
         }
         let ts = libc::timespec {
             tv_sec: libc::time_t::try_from(left.as_secs()).unwrap_or(libc::time_t::MAX),
-            tv_nsec: libc::c_long::try_from(left.subsec_nanos()).expect("below one second"),
+            tv_nsec: libc::c_long::from(left.subsec_nanos()),
         };
         let mut fd = libc::pollfd { fd: s.as_raw_fd(), events, revents: 0 };
         // SAFETY: `fd` and `ts` are live locals, one `pollfd` as the count says; a null signal
