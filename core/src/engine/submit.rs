@@ -113,8 +113,10 @@ impl TransferEngine {
     /// worker), so one may finish a request before this returns: the TCP transport does the
     /// whole round trip of a single request on this thread when one of its peer's direct
     /// connections is idle, which saves two thread wake-ups (to its I/O thread and back). The
-    /// batch may therefore already be done when this returns. A caller that wants to do other
-    /// work while the batch runs uses [`submit_blocking`](Self::submit_blocking).
+    /// batch may therefore already be done when this returns, or this may return only at the
+    /// request's deadline (the transfer timeout) with the batch failed: use it only when this
+    /// thread would wait that long. A caller that wants to do other work while the batch runs,
+    /// or to wait less than the transfer timeout, uses [`submit_blocking`](Self::submit_blocking).
     pub fn submit_for_blocking_wait(&self, requests: &[TransferRequest]) -> Result<Batch> {
         self.block_on(self.submit_marked(requests, true))?
     }
