@@ -78,6 +78,23 @@ fn initiator(meta: &Arc<InProcessMetadata>, timeout: Duration) -> (TransferEngin
     (e, capture)
 }
 
+/// An engine with peer authentication's shared secret `secret`; with `capture`, its TCP
+/// transport is kept there.
+fn with_secret(meta: &Arc<InProcessMetadata>, name: &str, secret: &str, capture: Option<&Capture>) -> TransferEngine {
+    let transports = match capture {
+        Some(c) => TransportRegistry::new().with(Arc::new(c.clone())),
+        None => tcp_only(),
+    };
+    let mut b = ferry::builder()
+        .transports(transports)
+        .protocol("tcp")
+        .segment_name(name)
+        .metadata(meta.clone() as Arc<dyn MetadataStore>)
+        .transfer_timeout(Duration::from_secs(5));
+    b.config_mut().set_option(&ferry_peer_auth::SECRET, secret);
+    b.build_blocking().unwrap()
+}
+
 fn req(opcode: Opcode, source: u64, target: SegmentHandle, target_offset: u64, length: u64) -> TransferRequest {
     TransferRequest { opcode, source, target, target_offset, length }
 }
@@ -162,6 +179,28 @@ fn a_waiting_callers_single_request_runs_on_its_own_thread() {
     let after = capture.stats();
     assert_eq!((after.direct, after.queued), (before.direct, before.queued + 4), "{before:?} -> {after:?}");
 
+    e.shutdown_blocking().unwrap();
+    target.shutdown_blocking().unwrap();
+}
+
+/// With peer authentication on, direct connections prove the secret as the lanes' do (the
+/// target serves nothing on a connection that did not), and requests go direct.
+#[test]
+fn direct_connections_prove_peer_authentication() {
+    const SECRET: &str = "the cluster's shared secret for the direct path";
+    let meta = InProcessMetadata::new();
+    let target = with_secret(&meta, "127.0.0.1:1", SECRET, None);
+    let remote = pattern_buffer(1 << 20, 11);
+    unsafe { target.register_memory_blocking(remote.addr(), remote.len(), Location::Cpu(0)) }.unwrap();
+    let capture = Capture::default();
+    let e = with_secret(&meta, "127.0.0.1:2", SECRET, Some(&capture));
+    let local = Buffer::zeroed(1 << 20);
+    unsafe { e.register_memory_blocking(local.addr(), local.len(), Location::Cpu(0)) }.unwrap();
+    let peer = e.block_on(e.open_segment("127.0.0.1:1")).unwrap().unwrap();
+    let r = req(Opcode::Read, local.addr(), peer, remote.addr(), 1 << 20);
+    until_direct(&e, &capture, r);
+    direct(&e, &capture, r);
+    assert_eq!(local.bytes(), remote.bytes());
     e.shutdown_blocking().unwrap();
     target.shutdown_blocking().unwrap();
 }
