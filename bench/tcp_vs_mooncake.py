@@ -17,6 +17,11 @@ Options:
   --ferry PATH (default target/release/ferry), --baseline PATH (another ferry build, measured
       as a further engine: two Ferry builds against the same Mooncake in one run).
   --json FILE: write every measurement and the summary as JSON too.
+  --floor PATH: the ping-pong floor (transports/tcp/examples/pingpong_floor.rs, built with
+      `cargo build --release -p ferry-transport-tcp --example pingpong_floor`), run in every
+      round of the cases with one thread and batch 1 (its response is the case's block size),
+      between the engines; the case's line then shows the floor's p50 and each Ferry engine's
+      p50 over it.
 
 Operations per second are transfers (blocks) per second: batch count x batch size / duration,
 from the `Test completed: duration D, batch count N` line both tools print. A ratio is the
@@ -93,6 +98,16 @@ def measure(engine, case, duration):
             target.kill()
 
 
+def measure_floor(binary, block):
+    """The ping-pong floor's p50 in µs: 24 bytes out, `block` bytes back, blocking sockets."""
+    out = subprocess.run([binary, "20000", str(block)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         text=True, timeout=300).stdout
+    m = re.search(r"p50 ([0-9.]+) us", out)
+    if not m:
+        raise SystemExit(f"no 'p50 X us' from {binary}:\n{out[-2000:]}")
+    return float(m.group(1))
+
+
 def fmt_ops(x):
     return f"{x / 1e3:.1f}k" if x < 1e6 else f"{x / 1e6:.2f}M"
 
@@ -110,6 +125,7 @@ def main():
     ap.add_argument("--ferry", default=FERRY, help="the ferry binary to measure")
     ap.add_argument("--baseline", help="another ferry binary, measured as a further engine")
     ap.add_argument("--json", help="also write the results to this file")
+    ap.add_argument("--floor", help="the pingpong_floor example binary, run beside batch-1 one-thread cases")
     a = ap.parse_args()
     for b in [a.ferry] + ([a.baseline] if a.baseline else []):
         if not os.path.exists(b):
@@ -133,13 +149,17 @@ def main():
     results = []
     for case in cases:
         runs = {n: [] for n in names}
+        floor = a.floor and case["batch"] == 1 and case["threads"] == 1
+        floors = []
         for r in range(a.rounds):
             # Alternate: round 0 in the listed order, round 1 reversed, ...
             order = names if r % 2 == 0 else list(reversed(names))
-            for n in order:
+            for i, n in enumerate(order):
+                if floor and i == len(order) // 2:
+                    floors.append(measure_floor(a.floor, case["block"]))
                 runs[n].append(measure(engines[n], case, a.duration))
-        results.append({"case": case, "runs": runs})
-        print_case(case, runs, names, a.rounds)
+        results.append({"case": case, "runs": runs, "floor_p50_us": floors or None})
+        print_case(case, runs, names, a.rounds, floors)
     summary = summarize(results, names)
     print("\nmedian ratio to Mooncake over the rounds [min, max]:")
     for n in names[1:]:
@@ -158,7 +178,7 @@ def ratios(runs, n, base="mooncake"):
     return [x[0] / b[0] if b[0] else float("inf") for x, b in zip(runs[n], runs[base])]
 
 
-def print_case(case, runs, names, rounds):
+def print_case(case, runs, names, rounds, floors=()):
     head = f"{case['op']:<5} {case['block']:>8} B batch {case['batch']:>3} x{case['threads']}"
     cols = []
     for n in names:
@@ -170,6 +190,12 @@ def print_case(case, runs, names, rounds):
             rs = ratios(runs, n)
             cell += f" ({statistics.median(rs):.2f}x [{min(rs):.2f}-{max(rs):.2f}])"
         cols.append(cell)
+    if floors:
+        floor = statistics.median(floors)
+        over = [f"{n} {statistics.median(x[1] for x in runs[n] if x[1] is not None) / floor:.2f}x"
+                for n in names if n != "mooncake" and any(x[1] is not None for x in runs[n])]
+        cols.append(f"floor p50 {floor:.0f}us [{min(floors):.0f}-{max(floors):.0f}]"
+                    + (f" (p50 over floor: {', '.join(over)})" if over else ""))
     print(f"{head}: " + "; ".join(cols) + f"  ({rounds} rounds)", flush=True)
 
 

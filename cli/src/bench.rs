@@ -266,7 +266,8 @@ pub(crate) async fn run(args: BenchArgs) -> Result<std::process::ExitCode> {
                     })
                     .collect();
                 let t0 = Instant::now();
-                engine.submit_blocking(&reqs)?.wait_ok_blocking(timeout)?;
+                // The thread waits for its batch at once: a transport may run it on this thread.
+                engine.submit_for_blocking_wait(&reqs)?.wait_ok_blocking(timeout)?;
                 latencies.push(t0.elapsed());
                 bytes.fetch_add(batch_size * block, Ordering::Relaxed);
                 round += 1;

@@ -113,6 +113,13 @@ impl BatchStatus {
 /// [`Batch::lease_observed`].
 type ReleaseObserver = Box<dyn Fn(&Batch, usize) + Send + Sync>;
 
+/// Whether a batch is done, and how many blocking waiters sleep on it (both under one lock).
+#[derive(Debug)]
+struct Done {
+    done: bool,
+    sleepers: usize,
+}
+
 /// A batch's [`ReleaseObserver`], if any (a newtype only to give it a `Debug`).
 struct OnRelease(Option<ReleaseObserver>);
 
@@ -142,7 +149,7 @@ pub(crate) struct BatchCore {
     submitted_at: Instant,
     finished_at: OnceLock<Instant>,
     notify: tokio::sync::Notify,
-    done_lock: Mutex<bool>,
+    done_lock: Mutex<Done>,
     done_cv: Condvar,
     /// Told about each request once it is released.
     on_release: OnRelease,
@@ -150,6 +157,9 @@ pub(crate) struct BatchCore {
     metrics: Option<Arc<EngineMetrics>>,
     /// A request failed (not cancelled): the batch logs one line when it finishes.
     any_failed: AtomicBool,
+    /// The submitting thread blocks waiting for this batch right after submitting it
+    /// ([`Submission::caller_waits`]).
+    caller_waits: bool,
 }
 
 impl BatchCore {
@@ -162,6 +172,7 @@ impl BatchCore {
         segments: Vec<Arc<OpenSegment>>,
         on_release: Option<ReleaseObserver>,
         metrics: Option<Arc<EngineMetrics>>,
+        caller_waits: bool,
     ) -> Arc<Self> {
         let n = requests.len();
         let total_bytes = requests.iter().map(|r| r.request.length).sum();
@@ -179,11 +190,12 @@ impl BatchCore {
             submitted_at: Instant::now(),
             finished_at: OnceLock::new(),
             notify: tokio::sync::Notify::new(),
-            done_lock: Mutex::new(n == 0),
+            done_lock: Mutex::new(Done { done: n == 0, sleepers: 0 }),
             done_cv: Condvar::new(),
             on_release: OnRelease(on_release),
             metrics,
             any_failed: AtomicBool::new(false),
+            caller_waits,
         })
     }
 
@@ -320,8 +332,12 @@ impl BatchCore {
         }
         self.notify.notify_waiters();
         let mut done = self.done_lock.lock().unwrap_or_else(|p| p.into_inner());
-        *done = true;
-        self.done_cv.notify_all();
+        done.done = true;
+        // A notification is a system call even with nobody waiting: a batch completed before
+        // its caller waited (on the caller's own thread, for one) is not worth one.
+        if done.sleepers > 0 {
+            self.done_cv.notify_all();
+        }
     }
 
     /// The segment name of target `handle`, for logs.
@@ -475,17 +491,27 @@ impl BatchCore {
         // A timeout too large to add to `now` means "no deadline".
         let deadline = Instant::now().checked_add(timeout);
         let mut done = self.done_lock.lock().unwrap_or_else(|p| p.into_inner());
-        while !*done {
+        // Counted under the lock `finish` takes to set `done`: it notifies only when someone
+        // sleeps.
+        done.sleepers += 1;
+        let mut timed_out = false;
+        while !done.done {
             done = match deadline {
                 None => self.done_cv.wait(done).unwrap_or_else(|p| p.into_inner()),
                 Some(deadline) => {
                     let now = Instant::now();
                     if now >= deadline {
-                        return Err(self.timeout_error(timeout));
+                        timed_out = true;
+                        break;
                     }
                     self.done_cv.wait_timeout(done, deadline - now).unwrap_or_else(|p| p.into_inner()).0
                 }
             };
+        }
+        done.sleepers -= 1;
+        drop(done);
+        if timed_out {
+            return Err(self.timeout_error(timeout));
         }
         Ok(self.status())
     }
@@ -576,7 +602,7 @@ impl Batch {
         segments: Vec<Arc<OpenSegment>>,
     ) -> std::result::Result<(Batch, Submission), (usize, Error)> {
         let leases = memory.lease_many(requests.iter().map(|r| (r.source, r.length)))?;
-        Self::from_leases(requests, leases, segments, None, None)
+        Self::from_leases(requests, leases, segments, None, None, false)
     }
 
     /// [`lease`](Self::lease), with `on_release` told about each request once its transport
@@ -598,18 +624,20 @@ impl Batch {
         on_release: impl Fn(&Batch, usize) + Send + Sync + 'static,
     ) -> std::result::Result<(Batch, Submission), (usize, Error)> {
         let leases = memory.lease_many(requests.iter().map(|r| (r.source, r.length)))?;
-        Self::from_leases(requests, leases, segments, Some(Box::new(on_release)), None)
+        Self::from_leases(requests, leases, segments, Some(Box::new(on_release)), None, false)
     }
 
     /// [`lease`](Self::lease) with the leases already taken (one per request, in order, each
     /// covering its request's local range: the engine checks the local ranges before it looks
     /// up the segments, and takes them only once), counting into the engine's `metrics`.
+    /// `caller_waits`: see [`Submission::caller_waits`].
     pub(crate) fn from_leases(
         requests: &[TransferRequest],
         leases: Vec<RegionLease>,
         segments: Vec<Arc<OpenSegment>>,
         on_release: Option<ReleaseObserver>,
         metrics: Option<Arc<EngineMetrics>>,
+        caller_waits: bool,
     ) -> std::result::Result<(Batch, Submission), (usize, Error)> {
         let validated: Vec<ValidatedRequest> = requests
             .iter()
@@ -620,7 +648,7 @@ impl Batch {
         let mut held = leases;
         held.sort_unstable_by_key(|l| Arc::as_ptr(l) as usize);
         held.dedup_by(|a, b| Arc::ptr_eq(a, b));
-        let core = BatchCore::new(validated, held, segments, on_release, metrics);
+        let core = BatchCore::new(validated, held, segments, on_release, metrics, caller_waits);
         let n =
             u32::try_from(requests.len()).map_err(|_| (0, Error::invalid("more than 2^32 requests in one batch")))?;
         let submission = Submission::new(core.clone(), (0..n).collect());
@@ -801,6 +829,19 @@ impl Submission {
     /// True once the caller cancelled the batch: check before starting a request.
     pub fn is_cancelled(&self) -> bool {
         self.core.is_cancelled()
+    }
+
+    /// True when the thread that submitted the batch blocks waiting for it right after
+    /// [`Transport::submit`](crate::Transport::submit) returns, and `submit` runs on that
+    /// thread, outside any async runtime
+    /// ([`TransferEngine::submit_for_blocking_wait`](crate::TransferEngine::submit_for_blocking_wait),
+    /// which `transfer_blocking`, C's `ferry_transfer_sync` and `ferry bench` use). A transport
+    /// may then run a request to completion inside `submit`, blocking on its I/O, instead of
+    /// handing it to another thread whose completion would have to wake the caller: the
+    /// caller would wait anyway. Never true for a batch submitted through the async API, whose
+    /// `submit` may run on a runtime worker that must not block.
+    pub fn caller_waits(&self) -> bool {
+        self.core.caller_waits
     }
 
     /// The batch's caller handle (for a transport that reports per batch, such as a plugin host).

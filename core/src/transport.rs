@@ -108,7 +108,14 @@ impl std::fmt::Debug for TransportContext {
 ///   range lies in a buffer of the target's descriptor. A transport that can see the target's
 ///   live registry checks again against it; one that cannot relies on the peer to reject.
 /// - [`submit`](Transport::submit) must not block on I/O: it queues the requests (or, for a
-///   memcpy transport, finishes them) and returns. It owns the [`Submission`]: it completes
+///   memcpy transport, finishes them) and returns. One exception: when
+///   [`Submission::caller_waits`] is true, `submit` runs on the submitting thread (not a
+///   runtime worker) and that thread blocks waiting for the batch as soon as `submit` returns,
+///   so `submit` may do the requests' I/O itself and complete them before it returns (the TCP
+///   transport does, for one request on an idle connection). It must still keep every other
+///   promise below, never block past a request's deadline, and return promptly once
+///   [`shutdown`](Transport::shutdown) was called. A transport that ignores the flag behaves
+///   as for any other submission. It owns the [`Submission`]: it completes
 ///   every request with [`Submission::complete`] exactly once, within the configured transfer
 ///   timeout — also a request that was cancelled meanwhile, since that call is also its promise
 ///   to touch the request's memory no more (a failure to start is completed the same way).

@@ -25,14 +25,21 @@ impl TransferEngine {
     /// The caller must not run two transfers into overlapping destination ranges at the same
     /// time, nor touch a destination range until its request completed (as with any DMA engine).
     pub async fn submit(&self, requests: &[TransferRequest]) -> Result<Batch> {
-        let submitted = self.submit_checked(requests).await;
+        self.submit_marked(requests, false).await
+    }
+
+    /// [`submit`](Self::submit), with the batch's [`Submission::caller_waits`] set to
+    /// `caller_waits` (only the blocking entry points set it, from the caller's own thread);
+    /// a refused submission is counted in the engine's metrics.
+    async fn submit_marked(&self, requests: &[TransferRequest], caller_waits: bool) -> Result<Batch> {
+        let submitted = self.submit_checked(requests, caller_waits).await;
         if let Err(e) = &submitted {
             self.inner.metrics.rejected(e.kind());
         }
         submitted
     }
 
-    async fn submit_checked(&self, requests: &[TransferRequest]) -> Result<Batch> {
+    async fn submit_checked(&self, requests: &[TransferRequest], caller_waits: bool) -> Result<Batch> {
         self.inner.check_open()?;
         if requests.is_empty() {
             return Err(Error::invalid("empty batch: no requests to submit"));
@@ -87,8 +94,9 @@ impl TransferEngine {
         }
 
         let targets = segments.iter().map(|r| r.segment.clone()).collect();
-        let (batch, mut all) = Batch::from_leases(requests, leases, targets, None, Some(self.inner.metrics.clone()))
-            .map_err(|(i, e)| request_error(i, e))?;
+        let (batch, mut all) =
+            Batch::from_leases(requests, leases, targets, None, Some(self.inner.metrics.clone()), caller_waits)
+                .map_err(|(i, e)| request_error(i, e))?;
         if segments.len() == 1 {
             segments[0].transport.submit(&segments[0].segment, all);
         } else {
@@ -103,6 +111,24 @@ impl TransferEngine {
     /// Blocking form of [`submit`](Self::submit).
     pub fn submit_blocking(&self, requests: &[TransferRequest]) -> Result<Batch> {
         self.block_on(self.submit(requests))?
+    }
+
+    /// [`submit_blocking`](Self::submit_blocking) for a caller that waits for the batch on this
+    /// thread at once ([`Batch::wait_blocking`] or [`Batch::wait_ok_blocking`]), as
+    /// [`transfer_blocking`](Self::transfer_blocking), C's `ferry_transfer_sync` and
+    /// `ferry bench` do.
+    ///
+    /// The transports are told so ([`Submission::caller_waits`]), and their `submit` runs on
+    /// this thread ([`block_on`](Self::block_on) polls the submit here, not on a runtime
+    /// worker), so one may finish a request before this returns: the TCP transport does the
+    /// whole round trip of a single request on this thread when one of its peer's direct
+    /// connections is idle, which saves two thread wake-ups (to its I/O thread and back). The
+    /// batch may therefore already be done when this returns, or this may return only at the
+    /// request's deadline (the transfer timeout) with the batch failed: use it only when this
+    /// thread would wait that long. A caller that wants to do other work while the batch runs,
+    /// or to wait less than the transfer timeout, uses [`submit_blocking`](Self::submit_blocking).
+    pub fn submit_for_blocking_wait(&self, requests: &[TransferRequest]) -> Result<Batch> {
+        self.block_on(self.submit_marked(requests, true))?
     }
 
     /// Submits and waits (with the configured transfer timeout); `Ok` only when every request
@@ -126,7 +152,7 @@ impl TransferEngine {
 
     /// Blocking form of [`transfer`](Self::transfer).
     pub fn transfer_blocking(&self, requests: &[TransferRequest]) -> Result<()> {
-        let batch = self.submit_blocking(requests)?;
+        let batch = self.submit_for_blocking_wait(requests)?;
         let mut outcome = batch.wait_ok_blocking(self.transfer_timeout());
         if outcome.as_ref().is_err_and(|e| e.kind() == ErrorKind::Timeout) && !batch.is_done() {
             outcome = batch.wait_ok_blocking(REPORT_GRACE);

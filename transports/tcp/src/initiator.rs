@@ -24,6 +24,7 @@ use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::mpsc;
 use tokio::time::{Instant, timeout_at};
 
+use crate::direct::{DirectConn, DirectPool, DirectRegistry, Opening, Take};
 use crate::fence::PeerFence;
 use crate::io::write_all_vectored;
 use crate::memory::{bytes, bytes_mut};
@@ -33,6 +34,10 @@ use crate::wire::{HEADER_LEN, Header, STATUS_LEN, Status};
 const COALESCE: usize = 64 * 1024;
 /// Gathered headers and small payloads are written once they reach this size.
 const FLUSH_AT: usize = 256 * 1024;
+/// Largest request the direct path carries: a target answers a rejected WRITE up to this size
+/// after draining its payload, one above it by closing the connection, which a caller blocked
+/// in writing that payload would see as a lost connection instead of a rejection.
+pub(crate) const DIRECT_MAX: u64 = 16 << 20;
 
 /// One request handed to a lane. It holds the request's [`Submission`] and is moved, never
 /// copied: to the reader once its header is written (or kept by the writer for a v1 WRITE, which
@@ -82,9 +87,19 @@ impl Job {
     }
 }
 
-/// A peer's lanes.
+/// A peer's lanes, and its direct connections ([`crate::direct`]).
 pub(crate) struct Peer {
+    addr: PeerAddr,
     lanes: Vec<(mpsc::UnboundedSender<Job>, Arc<AtomicUsize>)>,
+    /// Idle direct connections, used by callers that wait for a single request.
+    direct: Arc<DirectPool>,
+    /// The transport's direct connections (cut at shutdown).
+    registry: Arc<DirectRegistry>,
+    /// The I/O thread that opens this peer's direct connections, with the lanes' `connect`.
+    opener: tokio::runtime::Handle,
+    auth: Option<Arc<ferry_peer_auth::PeerSecret>>,
+    /// A direct connection must open within this (the transfer timeout).
+    timeout: Duration,
     /// Connections of the lanes waiting to be fenced.
     fence: Arc<PeerFence>,
     /// When the peer was created, and when a request was last queued, in milliseconds since
@@ -121,14 +136,20 @@ impl Peer {
     /// Starts `lanes` lane tasks for `addr` on `runtime`, each proving `auth` (when set) on every
     /// connection it opens. When `stop` turns true (the transport shuts down), requests waiting
     /// for a response fail at once instead of at their deadline.
+    /// Direct connections are opened on one of `io`'s threads too, within `timeout`, and
+    /// registered with `registry`.
     pub(crate) fn start(
         addr: PeerAddr,
         lanes: usize,
         io: &crate::IoThreads,
         auth: Option<Arc<ferry_peer_auth::PeerSecret>>,
         stop: tokio::sync::watch::Receiver<bool>,
+        registry: Arc<DirectRegistry>,
+        timeout: Duration,
     ) -> Self {
         let fence = Arc::new(PeerFence::new(addr.fence && addr.v2, auth.clone()));
+        let direct = Arc::new(DirectPool::new(lanes));
+        let opener = io.next().clone();
         let lanes = (0..lanes.max(1))
             .map(|_| {
                 let (tx, rx) = mpsc::unbounded_channel();
@@ -136,7 +157,73 @@ impl Peer {
                 (tx, Arc::new(AtomicUsize::new(0)))
             })
             .collect();
-        Self { lanes, fence, created: std::time::Instant::now(), last_used_ms: std::sync::atomic::AtomicU64::new(0) }
+        Self {
+            addr,
+            lanes,
+            direct,
+            registry,
+            opener,
+            auth,
+            timeout,
+            fence,
+            created: std::time::Instant::now(),
+            last_used_ms: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+
+    /// Runs the one request of `submission` on this thread, over an idle direct connection, and
+    /// completes it; gives `submission` back, untouched, when none is idle or the request must
+    /// go through a lane (a v1 peer, a fence due, a request above [`DIRECT_MAX`], the transport
+    /// stopping). Only for a submission whose caller waits for it on this thread
+    /// ([`Submission::caller_waits`]).
+    pub(crate) fn try_direct(&self, submission: Submission, deadline: Instant) -> Result<(), Submission> {
+        let length = submission.request(submission.indices()[0]).request.length;
+        // A fence due is settled by the lanes before anything more goes to the peer.
+        if !self.addr.v2 || length > DIRECT_MAX || self.fence.pending() || self.registry.stopped() {
+            return Err(submission);
+        }
+        let conn = match self.direct.take() {
+            Take::Conn(c) => c,
+            Take::Open => {
+                self.open_direct();
+                return Err(submission);
+            }
+            Take::None => return Err(submission),
+        };
+        if !conn.still_open() {
+            // The peer closed it while idle (or broke it): the lane sends the request on a
+            // connection of its own, and another direct one is opened meanwhile.
+            drop(conn);
+            self.direct.lost();
+            if let Take::Open = self.direct.take() {
+                self.open_direct();
+            }
+            return Err(submission);
+        }
+        self.last_used_ms.store(self.created.elapsed().as_millis() as u64, Ordering::Relaxed);
+        match crate::direct::run(&self.addr, conn, submission, deadline.into_std(), &self.fence, &self.registry) {
+            Some(conn) => self.direct.put(conn),
+            None => self.direct.lost(),
+        }
+        Ok(())
+    }
+
+    /// Opens a direct connection on an I/O thread (the pool counts it already) and puts it in
+    /// the pool; a failure only uncounts it (the next waiting request tries again).
+    fn open_direct(&self) {
+        let opening = Opening::new(self.direct.clone());
+        let (addr, auth, registry) = (self.addr.clone(), self.auth.clone(), self.registry.clone());
+        let deadline = deadline(self.timeout);
+        self.opener.spawn(async move {
+            let opened = match connect(&addr, auth.as_deref(), deadline).await {
+                Ok(s) => s.into_std().and_then(|s| DirectConn::new(s, &registry)).map_err(|e| lost(&addr, "direct", e)),
+                Err(e) => Err(e),
+            };
+            match opened {
+                Ok(conn) => opening.done(conn),
+                Err(e) => tracing::debug!(error = %e, "tcp initiator: no direct connection"),
+            }
+        });
     }
 
     /// True when nothing is queued or in flight, nothing was queued for `idle`, and no fence is

@@ -33,6 +33,7 @@
 
 mod auth;
 mod conns;
+mod direct;
 mod endpoint;
 pub mod fence;
 mod initiator;
@@ -106,6 +107,25 @@ pub struct TcpTransport {
     peers: Mutex<HashMap<PeerAddr, Arc<Peer>>>,
     stop: watch::Sender<bool>,
     server: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    stats: Counters,
+    /// Every direct connection, cut at shutdown.
+    direct: Arc<direct::DirectRegistry>,
+}
+
+/// How the initiator's requests went (see [`TcpTransport::stats`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct TcpStats {
+    /// Requests run to completion on the submitting thread, over a direct connection (no hand-off
+    /// to an I/O thread).
+    pub direct: u64,
+    /// Requests handed to a lane (an I/O thread) to be sent and answered there.
+    pub queued: u64,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    direct: std::sync::atomic::AtomicU64,
+    queued: std::sync::atomic::AtomicU64,
 }
 
 impl std::fmt::Debug for TcpTransport {
@@ -155,7 +175,16 @@ impl TcpTransport {
             peers: Mutex::new(HashMap::new()),
             stop,
             server: Mutex::new(Some(server)),
+            stats: Counters::default(),
+            direct: Arc::default(),
         })
+    }
+
+    /// How many requests this transport's initiator ran on the submitting thread, and how many
+    /// it handed to a lane, since it started.
+    pub fn stats(&self) -> TcpStats {
+        use std::sync::atomic::Ordering::Relaxed;
+        TcpStats { direct: self.stats.direct.load(Relaxed), queued: self.stats.queued.load(Relaxed) }
     }
 
     /// The data port this transport listens on.
@@ -192,7 +221,15 @@ impl TcpTransport {
         Ok(peers
             .entry(addr.clone())
             .or_insert_with(|| {
-                Arc::new(Peer::start(addr, self.lanes, &self.io, self.auth.secret(), self.stop.subscribe()))
+                Arc::new(Peer::start(
+                    addr,
+                    self.lanes,
+                    &self.io,
+                    self.auth.secret(),
+                    self.stop.subscribe(),
+                    self.direct.clone(),
+                    self.timeout,
+                ))
             })
             .clone())
     }
@@ -291,6 +328,7 @@ impl Drop for IoThreads {
 impl Drop for TcpTransport {
     fn drop(&mut self) {
         let _ = self.stop.send(true);
+        self.direct.stop();
         if let Some(h) = self.server.lock().unwrap_or_else(|p| p.into_inner()).take() {
             h.abort();
         }
@@ -331,7 +369,21 @@ impl Transport for TcpTransport {
             Err(e) => return submission.fail_all(&e),
         };
         let deadline = initiator::deadline(self.timeout);
+        // A caller that waits for its one request anyway has it run on its own thread when a
+        // direct connection is idle: no hand-off to an I/O thread and back.
+        let submission = if submission.caller_waits() && submission.len() == 1 {
+            match peer.try_direct(submission, deadline) {
+                Ok(()) => {
+                    self.stats.direct.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    return;
+                }
+                Err(s) => s,
+            }
+        } else {
+            submission
+        };
         for one in submission.into_each() {
+            self.stats.queued.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             if let Err(unsent) = peer.send(one, deadline) {
                 unsent.fail_all(&Error::new(ferry_core::ErrorKind::Shutdown, "tcp transport stopped"));
             }
@@ -340,6 +392,8 @@ impl Transport for TcpTransport {
 
     async fn shutdown(&self) {
         let _ = self.stop.send(true);
+        // A caller blocked in a direct request returns at once, with `Shutdown`.
+        self.direct.stop();
         let server = self.server.lock().unwrap_or_else(|p| p.into_inner()).take();
         if let Some(h) = server {
             let _ = h.await;
@@ -374,7 +428,7 @@ mod tests {
         let io = IoThreads::start(1).unwrap();
         let addr = PeerAddr { host: "127.0.0.1".into(), port: 1, v2: true, fence: true };
         let (_stop, stop_rx) = tokio::sync::watch::channel(false);
-        let peer = Peer::start(addr, 2, &io, None, stop_rx);
+        let peer = Peer::start(addr, 2, &io, None, stop_rx, Arc::default(), Duration::from_secs(1));
         assert!(peer.unused_for(Duration::ZERO), "no load, no use: prunable at once");
         assert!(!peer.unused_for(Duration::from_secs(3600)), "not idle for an hour yet");
     }

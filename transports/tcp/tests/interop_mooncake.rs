@@ -187,6 +187,43 @@ async fn a_ferry_initiator_reads_and_writes_a_mooncake_target() {
         .collect();
     ferry.transfer(&reqs).await.unwrap();
     assert!(local.bytes()[..1 << 20].iter().enumerate().all(|(k, &b)| b == pattern(k as u64, 5)));
+
+    // One request at a time from a thread that waits for each (the direct path: done on that
+    // thread once the peer's direct connection is open; the first goes through a lane).
+    let (engine, into, from) = (ferry.clone(), local.addr(), src.addr());
+    let direct = tokio::task::block_in_place(|| {
+        std::thread::spawn(move || {
+            let mut direct = 0;
+            for _ in 0..50 {
+                for (opcode, source, offset) in [(Opcode::Read, into, 4097), (Opcode::Write, from, dest)] {
+                    for size in [4096u64, 1 << 20, 8 << 20] {
+                        let r = TransferRequest {
+                            opcode,
+                            source,
+                            target: peer,
+                            target_offset: addr + offset,
+                            length: size,
+                        };
+                        let batch = engine.submit_for_blocking_wait(&[r]).unwrap();
+                        direct += u32::from(batch.is_done());
+                        batch.wait_ok_blocking(T).unwrap_or_else(|e| panic!("{opcode:?} of {size} bytes: {e}"));
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            direct
+        })
+        .join()
+        .unwrap()
+    });
+    assert!(direct >= 250, "{direct} of 300 requests ran on the caller's thread");
+    let got = &local.bytes()[..8 << 20];
+    assert_eq!(got.iter().enumerate().position(|(k, &b)| b != pattern(k as u64 + 4097, 5)), None);
+    let answer = tokio::task::block_in_place(|| {
+        mc.0.say(&format!("check {dest} {} 99", 8 << 20));
+        mc.0.line()
+    });
+    assert_eq!(answer, "ok", "Mooncake's check of the direct writes");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -743,3 +743,114 @@ fn all_threads_stopped(pid: u32) -> bool {
             .unwrap_or(false)
     })
 }
+
+/// A runtime for an engine driven from this (non-runtime) thread with the blocking API.
+fn blocking_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
+}
+
+/// Single requests for a waiting caller until one runs on this thread (it is finished when
+/// `submit_for_blocking_wait` returns; the first to a peer goes through a lane and has the
+/// peer's direct connection opened meanwhile).
+fn until_direct(e: &ferry::TransferEngine, r: TransferRequest) {
+    let t = Instant::now();
+    loop {
+        let batch = e.submit_for_blocking_wait(&[r]).unwrap();
+        let direct = batch.is_done();
+        batch.wait_ok_blocking(Duration::from_secs(5)).unwrap();
+        if direct {
+            return;
+        }
+        assert!(t.elapsed() < Duration::from_secs(5), "no request ran on the caller's thread in 5 s");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// The direct path keeps the lanes' guarantees with a target stopped (SIGSTOP) under it: a
+/// direct WRITE fails with `Timeout` at its deadline (not later), the next WRITE goes through a
+/// lane that fences the direct connection first, and the timed-out WRITE never lands after it.
+#[test]
+fn a_direct_write_that_timed_out_is_fenced_and_never_lands_later() {
+    const ROUNDS: u64 = 4;
+    const PIECE: u64 = 64 << 10;
+    let timeout = Duration::from_millis(700);
+    let target = ChildTarget::spawn(&[], None);
+    let rt = blocking_runtime();
+    let (e, peer) = rt.block_on(target.initiator(timeout));
+    let remote = target.buffer();
+    let (x, y, back) = (Buffer::zeroed(PIECE as usize), Buffer::zeroed(PIECE as usize), Buffer::zeroed(PIECE as usize));
+    for b in [&x, &y, &back] {
+        unsafe { e.register_memory_blocking(b.addr(), b.len(), Location::Cpu(0)) }.unwrap();
+    }
+    until_direct(&e, read(back.addr(), peer, remote, PIECE));
+    let mut overwritten = Vec::new();
+    for round in 0..ROUNDS {
+        let fill = |b: &Buffer, seed: u64| {
+            let p = b.addr() as *mut u8;
+            for k in 0..b.len() {
+                unsafe { p.add(k as usize).write(pattern(k, seed)) };
+            }
+        };
+        fill(&x, 2 * round + 1);
+        fill(&y, 2 * round + 2);
+        // A clean start (the range holds neither pattern), on the direct connection.
+        until_direct(&e, write(back.addr(), peer, remote, PIECE));
+
+        target.signal("-STOP");
+        let t = Instant::now();
+        let xs = e.submit_for_blocking_wait(&[write(x.addr(), peer, remote, PIECE)]).unwrap();
+        let took = t.elapsed();
+        assert!(xs.is_done(), "round {round}: X ran on the caller's thread");
+        let err = xs.wait_ok_blocking(Duration::ZERO).expect_err("X cannot complete while the target is stopped");
+        assert_eq!(err.kind(), ErrorKind::Timeout, "{err}");
+        assert!(
+            took >= timeout - Duration::from_millis(20) && took < timeout + Duration::from_millis(400),
+            "round {round}: X failed after {took:?}, its deadline was {timeout:?}"
+        );
+        // Y is submitted while the target is still stopped: a fence is due, so it goes through a
+        // lane (it is not finished when the submit returns), which fences X's connection first.
+        let ys = e.submit_for_blocking_wait(&[write(y.addr(), peer, remote, PIECE)]).unwrap();
+        assert!(!ys.is_done(), "round {round}: Y went direct with a fence due");
+        std::thread::sleep(Duration::from_millis(30));
+        target.signal("-CONT");
+        ys.wait_ok_blocking(Duration::from_secs(5)).unwrap_or_else(|e| panic!("round {round}: Y failed: {e}"));
+        // Whatever of X is still on its way has time to land (it must not).
+        std::thread::sleep(Duration::from_millis(300));
+        e.transfer_blocking(&[read(back.addr(), peer, remote, PIECE)]).unwrap();
+        if back.bytes() != y.bytes() {
+            overwritten.push(round);
+        }
+        unsafe { std::ptr::write_bytes(back.addr() as *mut u8, 0, PIECE as usize) };
+    }
+    assert!(overwritten.is_empty(), "X overwrote Y in rounds {overwritten:?} of {ROUNDS}");
+    e.shutdown_blocking().unwrap();
+}
+
+/// A direct WRITE that was never answered is fenced, by the address of the direct connection
+/// that carried it, before the next WRITE goes out.
+#[test]
+fn a_direct_write_that_timed_out_is_fenced_by_its_connection() {
+    const REMOTE: u64 = 0x1000_0000;
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let port = fake_target(REMOTE, 1 << 20, seen.clone());
+    let d = fake_descriptor("ferry", port, REMOTE, 1 << 20, Some(1));
+    let rt = blocking_runtime();
+    let e = rt.block_on(tcp_engine_knowing(&[&d], Duration::from_millis(300)));
+    let local = pattern_buffer(64 << 10, 3);
+    unsafe { e.register_memory_blocking(local.addr(), local.len(), Location::Cpu(0)) }.unwrap();
+    let peer = e.block_on(e.open_segment("ferry")).unwrap().unwrap();
+    until_direct(&e, read(local.addr(), peer, REMOTE, 4096));
+    let batch = e.submit_for_blocking_wait(&[write(local.addr(), peer, REMOTE, 4096)]).unwrap();
+    assert!(batch.is_done(), "the WRITE ran on the caller's thread");
+    assert_eq!(batch.wait_ok_blocking(Duration::ZERO).unwrap_err().kind(), ErrorKind::Timeout);
+    e.transfer_blocking(&[write(local.addr(), peer, REMOTE, 4096)]).unwrap();
+    let seen = seen.lock().unwrap();
+    let write_at = seen.opcodes.iter().position(|(_, op)| *op == Opcode::Write as u8 | V2_FLAG).unwrap();
+    let timed_out = seen.opcodes[write_at].0;
+    let fence_at = seen.opcodes.iter().position(|(_, op)| op & !V2_FLAG == FENCE_OPCODE).expect("a fence");
+    assert!(fence_at > write_at, "{:?}", seen.opcodes);
+    assert_eq!(seen.fences, [format!("{timed_out} {}", seen.opcodes[fence_at].0)]);
+    assert_eq!(seen.opcodes[fence_at + 1].1, Opcode::Write as u8 | V2_FLAG, "{:?}", seen.opcodes);
+    drop(seen);
+    e.shutdown_blocking().unwrap();
+}

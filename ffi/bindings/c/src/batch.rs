@@ -323,8 +323,12 @@ pub unsafe extern "C" fn ferry_transfer_sync(
         let e = self::engine(engine)?;
         // SAFETY: the caller promises `requests` holds `count` requests (this function's contract).
         let reqs = unsafe { request_args(&e, requests, count) }?;
-        let batch = e.submit_blocking(&reqs)?;
-        let outcome = batch.wait_ok_blocking(wait_timeout(timeout_ms, e.transfer_timeout()));
+        let wait = wait_timeout(timeout_ms, e.transfer_timeout());
+        // This thread waits for the batch at once: a transport may run it on this thread, up to
+        // the transfer timeout, so only when the caller would wait that long anyway.
+        let batch =
+            if wait >= e.transfer_timeout() { e.submit_for_blocking_wait(&reqs)? } else { e.submit_blocking(&reqs)? };
+        let outcome = batch.wait_ok_blocking(wait);
         if outcome.as_ref().is_err_and(|err| err.kind() == ErrorKind::Timeout) {
             batch.cancel();
         }
