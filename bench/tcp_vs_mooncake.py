@@ -17,6 +17,8 @@ Options:
   --ferry PATH (default target/release/ferry), --baseline PATH (another ferry build, measured
       as a further engine: two Ferry builds against the same Mooncake in one run).
   --json FILE: write every measurement and the summary as JSON too.
+  --chart FILE.png: draw the results (bench/chart.py; needs matplotlib, which the script says
+      how to get when it is missing; the JSON goes beside the PNG when --json is not given).
   --floor PATH: the ping-pong floor (transports/tcp/examples/pingpong_floor.rs, built with
       `cargo build --release -p ferry-transport-tcp --example pingpong_floor`), run in every
       round of the cases with one thread and batch 1 (its response is the case's block size),
@@ -125,6 +127,7 @@ def main():
     ap.add_argument("--ferry", default=FERRY, help="the ferry binary to measure")
     ap.add_argument("--baseline", help="another ferry binary, measured as a further engine")
     ap.add_argument("--json", help="also write the results to this file")
+    ap.add_argument("--chart", help="also draw a PNG chart of the results (bench/chart.py; needs matplotlib)")
     ap.add_argument("--floor", help="the pingpong_floor example binary, run beside batch-1 one-thread cases")
     a = ap.parse_args()
     for b in [a.ferry] + ([a.baseline] if a.baseline else []):
@@ -168,10 +171,15 @@ def main():
     if a.auth:
         costs = [s["auth_cost"] for s in summary]
         print(f"  ferry+auth / ferry: median {statistics.median(costs):.3f} (per case {min(costs):.3f} to {max(costs):.3f})")
-    if a.json:
-        with open(a.json, "w") as f:
+    if a.json or a.chart:
+        out = a.json or (os.path.splitext(a.chart)[0] + ".json")
+        with open(out, "w") as f:
             json.dump({"engines": names, "rounds": a.rounds, "duration_s": a.duration,
                        "results": results, "summary": summary}, f, indent=1)
+    if a.chart:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import chart
+        chart.chart(out, a.chart)
 
 
 def ratios(runs, n, base="mooncake"):
