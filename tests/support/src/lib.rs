@@ -70,6 +70,16 @@ impl Buffer {
     pub fn is_empty(&self) -> bool {
         self.data.is_empty()
     }
+    /// Overwrites the contents with [`pattern`] of `seed`, through the registered address (no
+    /// transfer may be touching the buffer meanwhile).
+    pub fn fill_pattern(&self, seed: u64) {
+        let p = self.addr as *mut u8;
+        for k in 0..self.len() {
+            // SAFETY: `k` is inside the buffer, which lives as long as `self`; the address came
+            // from a mutable pointer, and the caller guarantees no transfer touches it now.
+            unsafe { p.add(k as usize).write(pattern(k, seed)) };
+        }
+    }
     /// Reads the current contents (the engine writes through raw pointers).
     pub fn bytes(&self) -> &[u8] {
         // Keep the compiler from assuming nothing changed since the last read.

@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use ferry::{ErrorKind, InProcessMetadata, Location, MetadataStore, Opcode, SegmentDescriptor, TransferRequest};
-use ferry_test_support::{Buffer, pattern, pattern_buffer, tcp_engine_knowing, tcp_only};
+use ferry_test_support::{Buffer, pattern_buffer, tcp_engine_knowing, tcp_only};
 use ferry_transport_tcp::TcpEndpoint;
 use ferry_transport_tcp::wire::{FENCE_OPCODE, Header, STATUS_LEN, Status, V2_FLAG};
 
@@ -218,14 +218,8 @@ async fn a_timed_out_write_never_overwrites_a_later_one() {
     }
     let mut overwritten = Vec::new();
     for round in 0..ROUNDS {
-        let fill = |b: &Buffer, seed: u64| {
-            let p = b.addr() as *mut u8;
-            for k in 0..b.len() {
-                unsafe { p.add(k as usize).write(pattern(k, seed)) };
-            }
-        };
-        fill(&x, 2 * round + 1);
-        fill(&y, 2 * round + 2);
+        x.fill_pattern(2 * round + 1);
+        y.fill_pattern(2 * round + 2);
         // A clean start: the range holds neither pattern.
         e.transfer(&[write(back.addr(), peer, remote, PIECE)]).await.unwrap();
 
@@ -785,14 +779,8 @@ fn a_direct_write_that_timed_out_is_fenced_and_never_lands_later() {
     until_direct(&e, read(back.addr(), peer, remote, PIECE));
     let mut overwritten = Vec::new();
     for round in 0..ROUNDS {
-        let fill = |b: &Buffer, seed: u64| {
-            let p = b.addr() as *mut u8;
-            for k in 0..b.len() {
-                unsafe { p.add(k as usize).write(pattern(k, seed)) };
-            }
-        };
-        fill(&x, 2 * round + 1);
-        fill(&y, 2 * round + 2);
+        x.fill_pattern(2 * round + 1);
+        y.fill_pattern(2 * round + 2);
         // A clean start (the range holds neither pattern), on the direct connection.
         until_direct(&e, write(back.addr(), peer, remote, PIECE));
 
