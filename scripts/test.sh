@@ -8,6 +8,11 @@ cd "$(dirname "$0")/.."
 
 say() { printf '\n==> %s\n' "$*"; }
 
+# One full run, not an edit-compile loop: incremental caches would add about 4 GB to the ~3 GB
+# the debug build takes (the dev profile keeps only line tables, see Cargo.toml), and CI's disk
+# is not large. A caller's own CARGO_INCREMENTAL wins.
+export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
+
 # --- prerequisites -------------------------------------------------------------------------
 if ! command -v cargo >/dev/null 2>&1; then
     echo "error: cargo not found; install a Rust toolchain (rustup) first" >&2
@@ -154,7 +159,7 @@ cargo build --locked -p ferry-cann-emu --no-default-features --target-dir target
 cargo build --workspace --all-features --locked --examples
 
 status=0
-say "tests"
+say "tests (disk: $(df -h --output=used,avail . | tail -1 | awk '{print $1" used, "$2" free"}'))"
 "${RUNNER[@]}" --locked || status=1
 
 # The fuzz targets of the decoders of untrusted input (fuzz/, see docs/testing.md), each for a

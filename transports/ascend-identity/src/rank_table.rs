@@ -1,6 +1,7 @@
 //! The `rank_table` link: HCCL rank tables (v1.0, v1.2) and vllm-ascend's prefill/decode
 //! variant.
 
+use std::collections::HashMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
@@ -226,6 +227,31 @@ impl Reader<'_> {
     }
 }
 
+/// The device IPs a rank table gave so far, to refuse one given to two cards. Each NPU has a
+/// NIC of its own, and HCCL and HIXL reach a peer card by its device IP: two cards with one
+/// address would each take the other's traffic, and a transfer to either would wait for a
+/// partner that never comes (as `hccn.conf` duplicates do, see [`crate::hccn`]). The
+/// unspecified address (`0.0.0.0`, `::`), which some generators write for cards without a
+/// NIC, may repeat.
+#[derive(Default)]
+struct DeviceIps(HashMap<std::net::IpAddr, String>);
+
+impl DeviceIps {
+    /// Records `ip` (already checked to be an IP) as the address of the device at `path`, or
+    /// errors naming both devices when another has it.
+    fn claim(&mut self, r: &Reader<'_>, ip: &str, path: &str) -> Result<()> {
+        let Ok(addr) = ip.parse::<std::net::IpAddr>() else { return Ok(()) };
+        if addr.is_unspecified() {
+            return Ok(());
+        }
+        if let Some(first) = self.0.get(&addr) {
+            return Err(r.err(path, format!("{ip:?} is also `{first}`: every card needs a device IP of its own")));
+        }
+        self.0.insert(addr, path.to_owned());
+        Ok(())
+    }
+}
+
 impl RankTable {
     /// Parses and validates rank-table JSON; `origin` (the file) names the source in errors,
     /// which also give the JSON path of the field and what was expected.
@@ -286,6 +312,7 @@ impl RankTable {
         }
         let mut servers: Vec<HcclServer> = Vec::new();
         let mut ranks: Vec<(u32, String)> = Vec::new();
+        let mut ips = DeviceIps::default();
         for (i, s) in list.iter().enumerate() {
             let path = format!("server_list[{i}]");
             let obj = r.object(s, &path, "a server")?;
@@ -314,6 +341,7 @@ impl RankTable {
                     );
                 }
                 let device_ip = r.ip(dobj, &dpath, "device_ip", "the device NIC's IP")?;
+                ips.claim(r, &device_ip, &join(&dpath, "device_ip"))?;
                 let device_port = r.opt_number(dobj, &dpath, "device_port", "a port")?;
                 let rank_id: u32 = r.number(dobj, &dpath, "rank_id", "the rank")?;
                 if let Some((_, other)) = ranks.iter().find(|(rk, _)| *rk == rank_id) {
@@ -344,6 +372,7 @@ impl RankTable {
     fn parse_disaggregated(r: &Reader<'_>, top: &Map<String, Value>) -> Result<DisaggregatedRankTable> {
         let version = r.opt_string(top, "", "version", "the rank table version")?.map(str::to_owned);
         let mut seen: Vec<(String, u32, String)> = Vec::new();
+        let mut ips = DeviceIps::default();
         let mut list = |key: &str| -> Result<Option<Vec<DisaggregatedDevice>>> {
             if !top.contains_key(key) {
                 return Ok(None);
@@ -361,10 +390,12 @@ impl RankTable {
                     ));
                 }
                 seen.push((server_id.clone(), device_id, path.clone()));
+                let device_ip = r.ip(obj, &path, "device_ip", "the device NIC's IP")?;
+                ips.claim(r, &device_ip, &join(&path, "device_ip"))?;
                 out.push(DisaggregatedDevice {
                     server_id,
                     device_id,
-                    device_ip: r.ip(obj, &path, "device_ip", "the device NIC's IP")?,
+                    device_ip,
                     super_pod_id: r.opt_id(obj, &path, "super_pod_id")?,
                     super_device_id: r.opt_id(obj, &path, "super_device_id")?,
                     cluster_id: r.opt_id(obj, &path, "cluster_id")?,

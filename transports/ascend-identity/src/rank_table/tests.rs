@@ -117,6 +117,9 @@ fn bad_tables_name_the_file_the_field_and_what_was_expected() {
         (PD.replace("\"device_ip\":\"29.0.0.7\"", "\"device_ip\":7"), "`decode_device_list[2].device_ip` is 7 (a number)"),
         (PD.replace("\"server_id\":\"10.0.0.5\",\"device_id\":\"6\"", "\"server_id\":\"\",\"device_id\":\"6\""), "`decode_device_list[2].server_id` is empty"),
         (PD.replace("\"completed\"", "\"pending\""), "`status` is \"pending\""),
+        (V10.replace("192.168.1.12", "192.168.1.9"), "`server_list[0].device[2].device_ip` \"192.168.1.9\" is also `server_list[0].device[1].device_ip`: every card needs a device IP of its own"),
+        (V10.replace("192.168.2.8", "192.168.1.8"), "`server_list[1].device[0].device_ip` \"192.168.1.8\" is also `server_list[0].device[0].device_ip`"),
+        (PD.replace("29.0.0.5", "29.0.0.1"), "`decode_device_list[0].device_ip` \"29.0.0.1\" is also `prefill_device_list[0].device_ip`"),
     ];
     for (text, needle) in cases {
         let e = RankTable::parse(&text, "/etc/rt.json").unwrap_err();
@@ -267,6 +270,18 @@ fn ip() -> impl Strategy<Value = String> {
     any::<Ipv4Addr>().prop_map(|a| a.to_string())
 }
 
+/// `ip`, or a fresh address when an earlier card of the table has it (a valid table gives
+/// every card its own device IP).
+fn unique_ip(ip: String, seen: &mut std::collections::HashSet<String>) -> String {
+    let mut ip = ip;
+    let mut n = 1u32;
+    while !seen.insert(ip.clone()) {
+        ip = Ipv4Addr::from(0x0a00_0000 + n).to_string();
+        n += 1;
+    }
+    ip
+}
+
 fn hccl_table() -> impl Strategy<Value = HcclRankTable> {
     let device = (ip(), proptest::option::of(any::<u16>()), proptest::option::of("[0-9]{1,3}"));
     let server = (proptest::option::of(ip()), proptest::collection::btree_map(0u32..DEVICE_ID_LIMIT, device, 1..6));
@@ -277,6 +292,7 @@ fn hccl_table() -> impl Strategy<Value = HcclRankTable> {
         })
         .prop_map(|(version, servers, ranks)| {
             let mut next = ranks.into_iter();
+            let mut seen = std::collections::HashSet::new();
             let servers = servers
                 .into_iter()
                 .enumerate()
@@ -287,7 +303,7 @@ fn hccl_table() -> impl Strategy<Value = HcclRankTable> {
                         .into_iter()
                         .map(|(device_id, (device_ip, device_port, super_device_id))| HcclDevice {
                             device_id,
-                            device_ip,
+                            device_ip: unique_ip(device_ip, &mut seen),
                             device_port,
                             rank_id: next.next().unwrap_or_default(),
                             super_device_id,
@@ -309,11 +325,12 @@ fn disaggregated_table() -> impl Strategy<Value = DisaggregatedRankTable> {
     )
         .prop_map(|(version, entries, with_prefill, with_decode)| {
             let (mut prefill, mut decode) = (Vec::new(), Vec::new());
+            let mut seen = std::collections::HashSet::new();
             for ((server, device_id), (device_ip, is_prefill, super_device_id, cluster_id)) in entries {
                 let d = DisaggregatedDevice {
                     server_id: format!("10.1.0.{server}"),
                     device_id,
-                    device_ip,
+                    device_ip: unique_ip(device_ip, &mut seen),
                     super_pod_id: None,
                     super_device_id,
                     cluster_id,
