@@ -118,6 +118,15 @@ if command -v etcd >/dev/null 2>&1; then
 fi
 
 # --- checks --------------------------------------------------------------------------------
+# A first `cargo build --workspace` needs no system package: nothing it builds may depend on
+# etcd-client, whose build script runs protoc (it comes only with the `etcd` features).
+say "a plain cargo build --workspace needs no protoc"
+if [ -n "$(cargo tree --workspace --locked -e normal,build -i etcd-client 2>/dev/null)" ]; then
+    echo "error: cargo build --workspace builds etcd-client (needs protoc); keep it behind the etcd features:" >&2
+    cargo tree --workspace --locked -e normal,build -i etcd-client >&2
+    exit 1
+fi
+
 say "cargo fmt --check"
 cargo fmt --all -- --check
 
