@@ -1,7 +1,7 @@
-//! The configuration reference cannot drift from the code: every field the core reads has a row
-//! in docs/configuration.md, and every `FERRY_*` environment variable named in a string literal
-//! of the shipped sources is documented — the library's and binaries' in
-//! docs/configuration.md, the emulated CANN's in docs/ascend.md, the Python package's in
+//! The configuration reference cannot drift from the code: its field tables in
+//! docs/configuration.md are generated from the code's documentation of each field, and every
+//! `FERRY_*` environment variable named in a string literal of the shipped sources is
+//! documented — the library's and binaries' in docs/configuration.md, the emulated CANN's in docs/ascend.md, the Python package's in
 //! docs/python.md. (Options declared by transports are checked row by row in config_engine.rs.)
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -118,18 +118,93 @@ fn every_ferry_variable_in_the_sources_is_documented() {
     assert!(missing.is_empty(), "undocumented environment variables:\n{}", missing.join("\n"));
 }
 
-#[test]
-fn every_core_config_field_has_a_row_in_the_configuration_docs() {
-    let docs = read("docs/configuration.md");
-    let first_cells: Vec<&str> =
-        docs.lines().filter(|l| l.starts_with("| `")).filter_map(|l| l.split(" | ").next()).collect();
-    let fields = ferry::Config::core_fields();
-    assert!(fields.contains(&"plugins") && fields.contains(&"local_transport"), "{fields:?}");
-    for field in fields {
-        let rows = first_cells.iter().filter(|cell| cell.contains(&format!("`{field}`"))).count();
-        assert_eq!(rows, 1, "docs/configuration.md has one row for the core field `{field}`");
+/// The tables of docs/configuration.md that are generated from the code, by name: the core's
+/// fields ([`ferry::CORE_FIELDS`]) and the options each group of crates declares (their
+/// [`ferry::OptionSpec`]s: key, variable, meaning, default).
+fn generated_tables() -> Vec<(&'static str, String)> {
+    use ferry::OptionSpec;
+    let keys = |specs: &[&OptionSpec]| specs.iter().map(|s| s.key).collect::<BTreeSet<_>>();
+    let transports = ferry::default_transports();
+    let options_of = |name: &str| -> Vec<&'static OptionSpec> {
+        transports.find(name).unwrap_or_else(|| panic!("no {name} transport")).options().iter().collect()
+    };
+    let tcp = options_of("tcp");
+    let ascend = options_of("ascend");
+    let p2p: Vec<&OptionSpec> = ferry::metadata_backends::p2p::OPTIONS.iter().collect();
+    let http: Vec<&OptionSpec> = ferry::metadata_backends::http::OPTIONS.iter().collect();
+    // Peer authentication's fields are the ones both the data transport and the handshake read.
+    let shared: BTreeSet<&str> = keys(&tcp).intersection(&keys(&p2p)).copied().collect();
+    let not_shared = |specs: Vec<&'static OptionSpec>| -> Vec<&'static OptionSpec> {
+        specs.into_iter().filter(|s| !shared.contains(s.key)).collect()
+    };
+    let auth: Vec<&OptionSpec> = tcp.iter().copied().filter(|s| shared.contains(s.key)).collect();
+    let groups = [
+        ("tcp options", not_shared(tcp.clone())),
+        ("ascend options", ascend.clone()),
+        ("metadata options", not_shared(p2p.into_iter().chain(http).collect())),
+        ("authentication options", auth),
+    ];
+    // Every option this build declares is in exactly one table.
+    let mut grouped: Vec<&str> = groups.iter().flat_map(|(_, specs)| specs.iter().map(|s| s.key)).collect();
+    grouped.sort_unstable();
+    let mut declared: Vec<&str> = ferry::declared_options().iter().map(|s| s.key).collect();
+    declared.sort_unstable();
+    assert_eq!(grouped, declared, "every declared option belongs to one generated table");
+
+    let mut core = String::from("| field | style | meaning | default |\n|---|---|---|---|\n");
+    for row in ferry::CORE_FIELDS {
+        let keys: Vec<String> = row.keys.iter().map(|k| format!("`{k}`")).collect();
+        core += &format!("| {} | {} | {} | {} |\n", keys.join(", "), row.style, row.meaning, row.default);
     }
-    // Every variable that overrides a core field names it in its row.
+    let mut tables = vec![("core fields", core)];
+    for (name, specs) in groups {
+        let mut table = String::from("| field | variable | meaning | default |\n|---|---|---|---|\n");
+        for spec in specs {
+            let env = spec.env.map_or_else(|| "none".to_owned(), |v| format!("`{v}`"));
+            table += &format!("| `{}` | {env} | {} | {} |\n", spec.key, spec.doc, spec.default);
+        }
+        tables.push((name, table));
+    }
+    tables
+}
+
+/// The configuration reference's field tables are generated from the code: each sits in
+/// docs/configuration.md between `<!-- generated: NAME -->` and `<!-- end generated: NAME -->`
+/// and must equal what the code says. `FERRY_BLESS=1 cargo test -p ferry --test docs_reference`
+/// rewrites them after a change to a field's or an option's documentation.
+#[test]
+fn the_configuration_tables_are_generated_from_the_code() {
+    let path = root().join("docs/configuration.md");
+    let mut docs = read("docs/configuration.md");
+    let bless = std::env::var_os("FERRY_BLESS").is_some_and(|v| v == "1");
+    let mut stale = Vec::new();
+    for (name, table) in generated_tables() {
+        let begin = format!(
+            "<!-- generated: {name} (from the code; FERRY_BLESS=1 cargo test -p ferry --test docs_reference) -->\n"
+        );
+        let end = format!("<!-- end generated: {name} -->\n");
+        let at = docs.find(&begin).unwrap_or_else(|| panic!("docs/configuration.md has no line {begin:?}"));
+        let from = at + begin.len();
+        let to = from + docs[from..].find(&end).unwrap_or_else(|| panic!("docs/configuration.md has no line {end:?}"));
+        if docs[from..to] != table {
+            stale.push(name);
+            docs.replace_range(from..to, &table);
+        }
+    }
+    if bless {
+        std::fs::write(&path, &docs).unwrap();
+    } else {
+        assert!(
+            stale.is_empty(),
+            "docs/configuration.md's tables {stale:?} differ from the code's documentation (ferry::CORE_FIELDS, \
+             the OptionSpecs); run `FERRY_BLESS=1 cargo test -p ferry --test docs_reference` and commit the result"
+        );
+    }
+}
+
+#[test]
+fn every_variable_that_overrides_a_core_field_names_it() {
+    let docs = read("docs/configuration.md");
     for (var, field) in ferry::config::ENV_OVERRIDES {
         let row = docs.lines().find(|l| l.starts_with(&format!("| `{var}`")));
         let row = row.unwrap_or_else(|| panic!("docs/configuration.md has no row for {var}"));

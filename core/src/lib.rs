@@ -38,6 +38,7 @@ pub mod descriptor;
 pub mod engine;
 pub mod environment;
 pub mod error;
+pub mod field_docs;
 pub mod host_memory;
 mod json_fields;
 pub mod kv;
@@ -59,6 +60,7 @@ pub use descriptor::{BufferDesc, MetadataKeys, RankInfo, RpcMeta, SegmentDescrip
 pub use engine::{BlockBatch, EngineBuilder, EngineService, KvLayoutId, ServiceGuard, TransferEngine, WeakEngine};
 pub use environment::Environment;
 pub use error::{Error, ErrorKind, Result};
+pub use field_docs::{CORE_FIELDS, FieldDoc};
 pub use host_memory::{HOST_ALIGNMENT, HostAllocation};
 pub use kv::{BlockRun, BlockSlice, BlockTransfer, KvLayout, KvRegion, layer_regions};
 pub use memory::{Location, MemoryRegistry, Region, RegisteredMemory};

@@ -1,6 +1,6 @@
 //! Options declared outside the core: a transport (or a resolver link it brings) names the
 //! config fields it reads with an [`OptionSpec`] — JSON key, environment variable, default and
-//! one line of documentation — and reads their values with [`Config::option`] /
+//! its documentation — and reads their values with [`Config::option`] /
 //! [`Config::option_path`], which also say where each value came from ([`Setting`]).
 //!
 //! The core does not know these fields: a config keeps them among its unknown fields
@@ -43,7 +43,8 @@ pub struct OptionSpec {
     pub env_invalid: &'static str,
     /// The default, in words, for documentation and `ferry doctor` (`2`, `any free port`).
     pub default: &'static str,
-    /// One line of documentation.
+    /// What the option means and which values it accepts: one cell (Markdown, no line break)
+    /// of the configuration reference, whose tables are generated from these (docs/configuration.md).
     pub doc: &'static str,
 }
 

@@ -41,8 +41,11 @@ pub const METADATA_TOKEN_FILE_OPTION: OptionSpec = OptionSpec {
     key: "metadata_token_file",
     env: Some("FERRY_METADATA_TOKEN_FILE"),
     env_invalid: "",
-    default: "none (no token sent; FERRY_METADATA_TOKEN, the token itself, wins over the file)",
-    doc: "file holding the HTTP metadata server's write token, sent as `Authorization: Bearer <token>`",
+    default: "none: no token sent",
+    doc: "file holding the write token of a `ferry metadata-server` started with one (see metadata.md); the HTTP \
+          client sends it as `Authorization: Bearer <token>`. Relative to the config file; the file must exist and \
+          hold a token (printable ASCII, no spaces; surrounding white space is ignored). `FERRY_METADATA_TOKEN`, \
+          the token itself, wins over it",
 };
 
 /// The options of the HTTP backend.

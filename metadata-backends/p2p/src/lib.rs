@@ -65,9 +65,11 @@ pub const HANDSHAKE_TIMEOUT_OPTION: OptionSpec = OptionSpec {
     key: "handshake_timeout_ms",
     env: Some("FERRY_HANDSHAKE_TIMEOUT_MS"),
     env_invalid: "not a whole number of milliseconds (1 to 600000)",
-    default: "10000, or transfer_timeout_ms when shorter",
-    doc: "time allowed for one exchange with a peer's handshake listener (P2P descriptor lookup, notification, \
-          probe) and for a peer's request to this engine's listener; never longer than transfer_timeout_ms",
+    default: "10000, or `transfer_timeout_ms` when shorter",
+    doc: "time allowed for one exchange with a peer's handshake listener (the P2P handshake's descriptor lookup, a \
+          notification, a probe) and for a peer's request to this engine's listener, 1 to 600000 ms. Never longer \
+          than `transfer_timeout_ms`: the shorter of the two applies (under `P2PHANDSHAKE` the first transfer to a \
+          peer includes fetching its descriptor)",
 };
 
 /// The options of this crate's factories: the handshake timeout and peer authentication's

@@ -11,8 +11,10 @@ pub const RANK_TABLE_PATH: OptionSpec = OptionSpec {
     key: "rank_table_path",
     env: Some("FERRY_RANK_TABLE"),
     env_invalid: "",
-    default: "$DISAGGREGATED_PREFILL_RANK_TABLE_PATH",
-    doc: "rank table: HCCL v1.0/v1.2 or vllm-ascend's prefill/decode form; relative to the config file",
+    default: "`$DISAGGREGATED_PREFILL_RANK_TABLE_PATH`",
+    doc: "rank table: HCCL v1.0/v1.2 or vllm-ascend's prefill/decode form (see [Device \
+          identity](#device-identity-the-resolver-chain)); relative to the config file (a path from the variable: \
+          to the working directory)",
 };
 
 /// `hccn_conf_path` (`FERRY_HCCN_CONF`): the `hccn.conf` the `hccn_conf` link reads.
@@ -20,8 +22,9 @@ pub const HCCN_CONF_PATH: OptionSpec = OptionSpec {
     key: "hccn_conf_path",
     env: Some("FERRY_HCCN_CONF"),
     env_invalid: "",
-    default: "/etc/hccn.conf (skipped when absent)",
-    doc: "`hccn.conf` with `address_<phy>=<ip>` device IPs; relative to the config file; a configured file must exist",
+    default: "`/etc/hccn.conf` (skipped when absent)",
+    doc: "`hccn.conf` with `address_<phy>=<ip>` device IPs; relative to the config file. A configured file must \
+          exist",
 };
 
 /// `hccl_retries` (`FERRY_HCCL_RETRIES`; Mooncake's [`RETRIES_ENV`] wins over both).
@@ -30,7 +33,8 @@ pub const HCCL_RETRIES: OptionSpec = OptionSpec {
     env: Some("FERRY_HCCL_RETRIES"),
     env_invalid: "not a whole number",
     default: "2",
-    doc: "Ascend transport: attempts after the first when an HCCL call fails (the communicator is rebuilt in between)",
+    doc: "attempts after the first when an HCCL call fails (the communicator is rebuilt in between); at most 100. \
+          Mooncake's `ASCEND_TRANSPORT_TRANSFER_MAX_RETRY_COUNT` wins over the field and the variable",
 };
 
 /// `hccl_control_port` (`FERRY_HCCL_CONTROL_PORT`); refused with `base_port`.
@@ -39,7 +43,8 @@ pub const HCCL_CONTROL_PORT: OptionSpec = OptionSpec {
     env: Some("FERRY_HCCL_CONTROL_PORT"),
     env_invalid: "not a port number",
     default: "any free port",
-    doc: "Ascend transport: port of its control channel (published as `rank_info.hostPort`); refused with `base_port`",
+    doc: "port of the transport's control channel (published as `rank_info.hostPort`). Refused with `base_port` \
+          (every rank would bind it): leave it unset there",
 };
 
 /// `hccl_bind_address` (`FERRY_HCCL_BIND_ADDRESS`): the address the control channel listens on.
@@ -48,7 +53,8 @@ pub const HCCL_BIND_ADDRESS: OptionSpec = OptionSpec {
     env: Some("FERRY_HCCL_BIND_ADDRESS"),
     env_invalid: "not an IP address",
     default: "the published host IP (`rank_info.hostIp`) when it is an IP address, else every address",
-    doc: "Ascend transport: IP address its control channel listens on (`0.0.0.0` or `::` for every address)",
+    doc: "IP address the control channel listens on (`0.0.0.0` or `::`: every address). An address that cannot be \
+          bound is an error",
 };
 
 /// `ascend_backend` (`FERRY_ASCEND_BACKEND`): which Ascend data path the transport uses.
@@ -56,9 +62,10 @@ pub const ASCEND_BACKEND: OptionSpec = OptionSpec {
     key: "ascend_backend",
     env: Some("FERRY_ASCEND_BACKEND"),
     env_invalid: "not one of auto, hixl, hccl",
-    default: "from the protocol: `hixl`/`ascend_direct` -> hixl, `hccl` -> hccl, `ascend` -> auto",
-    doc: "Ascend transport backend: `hixl` (Huawei HIXL, as Mooncake's ascend_direct), `hccl` (direct HCCL), or \
-          `auto` (both when HIXL loads; each peer by what its descriptor publishes)",
+    default: "from the protocol: `hixl`/`ascend_direct` → `hixl`, `hccl` → `hccl`, `ascend` → `auto`",
+    doc: "`auto` (HIXL when it loads, and direct HCCL; each peer by what its descriptor publishes), `hixl` (HIXL \
+          alone, as Mooncake's `ascend_direct`; no device IP needed), `hccl` (direct HCCL alone); see \
+          docs/ascend.md, \"Two backends\"",
 };
 
 /// Every option the Ascend side declares.

@@ -18,8 +18,8 @@ pub const SECRET: OptionSpec = OptionSpec {
     env: Some("FERRY_AUTH_SECRET"),
     env_invalid: "",
     default: "none (authentication off)",
-    doc: "Peer authentication: the cluster's shared secret (at least 16 bytes) that Ferry peers prove they know on \
-          every data and handshake connection; prefer auth_secret_file. Never shown",
+    doc: "the shared secret itself; prefer the file. Never logged or shown (`ferry doctor` shows its source and \
+          length)",
 };
 
 /// `auth_secret_file` (`FERRY_AUTH_SECRET_FILE`): a file holding the shared secret.
@@ -28,8 +28,8 @@ pub const SECRET_FILE: OptionSpec = OptionSpec {
     env: Some("FERRY_AUTH_SECRET_FILE"),
     env_invalid: "",
     default: "none (authentication off)",
-    doc: "Peer authentication: a file holding the cluster's shared secret (trailing whitespace ignored; readable by \
-          its owner only)",
+    doc: "a file holding the cluster's shared secret (trailing whitespace ignored; at most 64 KiB); relative to the \
+          config file. A file its group or others can access gets a warning",
 };
 
 /// Every option of peer authentication.

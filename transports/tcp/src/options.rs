@@ -17,7 +17,7 @@ pub const LANES: OptionSpec = OptionSpec {
     env: Some("FERRY_TCP_LANES"),
     env_invalid: "not a whole number",
     default: "4",
-    doc: "TCP transport: persistent connections per peer, 1 to 64",
+    doc: "persistent connections per peer, 1 to 64",
 };
 
 /// `tcp_data_port` (`FERRY_TCP_DATA_PORT`): the port the target listens on; refused with
@@ -27,8 +27,8 @@ pub const DATA_PORT: OptionSpec = OptionSpec {
     env: Some("FERRY_TCP_DATA_PORT"),
     env_invalid: "not a port number",
     default: "any free port",
-    doc: "TCP transport: data port to listen on (0: any free port; published as `tcp_data_port`); refused with \
-          `base_port`",
+    doc: "data port the target listens on (0: any free port), published as the descriptor's `tcp_data_port`. A \
+          fixed port is refused with `base_port` (every rank would bind it): leave it unset there",
 };
 
 /// `tcp_io_threads` (`FERRY_TCP_IO_THREADS`): threads running the initiator's lanes.
@@ -37,7 +37,7 @@ pub const IO_THREADS: OptionSpec = OptionSpec {
     env: Some("FERRY_TCP_IO_THREADS"),
     env_invalid: "not a whole number",
     default: "one per lane, at most one per core",
-    doc: "TCP transport: threads running the initiator's lanes, 1 to 64",
+    doc: "threads running the initiator's lanes, 1 to 64",
 };
 
 /// `tcp_bind_address` (`FERRY_TCP_BIND_ADDRESS`): the address the data port listens on.
@@ -45,8 +45,10 @@ pub const BIND_ADDRESS: OptionSpec = OptionSpec {
     key: "tcp_bind_address",
     env: Some("FERRY_TCP_BIND_ADDRESS"),
     env_invalid: "not an IP address",
-    default: "the segment name's host when it is an IP address, else every address",
-    doc: "TCP transport: IP address the data port listens on (`0.0.0.0` or `::` for every address)",
+    default: "the host published as `tcp_data_host` (the segment name's) when it is an IP address, else every \
+              address",
+    doc: "IP address the data port listens on (`0.0.0.0` or `::`: every address). An address that cannot be bound \
+          is an error",
 };
 
 /// `tcp_max_connections_per_ip` (`FERRY_TCP_MAX_CONNECTIONS_PER_IP`): connections the target
@@ -56,8 +58,8 @@ pub const MAX_CONNECTIONS_PER_IP: OptionSpec = OptionSpec {
     env: Some("FERRY_TCP_MAX_CONNECTIONS_PER_IP"),
     env_invalid: "not a whole number",
     default: "64",
-    doc: "TCP transport: connections per remote IP address before the target closes the idlest of them for a \
-          new one (connections in the middle of a request are never closed), 1 to 65536",
+    doc: "connections the target keeps per remote IP address; a new one beyond it closes the idlest of them (never \
+          one in the middle of a request; see docs/transports.md), 1 to 65536",
 };
 
 /// `tcp_max_connections` (`FERRY_TCP_MAX_CONNECTIONS`): connections the target serves in all
@@ -67,8 +69,8 @@ pub const MAX_CONNECTIONS: OptionSpec = OptionSpec {
     env: Some("FERRY_TCP_MAX_CONNECTIONS"),
     env_invalid: "not a whole number",
     default: "4096",
-    doc: "TCP transport: connections the target serves in all before it closes the idlest of them, from any address, \
-          for a new one (connections in the middle of a request are never closed), 16 to 1048576",
+    doc: "connections the target serves in all; a new one beyond it closes the idlest of all, from any address \
+          (never one in the middle of a request), 16 to 1048576",
 };
 
 /// Every option the `tcp` transport declares: its own and peer authentication's.
