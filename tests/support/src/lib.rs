@@ -140,6 +140,30 @@ pub fn tcp_only() -> ferry::TransportRegistry {
     ferry::TransportRegistry::new().with(Arc::new(ferry::transports::tcp::TcpTransportFactory))
 }
 
+/// The descriptor of a TCP peer a test plays by hand (a raw-socket target on 127.0.0.1:`port`):
+/// Mooncake's TCP v2 endpoint, the Ferry fence advert `fence` (`None`: a Mooncake peer), and
+/// one registered buffer `addr`..`addr + len` on `cpu:0`.
+pub fn fake_tcp_peer(name: &str, port: u16, addr: u64, len: u64, fence: Option<u32>) -> ferry::SegmentDescriptor {
+    let mut d = ferry::SegmentDescriptor::new(name, "tcp");
+    ferry::transports::tcp::TcpEndpoint {
+        host: Some("127.0.0.1".into()),
+        port,
+        proto_version: Some(2),
+        fence,
+        auth: None,
+    }
+    .write_to(&mut d)
+    .expect("a v2 endpoint writes into a fresh descriptor");
+    d.buffers.push(ferry::BufferDesc {
+        addr,
+        length: len,
+        name: "cpu:0".into(),
+        device_id: None,
+        extra: Default::default(),
+    });
+    d
+}
+
 /// A TCP-only engine on in-process metadata that already holds `descriptors` (peers a test
 /// described by hand: fake targets, silent or closed ports), with transfer timeout `timeout`.
 pub async fn tcp_engine_knowing(

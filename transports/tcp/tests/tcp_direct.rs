@@ -22,7 +22,7 @@ use ferry::{
     SegmentDescriptor, SegmentHandle, TransferEngine, TransferRequest, Transport, TransportContext, TransportFactory,
     TransportRegistry,
 };
-use ferry_test_support::{Buffer, pattern_buffer, tcp_only};
+use ferry_test_support::{Buffer, fake_tcp_peer, pattern_buffer, tcp_only};
 use ferry_transport_tcp::wire::{Header, Status};
 use ferry_transport_tcp::{TcpEndpoint, TcpStats, TcpTransport, TcpTransportFactory};
 
@@ -278,21 +278,6 @@ fn silent_on_writes(addr: u64, len: u64) -> u16 {
     port
 }
 
-fn fake_descriptor(name: &str, port: u16, addr: u64, len: u64) -> SegmentDescriptor {
-    let mut d = SegmentDescriptor::new(name, "tcp");
-    TcpEndpoint { host: Some("127.0.0.1".into()), port, proto_version: Some(2), fence: None, auth: None }
-        .write_to(&mut d)
-        .unwrap();
-    d.buffers.push(ferry::BufferDesc {
-        addr,
-        length: len,
-        name: "cpu:0".into(),
-        device_id: None,
-        extra: Default::default(),
-    });
-    d
-}
-
 /// A caller blocked in a direct request (its target never answers) is released by the
 /// transport's shutdown, long before the request's deadline, with `Shutdown`.
 #[test]
@@ -300,7 +285,7 @@ fn shutdown_releases_a_caller_blocked_in_a_direct_request() {
     const REMOTE: u64 = 0x3000_0000;
     let port = silent_on_writes(REMOTE, 1 << 20);
     let meta = InProcessMetadata::new();
-    e_block_put(&meta, &fake_descriptor("silent", port, REMOTE, 1 << 20));
+    e_block_put(&meta, &fake_tcp_peer("silent", port, REMOTE, 1 << 20, None));
     let (e, capture) = initiator(&meta, Duration::from_secs(30));
     let local = pattern_buffer(1 << 16, 5);
     unsafe { e.register_memory_blocking(local.addr(), local.len(), Location::Cpu(0)) }.unwrap();

@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use ferry::{ErrorKind, InProcessMetadata, Location, MetadataStore, Opcode, SegmentDescriptor, TransferRequest};
-use ferry_test_support::{Buffer, pattern_buffer, tcp_engine_knowing, tcp_only};
+use ferry_test_support::{Buffer, fake_tcp_peer, pattern_buffer, tcp_engine_knowing, tcp_only};
 use ferry_transport_tcp::TcpEndpoint;
 use ferry_transport_tcp::wire::{FENCE_OPCODE, Header, STATUS_LEN, Status, V2_FLAG};
 
@@ -301,22 +301,6 @@ fn fake_target(addr: u64, len: u64, seen: Arc<Mutex<Seen>>) -> u16 {
     port
 }
 
-/// The descriptor of a fake target on `port` (with `fence` as its `ferry_tcp_fence`).
-fn fake_descriptor(name: &str, port: u16, addr: u64, len: u64, fence: Option<u32>) -> SegmentDescriptor {
-    let mut d = SegmentDescriptor::new(name, "tcp");
-    TcpEndpoint { host: Some("127.0.0.1".into()), port, proto_version: Some(2), fence, auth: None }
-        .write_to(&mut d)
-        .unwrap();
-    d.buffers.push(ferry::BufferDesc {
-        addr,
-        length: len,
-        name: "cpu:0".into(),
-        device_id: None,
-        extra: Default::default(),
-    });
-    d
-}
-
 /// After a WRITE timed out, a peer that advertises `ferry_tcp_fence` is sent a fence naming the
 /// connection that carried it before anything else; a Mooncake peer (no such field) never sees
 /// the fence opcode, and is spoken to as before.
@@ -326,7 +310,7 @@ async fn fences_go_only_to_peers_that_advertise_them() {
     for (name, fence) in [("mooncake", None), ("ferry", Some(1))] {
         let seen = Arc::new(Mutex::new(Seen::default()));
         let port = fake_target(REMOTE, 1 << 20, seen.clone());
-        let d = fake_descriptor(name, port, REMOTE, 1 << 20, fence);
+        let d = fake_tcp_peer(name, port, REMOTE, 1 << 20, fence);
         let e = tcp_engine_knowing(&[&d], Duration::from_millis(300)).await;
         let local = pattern_buffer(64 << 10, 3);
         unsafe { e.register_memory(local.addr(), local.len(), Location::Cpu(0)).await }.unwrap();
@@ -375,7 +359,7 @@ async fn a_late_read_response_never_lands_in_memory_given_back() {
         sent_flag.store(true, Ordering::SeqCst);
         std::thread::sleep(Duration::from_millis(500));
     });
-    let d = fake_descriptor("late", port, REMOTE, LEN as u64, None);
+    let d = fake_tcp_peer("late", port, REMOTE, LEN as u64, None);
     let e = tcp_engine_knowing(&[&d], Duration::from_millis(300)).await;
     let local = Buffer::zeroed(LEN);
     unsafe { e.register_memory(local.addr(), local.len(), Location::Cpu(0)).await }.unwrap();
@@ -821,7 +805,7 @@ fn a_direct_write_that_timed_out_is_fenced_by_its_connection() {
     const REMOTE: u64 = 0x1000_0000;
     let seen = Arc::new(Mutex::new(Seen::default()));
     let port = fake_target(REMOTE, 1 << 20, seen.clone());
-    let d = fake_descriptor("ferry", port, REMOTE, 1 << 20, Some(1));
+    let d = fake_tcp_peer("ferry", port, REMOTE, 1 << 20, Some(1));
     let rt = blocking_runtime();
     let e = rt.block_on(tcp_engine_knowing(&[&d], Duration::from_millis(300)));
     let local = pattern_buffer(64 << 10, 3);

@@ -9,7 +9,9 @@ use std::time::{Duration, Instant};
 
 use ferry::{ErrorKind, InProcessMetadata, Location, MetadataStore, Opcode, SegmentDescriptor, TransferRequest};
 use ferry_metadata_p2p::frame::{FrameType, encode, read_frame};
-use ferry_test_support::{Buffer, p2p_tcp_engine, pattern, pattern_buffer, tcp_engine_knowing, tcp_only};
+use ferry_test_support::{
+    Buffer, fake_tcp_peer, p2p_tcp_engine, pattern, pattern_buffer, tcp_engine_knowing, tcp_only,
+};
 use ferry_transport_tcp::TcpEndpoint;
 use ferry_transport_tcp::wire::{Header, STATUS_LEN, Status};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -92,22 +94,6 @@ async fn a_rejected_request_fails_alone_and_the_connection_keeps_serving() {
     assert_eq!(batch.request_status(1), Some(ferry::RequestStatus::Completed));
     assert_eq!(&local.bytes()[4096..], &b.bytes()[..4096]);
     assert!(local.bytes()[..4096].iter().all(|&x| x == 0), "nothing was read for the rejected request");
-}
-
-/// The descriptor of a TCP "peer" on `port` (a raw socket of the test's) exposing one buffer.
-fn fake_peer(name: &str, port: u16, addr: u64, length: u64) -> SegmentDescriptor {
-    let mut d = SegmentDescriptor::new(name, "tcp");
-    TcpEndpoint { host: Some("127.0.0.1".into()), port, proto_version: Some(2), fence: None, auth: None }
-        .write_to(&mut d)
-        .unwrap();
-    d.buffers.push(ferry::BufferDesc {
-        addr,
-        length,
-        name: "cpu:0".into(),
-        device_id: None,
-        extra: Default::default(),
-    });
-    d
 }
 
 /// A target engine on in-process metadata whose data port a raw socket can reach.
@@ -253,7 +239,7 @@ async fn a_silent_peer_times_out_and_a_dead_peer_is_unreachable() {
     // A "peer" that accepts connections and never answers.
     let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let silent_port = silent.local_addr().unwrap().port();
-    let d = fake_peer("silent", silent_port, 0x1000, 1 << 20);
+    let d = fake_tcp_peer("silent", silent_port, 0x1000, 1 << 20, None);
     let mut dead = d.clone();
     dead.name = "dead".into();
     let closed = {
@@ -338,7 +324,7 @@ async fn an_early_answer_never_releases_a_write_whose_payload_is_still_being_sen
             std::thread::sleep(Duration::from_secs(3));
         }
     });
-    let d = fake_peer("early", port, 0x1000_0000, 64 << 20);
+    let d = fake_tcp_peer("early", port, 0x1000_0000, 64 << 20, None);
     let e = tcp_engine_knowing(&[&d], Duration::from_millis(800)).await;
     let local = pattern_buffer(32 << 20, 1);
     unsafe { e.register_memory(local.addr(), local.len(), Location::Cpu(0)).await }.unwrap();
@@ -357,7 +343,7 @@ async fn shutdown_fails_requests_waiting_on_a_silent_peer_at_once() {
     // Without this, a request cancelled while waiting for a peer that never answers held its
     // memory until its deadline, and a shutdown right after the cancel answered Busy.
     let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let d = fake_peer("silent", silent.local_addr().unwrap().port(), 0x1000, 1 << 20);
+    let d = fake_tcp_peer("silent", silent.local_addr().unwrap().port(), 0x1000, 1 << 20, None);
     let e = tcp_engine_knowing(&[&d], Duration::from_secs(20)).await;
     let local = Buffer::zeroed(4096);
     unsafe { e.register_memory(local.addr(), local.len(), Location::Cpu(0)).await }.unwrap();
