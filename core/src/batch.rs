@@ -72,7 +72,11 @@ pub const SPIN_MAX_BYTES: u64 = 64 * 1024;
 /// (`FERRY_WAIT_SPIN_US` overrides; 0 disables polling). The async [`Batch::wait`] never polls.
 pub const SPIN_BEFORE_SLEEP: Duration = Duration::from_micros(50);
 
-fn spin_before_sleep() -> Duration {
+/// How long a waiter that is about to sleep polls first: [`SPIN_BEFORE_SLEEP`], or
+/// `FERRY_WAIT_SPIN_US` (at most 10 ms; 0 disables polling). Read once per process. Used by
+/// [`Batch::wait_blocking`] and by transports whose caller's thread waits on a socket itself
+/// (the TCP transport's direct path).
+pub fn spin_before_sleep() -> Duration {
     static SPIN: OnceLock<Duration> = OnceLock::new();
     *SPIN.get_or_init(|| {
         std::env::var("FERRY_WAIT_SPIN_US")

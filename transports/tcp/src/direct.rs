@@ -289,8 +289,11 @@ fn round_trip(
         Ok(()) => {
             let mut at = got - STATUS_LEN;
             // A large READ is woken only once a large part of it arrived (each wake-up costs as
-            // much as copying tens of KiB here), never for more than is still to come.
-            let mut lowat = Lowat::new(s, dst.len() - at > LOWAT_FROM);
+            // much as copying tens of KiB here), never for more than is still to come. Not when
+            // this thread polls between reads ([`read_some`]): it copies each part as it comes,
+            // while the peer sends the next, and a raised mark would only add system calls.
+            let polls = !ferry_core::batch::spin_before_sleep().is_zero();
+            let mut lowat = Lowat::new(s, dst.len() - at > LOWAT_FROM && !polls);
             while at < dst.len() {
                 lowat.at_most(dst.len() - at).map_err(|e| lost(addr, "read failed", e))?;
                 at += read_some(addr, s, &mut [IoSliceMut::new(&mut dst[at..])], deadline, lowat.on())?;
@@ -450,7 +453,28 @@ fn read_some(
 ) -> Result<usize, Error> {
     let unanswered = "closed the connection without answering: the peer is shutting down (or its process ended)";
     let mut ready = !wait_first;
+    // Poll before sleeping: on a virtualised host the wake-up out of `ppoll` costs tens of
+    // microseconds, more than the answer to a small request takes to come. This thread is the
+    // caller's, which waits anyway; no I/O thread of this process needs its core.
+    let spin = ferry_core::batch::spin_before_sleep().min(deadline.saturating_duration_since(Instant::now()));
+    let mut polling_until = (!spin.is_zero()).then(|| Instant::now() + spin);
     loop {
+        if let Some(until) = polling_until {
+            match s.read_vectored(bufs) {
+                Ok(0) => return Err(lost(addr, unanswered, std::io::ErrorKind::UnexpectedEof.into())),
+                Ok(n) => return Ok(n),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock || e.kind() == std::io::ErrorKind::Interrupted => {
+                    if Instant::now() < until {
+                        std::hint::spin_loop();
+                    } else {
+                        polling_until = None;
+                    }
+                    continue;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return Err(lost(addr, unanswered, e)),
+                Err(e) => return Err(lost(addr, "connection lost", e)),
+            }
+        }
         if !ready && !wait(s, libc::POLLIN, deadline).map_err(|e| lost(addr, "read failed", e))? {
             return Err(timeout(addr, "no response"));
         }

@@ -20,6 +20,45 @@ pub(crate) async fn write_all_vectored<W: AsyncWrite + Unpin>(w: &mut W, parts: 
     Ok(())
 }
 
+/// [`write_all_vectored`] to a tokio socket that first writes straight to it, polling while the
+/// kernel takes bytes within `spin` of each other, and waits through tokio once it stops (a
+/// full send buffer whose reader is asleep).
+pub(crate) async fn write_all_vectored_polling(
+    stream: &mut tokio::net::TcpStream,
+    parts: &[&[u8]],
+    spin: std::time::Duration,
+) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut slices: Vec<IoSlice<'_>> = parts.iter().filter(|p| !p.is_empty()).map(|p| IoSlice::new(p)).collect();
+    let mut rest: &mut [IoSlice<'_>] = &mut slices;
+    let socket = socket2::SockRef::from(&*stream);
+    let mut until = std::time::Instant::now() + spin;
+    while !rest.is_empty() && !spin.is_zero() {
+        match (&*socket).write_vectored(rest) {
+            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Ok(n) => {
+                IoSlice::advance_slices(&mut rest, n);
+                until = std::time::Instant::now() + spin;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock || e.kind() == std::io::ErrorKind::Interrupted => {
+                if std::time::Instant::now() >= until {
+                    break;
+                }
+                std::hint::spin_loop();
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    while !rest.is_empty() {
+        let n = stream.write_vectored(rest).await?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        IoSlice::advance_slices(&mut rest, n);
+    }
+    Ok(())
+}
+
 /// Bytes read from a socket but not consumed yet.
 pub(crate) struct InBuf {
     buf: Box<[u8]>,
@@ -60,6 +99,82 @@ impl InBuf {
         let n = stream.try_read(&mut self.buf[self.end..])?;
         self.end += n;
         Ok(n)
+    }
+
+    /// Polls `stream` for bytes until `until`, without sleeping: reads straight from the socket
+    /// (tokio's readiness, which only its driver sets, would say nothing has come). `Ok(0)` at
+    /// end of stream, `WouldBlock` when nothing came in time.
+    pub(crate) fn poll_fill(
+        &mut self,
+        stream: &tokio::net::TcpStream,
+        until: std::time::Instant,
+    ) -> std::io::Result<usize> {
+        use std::io::Read;
+        if self.start > 0 {
+            self.buf.copy_within(self.start..self.end, 0);
+            self.end -= self.start;
+            self.start = 0;
+        }
+        let socket = socket2::SockRef::from(stream);
+        loop {
+            // The socket is non-blocking (tokio's): a read returns at once.
+            match (&*socket).read(&mut self.buf[self.end..]) {
+                Ok(n) => {
+                    self.end += n;
+                    return Ok(n);
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock || e.kind() == std::io::ErrorKind::Interrupted => {
+                    if std::time::Instant::now() >= until {
+                        return Err(std::io::ErrorKind::WouldBlock.into());
+                    }
+                    std::hint::spin_loop();
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Fills `dst` from buffered bytes first, then straight from `stream`, polling the socket
+    /// while bytes keep coming within `spin` of each other and waiting through tokio
+    /// ([`read_exact`](Self::read_exact)) once they stop. `stop` is asked before every read:
+    /// when it says so, nothing more is read and `Ok(false)` is returned (`Ok(true)`: filled).
+    pub(crate) async fn read_exact_polling(
+        &mut self,
+        stream: &mut tokio::net::TcpStream,
+        dst: &mut [u8],
+        spin: std::time::Duration,
+        stop: impl Fn() -> bool,
+    ) -> std::io::Result<bool> {
+        use std::io::Read;
+        let n = self.len().min(dst.len());
+        dst[..n].copy_from_slice(&self.buf[self.start..self.start + n]);
+        self.start += n;
+        let mut at = n;
+        let socket = socket2::SockRef::from(&*stream);
+        let mut until = std::time::Instant::now() + spin;
+        while at < dst.len() && !spin.is_zero() {
+            if stop() {
+                return Ok(false);
+            }
+            match (&*socket).read(&mut dst[at..]) {
+                Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+                Ok(n) => {
+                    at += n;
+                    until = std::time::Instant::now() + spin;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock || e.kind() == std::io::ErrorKind::Interrupted => {
+                    if std::time::Instant::now() >= until {
+                        break;
+                    }
+                    std::hint::spin_loop();
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        if at < dst.len() {
+            stream.read_exact(&mut dst[at..]).await?;
+        }
+        Ok(true)
     }
 
     /// Takes `N` bytes if buffered.

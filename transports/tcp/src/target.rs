@@ -30,7 +30,7 @@ use tokio::time::{Instant, timeout_at};
 use crate::auth::DataAuth;
 use crate::conns::{Admitted, Conn, ConnTable, Stop};
 use crate::fence;
-use crate::io::{InBuf, write_all_vectored};
+use crate::io::{InBuf, write_all_vectored_polling};
 use crate::memory::{bytes, bytes_mut};
 use crate::wire::{HEADER_LEN, Header, Status};
 use ferry_listener::AcceptBackoff;
@@ -167,6 +167,9 @@ async fn serve_connection(
     // Pipelined headers arrive together: one read serves many of them.
     let mut input = InBuf::new(64 * 1024);
     let mut idle_until = Instant::now() + limits.idle;
+    let spin = ferry_core::batch::spin_before_sleep();
+    // When the last request was served (the poll for the next one starts there).
+    let mut served_at: Option<std::time::Instant> = None;
     loop {
         let mut header_due: Option<Instant> = None;
         let hdr = loop {
@@ -174,6 +177,19 @@ async fn serve_connection(
                 break h;
             }
             if input.len() == 0 {
+                // Right after a request, poll for the next one before sleeping: a peer that sends
+                // one request at a time sends the next within microseconds, and waking this
+                // task from the driver costs tens of them on a virtualised host.
+                if let Some(since) = served_at.take()
+                    && !spin.is_zero()
+                {
+                    match input.poll_fill(&stream, since + spin) {
+                        Ok(0) => return Close::Eof,
+                        Ok(_) => continue,
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                        Err(e) => return Close::Io(e),
+                    }
+                }
                 // Between requests: until the idle deadline, or until asked to stop.
                 tokio::select! {
                     biased;
@@ -228,6 +244,7 @@ async fn serve_connection(
             Ok(Ok(true)) => {
                 admitted.served();
                 idle_until = Instant::now() + limits.idle;
+                served_at = Some(std::time::Instant::now());
             }
             Ok(Ok(false)) => {}
         }
@@ -259,7 +276,7 @@ async fn serve_request(
                 bytes(&region, h.addr, h.size).ok_or_else(|| Close::Protocol("lease does not cover range".into()))?;
             let status: &[u8] = if h.v2 { &ok } else { &[] };
             conn.set_busy(true);
-            write_all_vectored(stream, &[status, data]).await?;
+            write_all_vectored_polling(stream, &[status, data], ferry_core::batch::spin_before_sleep()).await?;
             conn.set_busy(false);
             Ok(true)
         }
@@ -273,9 +290,16 @@ async fn serve_request(
             if conn.fenced() {
                 return Err(Close::Fenced);
             }
+            // Polling while the payload keeps coming (asking the fence before every read),
+            // then through tokio, where the fence's wake-up ends the copy.
+            let spin = ferry_core::batch::spin_before_sleep();
             tokio::select! {
                 biased;
-                copied = input.read_exact(stream, data) => copied?,
+                copied = input.read_exact_polling(stream, data, spin, || conn.fenced()) => {
+                    if !copied? {
+                        return Err(Close::Fenced);
+                    }
+                }
                 () = conn.fence_wake.notified() => return Err(Close::Fenced),
             }
             drop(copying);
