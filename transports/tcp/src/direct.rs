@@ -19,8 +19,10 @@
 //!   [`connect`](crate::initiator::connect) (peer authentication included), which is then made
 //!   a blocking std socket and put in the peer's pool (at most as many as the peer has lanes).
 //!   A connection that failed is dropped and reopened the same way.
-//! - **Deadlines.** The socket is non-blocking; the caller's thread waits for it with `ppoll`,
-//!   at most until the request's deadline.
+//! - **Deadlines.** The socket is non-blocking; the caller's thread polls it for up to
+//!   [`spin_before_sleep`](ferry_core::batch::spin_before_sleep) (the answer to a small request
+//!   comes sooner than a sleeping thread wakes), then waits for it with `ppoll`, at most until
+//!   the request's deadline.
 //! - **Fences.** A connection that failed a WRITE is marked in the peer's [`PeerFence`] before
 //!   the failure is reported; the next request then goes through a lane, which fences first.
 //! - **Idle closes.** A connection is checked (a peek) before each request; one the
@@ -426,12 +428,24 @@ fn write_all(
 ) -> Result<(), Error> {
     let mut slices = [IoSlice::new(header), IoSlice::new(payload)];
     let mut rest: &mut [IoSlice<'_>] = if payload.is_empty() { &mut slices[..1] } else { &mut slices };
+    // A full send buffer drains as fast as the target reads: poll for room before sleeping, as
+    // `read_some` does for bytes.
+    let spin = ferry_core::batch::spin_before_sleep();
+    let mut polling_until = Instant::now() + spin;
     while !rest.is_empty() {
         match s.write_vectored(rest) {
             Ok(0) => return Err(lost(addr, "write failed", std::io::ErrorKind::WriteZero.into())),
-            Ok(n) => IoSlice::advance_slices(&mut rest, n),
+            Ok(n) => {
+                IoSlice::advance_slices(&mut rest, n);
+                polling_until = Instant::now() + spin;
+            }
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                let now = Instant::now();
+                if now < polling_until && now < deadline {
+                    std::hint::spin_loop();
+                    continue;
+                }
                 if !wait(s, libc::POLLOUT, deadline).map_err(|e| lost(addr, "write failed", e))? {
                     return Err(timeout(addr, "request not sent"));
                 }

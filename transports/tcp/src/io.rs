@@ -22,7 +22,8 @@ pub(crate) async fn write_all_vectored<W: AsyncWrite + Unpin>(w: &mut W, parts: 
 
 /// [`write_all_vectored`] to a tokio socket that first writes straight to it, polling while the
 /// kernel takes bytes within `spin` of each other, and waits through tokio once it stops (a
-/// full send buffer whose reader is asleep).
+/// full send buffer whose reader is asleep). The poll holds the runtime thread only while
+/// bytes keep moving, as a copy would.
 pub(crate) async fn write_all_vectored_polling(
     stream: &mut tokio::net::TcpStream,
     parts: &[&[u8]],
@@ -58,6 +59,10 @@ pub(crate) async fn write_all_vectored_polling(
     }
     Ok(())
 }
+
+/// How long [`InBuf::poll_fill`] polls without yielding: about the time a peer that sends one
+/// request at a time takes to send the next after an answer reached it.
+pub(crate) const TIGHT_POLL: std::time::Duration = std::time::Duration::from_micros(15);
 
 /// Bytes read from a socket but not consumed yet.
 pub(crate) struct InBuf {
@@ -102,9 +107,10 @@ impl InBuf {
     }
 
     /// Polls `stream` for bytes until `until`, without sleeping: reads straight from the socket
-    /// (tokio's readiness, which only its driver sets, would say nothing has come). `Ok(0)` at
+    /// (tokio's readiness, which only its driver sets, would say nothing has come): tightly for
+    /// [`TIGHT_POLL`], then yielding to the runtime's other tasks between attempts. `Ok(0)` at
     /// end of stream, `WouldBlock` when nothing came in time.
-    pub(crate) fn poll_fill(
+    pub(crate) async fn poll_fill(
         &mut self,
         stream: &tokio::net::TcpStream,
         until: std::time::Instant,
@@ -116,6 +122,9 @@ impl InBuf {
             self.start = 0;
         }
         let socket = socket2::SockRef::from(stream);
+        // A peer that asks one request at a time asks the next within microseconds: poll
+        // tightly that long, then let the runtime's other tasks run between attempts.
+        let tight_until = (std::time::Instant::now() + TIGHT_POLL).min(until);
         loop {
             // The socket is non-blocking (tokio's): a read returns at once.
             match (&*socket).read(&mut self.buf[self.end..]) {
@@ -127,7 +136,11 @@ impl InBuf {
                     if std::time::Instant::now() >= until {
                         return Err(std::io::ErrorKind::WouldBlock.into());
                     }
-                    std::hint::spin_loop();
+                    if std::time::Instant::now() < tight_until {
+                        std::hint::spin_loop();
+                    } else {
+                        tokio::task::yield_now().await;
+                    }
                 }
                 Err(e) => return Err(e),
             }
@@ -135,7 +148,7 @@ impl InBuf {
     }
 
     /// Fills `dst` from buffered bytes first, then straight from `stream`, polling the socket
-    /// while bytes keep coming within `spin` of each other and waiting through tokio
+    /// while bytes keep coming within `spin` of each other, and waiting through tokio
     /// ([`read_exact`](Self::read_exact)) once they stop. `stop` is asked before every read:
     /// when it says so, nothing more is read and `Ok(false)` is returned (`Ok(true)`: filled).
     pub(crate) async fn read_exact_polling(
@@ -211,5 +224,87 @@ impl InBuf {
                 return Err(std::io::ErrorKind::UnexpectedEof.into());
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::{TcpListener, TcpStream};
+
+    use super::*;
+
+    async fn pair() -> (TcpStream, TcpStream) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let client = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
+        let (server, _) = listener.accept().await.unwrap();
+        (client, server)
+    }
+
+    #[tokio::test]
+    async fn poll_fill_takes_what_comes_in_time_and_gives_up_after() {
+        let (mut a, b) = pair().await;
+        let mut input = InBuf::new(64);
+        let started = Instant::now();
+        let e = input.poll_fill(&b, Instant::now() + Duration::from_millis(5)).await.unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::WouldBlock);
+        assert!(started.elapsed() >= Duration::from_millis(5));
+        a.write_all(b"hello").await.unwrap();
+        let n = input.poll_fill(&b, Instant::now() + Duration::from_secs(5)).await.unwrap();
+        assert!((1..=5).contains(&n));
+        drop(a);
+        let mut got = input.take::<1>().unwrap().to_vec();
+        while got.len() < 5 {
+            if input.len() == 0 {
+                input.poll_fill(&b, Instant::now() + Duration::from_secs(5)).await.unwrap();
+            }
+            got.push(input.take::<1>().unwrap()[0]);
+        }
+        assert_eq!(got, b"hello");
+        assert_eq!(input.poll_fill(&b, Instant::now() + Duration::from_secs(5)).await.unwrap(), 0, "end of stream");
+    }
+
+    #[tokio::test]
+    async fn read_exact_polling_fills_from_the_buffer_then_the_socket_and_stops_when_told() {
+        let (mut a, mut b) = pair().await;
+        let mut input = InBuf::new(64);
+        a.write_all(b"abc").await.unwrap();
+        while input.len() < 3 {
+            input.fill(&mut b).await.unwrap();
+        }
+        let writer = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(20)).await; // past the poll: through tokio
+            a.write_all(&[7u8; 100_000]).await.unwrap();
+            a
+        });
+        let mut dst = vec![0u8; 100_003];
+        assert!(input.read_exact_polling(&mut b, &mut dst, Duration::from_micros(50), || false).await.unwrap());
+        assert_eq!(&dst[..3], b"abc");
+        assert!(dst[3..].iter().all(|&x| x == 7));
+        let mut a = writer.await.unwrap();
+        a.write_all(b"xyz").await.unwrap();
+        let mut dst = [0u8; 3];
+        assert!(!input.read_exact_polling(&mut b, &mut dst, Duration::from_millis(50), || true).await.unwrap());
+        assert_eq!(dst, [0; 3], "nothing read once told to stop");
+    }
+
+    #[tokio::test]
+    async fn write_all_vectored_polling_writes_past_a_full_send_buffer() {
+        let (mut a, mut b) = pair().await;
+        let big = vec![3u8; 8 << 20]; // more than both socket buffers hold
+        let reader = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            let mut all = Vec::new();
+            b.read_to_end(&mut all).await.unwrap();
+            all
+        });
+        write_all_vectored_polling(&mut a, &[b"head", &big], Duration::from_micros(50)).await.unwrap();
+        drop(a);
+        let all = reader.await.unwrap();
+        assert_eq!(all.len(), 4 + big.len());
+        assert_eq!(&all[..4], b"head");
+        assert!(all[4..].iter().all(|&x| x == 3));
     }
 }

@@ -170,6 +170,10 @@ async fn serve_connection(
     let spin = ferry_core::batch::spin_before_sleep();
     // When the last request was served (the poll for the next one starts there).
     let mut served_at: Option<std::time::Instant> = None;
+    // Requests taken from `input` since it was last filled: 1 when the peer asks one at a time
+    // (the poll below is for it), more when it pipelines (a lane's batch: no poll, so this task
+    // does not hold a runtime thread while other connections wait).
+    let mut since_fill = 0u32;
     loop {
         let mut header_due: Option<Instant> = None;
         let hdr = loop {
@@ -179,13 +183,19 @@ async fn serve_connection(
             if input.len() == 0 {
                 // Right after a request, poll for the next one before sleeping: a peer that sends
                 // one request at a time sends the next within microseconds, and waking this
-                // task from the driver costs tens of them on a virtualised host.
+                // task from the driver costs tens of them on a virtualised host. Only for a peer
+                // that asks one request at a time (`since_fill`), and the poll yields to the
+                // runtime's other tasks after its first microseconds.
                 if let Some(since) = served_at.take()
+                    && since_fill == 1
                     && !spin.is_zero()
                 {
-                    match input.poll_fill(&stream, since + spin) {
+                    match input.poll_fill(&stream, since + spin).await {
                         Ok(0) => return Close::Eof,
-                        Ok(_) => continue,
+                        Ok(_) => {
+                            since_fill = 0;
+                            continue;
+                        }
                         Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
                         Err(e) => return Close::Io(e),
                     }
@@ -196,7 +206,7 @@ async fn serve_connection(
                     read = timeout_at(idle_until, input.fill(&mut stream)) => match read {
                         Err(_) => return Close::Idle,
                         Ok(Ok(0)) => return Close::Eof,
-                        Ok(Ok(_)) => {}
+                        Ok(Ok(_)) => since_fill = 0,
                         Ok(Err(e)) => return Close::Io(e),
                     },
                     () = conn.idle_wake.notified() => match conn.stop() {
@@ -204,7 +214,10 @@ async fn serve_connection(
                         // Evicted: close unless a request's first bytes are already here.
                         Some(Stop::Evicted) => match input.try_fill(&stream) {
                             Ok(0) => return Close::Eof,
-                            Ok(_) => conn.decline_eviction(),
+                            Ok(_) => {
+                                since_fill = 0;
+                                conn.decline_eviction();
+                            }
                             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Close::Evicted,
                             Err(e) => return Close::Io(e),
                         },
@@ -217,7 +230,7 @@ async fn serve_connection(
                 match timeout_at(due, input.fill(&mut stream)).await {
                     Err(_) => return Close::Protocol("header not completed in time".into()),
                     Ok(Ok(0)) => return Close::Protocol("connection closed inside a header".into()),
-                    Ok(Ok(_)) => {}
+                    Ok(Ok(_)) => since_fill = 0,
                     Ok(Err(e)) => return Close::Io(e),
                 }
             }
@@ -234,6 +247,7 @@ async fn serve_connection(
             Ok(h) => h,
             Err(e) => return Close::Protocol(e.to_string()),
         };
+        since_fill += 1;
         if conn.fenced() {
             return Close::Fenced;
         }
