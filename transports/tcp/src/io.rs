@@ -33,23 +33,19 @@ pub(crate) async fn write_all_vectored_polling(
     let mut slices: Vec<IoSlice<'_>> = parts.iter().filter(|p| !p.is_empty()).map(|p| IoSlice::new(p)).collect();
     let mut rest: &mut [IoSlice<'_>] = &mut slices;
     let socket = socket2::SockRef::from(&*stream);
-    let mut until = std::time::Instant::now() + spin;
-    while !rest.is_empty() && !spin.is_zero() {
+    poll_progress(spin, || {
+        if rest.is_empty() {
+            return Ok(Step::Done);
+        }
         match (&*socket).write_vectored(rest) {
-            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Ok(0) => Err(std::io::ErrorKind::WriteZero.into()),
             Ok(n) => {
                 IoSlice::advance_slices(&mut rest, n);
-                until = std::time::Instant::now() + spin;
+                Ok(Step::Moved)
             }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock || e.kind() == std::io::ErrorKind::Interrupted => {
-                if std::time::Instant::now() >= until {
-                    break;
-                }
-                std::hint::spin_loop();
-            }
-            Err(e) => return Err(e),
+            Err(e) => blocked_or(e),
         }
-    }
+    })?;
     while !rest.is_empty() {
         let n = stream.write_vectored(rest).await?;
         if n == 0 {
@@ -58,6 +54,48 @@ pub(crate) async fn write_all_vectored_polling(
         IoSlice::advance_slices(&mut rest, n);
     }
     Ok(())
+}
+
+/// What one non-blocking attempt of [`poll_progress`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Step {
+    /// Nothing is left to move.
+    Done,
+    /// Some bytes moved.
+    Moved,
+    /// The socket had no bytes or no room.
+    Blocked,
+    /// The caller was told to stop.
+    Stopped,
+}
+
+/// `Ok(Step::Blocked)` for a would-block or an interrupted call, else the error.
+fn blocked_or(e: std::io::Error) -> std::io::Result<Step> {
+    match e.kind() {
+        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted => Ok(Step::Blocked),
+        _ => Err(e),
+    }
+}
+
+/// Repeats `attempt` (one non-blocking read or write) until it is done or stopped, or until no
+/// byte moved for `spin` (then `Ok(Step::Blocked)`: the caller waits through tokio). A zero
+/// `spin` polls nothing.
+fn poll_progress(
+    spin: std::time::Duration,
+    mut attempt: impl FnMut() -> std::io::Result<Step>,
+) -> std::io::Result<Step> {
+    if spin.is_zero() {
+        return Ok(Step::Blocked);
+    }
+    let mut until = std::time::Instant::now() + spin;
+    loop {
+        match attempt()? {
+            Step::Moved => until = std::time::Instant::now() + spin,
+            Step::Blocked if std::time::Instant::now() >= until => return Ok(Step::Blocked),
+            Step::Blocked => std::hint::spin_loop(),
+            done => return Ok(done),
+        }
+    }
 }
 
 /// How long [`InBuf::poll_fill`] polls without yielding: about the time a peer that sends one
@@ -164,25 +202,24 @@ impl InBuf {
         self.start += n;
         let mut at = n;
         let socket = socket2::SockRef::from(&*stream);
-        let mut until = std::time::Instant::now() + spin;
-        while at < dst.len() && !spin.is_zero() {
+        let step = poll_progress(spin, || {
+            if at == dst.len() {
+                return Ok(Step::Done);
+            }
             if stop() {
-                return Ok(false);
+                return Ok(Step::Stopped);
             }
             match (&*socket).read(&mut dst[at..]) {
-                Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+                Ok(0) => Err(std::io::ErrorKind::UnexpectedEof.into()),
                 Ok(n) => {
                     at += n;
-                    until = std::time::Instant::now() + spin;
+                    Ok(Step::Moved)
                 }
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock || e.kind() == std::io::ErrorKind::Interrupted => {
-                    if std::time::Instant::now() >= until {
-                        break;
-                    }
-                    std::hint::spin_loop();
-                }
-                Err(e) => return Err(e),
+                Err(e) => blocked_or(e),
             }
+        })?;
+        if step == Step::Stopped {
+            return Ok(false);
         }
         if at < dst.len() {
             stream.read_exact(&mut dst[at..]).await?;
