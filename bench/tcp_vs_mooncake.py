@@ -33,6 +33,7 @@ is their minimum and maximum.
 import argparse
 import json
 import os
+import signal
 import re
 import statistics
 import subprocess
@@ -47,7 +48,11 @@ AUTH_SECRET = "tcp-vs-mooncake-bench-secret-0123456789"
 
 def start_target(cmd, env):
     """Starts a target and returns (process, segment) once it printed its address."""
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    # A session of its own: the wheel's `transfer_engine_bench` is a Python wrapper that runs the
+    # real binary as its child, and stopping only the wrapper left that child listening (hundreds
+    # of them after a sweep, holding ports other benchmarks need). `stop_target` ends the group.
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                         start_new_session=True)
     deadline = time.time() + 30
     while time.time() < deadline:
         line = p.stdout.readline()
@@ -56,8 +61,24 @@ def start_target(cmd, env):
         m = re.search(r"listening on (\S+)", line)
         if m:
             return p, m.group(1)
-    p.kill()
+    stop_target(p)
     raise SystemExit(f"target did not report its address: {' '.join(cmd)}")
+
+
+def stop_target(p):
+    """Stops a target started by `start_target` and every process of its session."""
+    for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 10)):
+        try:
+            os.killpg(p.pid, sig)
+        except ProcessLookupError:
+            pass
+        try:
+            p.wait(timeout=wait)
+            # The group's other members (the wrapper's child) may outlive the leader.
+            os.killpg(p.pid, signal.SIGKILL)
+        except (subprocess.TimeoutExpired, ProcessLookupError):
+            continue
+        return
 
 
 def run_initiator(cmd, env, batch):
@@ -93,11 +114,7 @@ def measure(engine, case, duration):
     try:
         return run_initiator(prefix + ["--mode=initiator", f"--segment_id={segment}"] + common + args, env, batch)
     finally:
-        target.terminate()
-        try:
-            target.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            target.kill()
+        stop_target(target)
 
 
 def measure_floor(binary, block):
