@@ -194,6 +194,11 @@ async fn serve_connection(
                         Ok(0) => return Close::Eof,
                         Ok(_) => {
                             since_fill = 0;
+                            // An eviction that came meanwhile found a request arriving: it stays,
+                            // as it does when the eviction wakes the wait below.
+                            if matches!(conn.stop(), Some(Stop::Evicted)) {
+                                conn.decline_eviction();
+                            }
                             continue;
                         }
                         Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
