@@ -576,16 +576,23 @@ mod tests {
         }
     }
 
+    impl Captured {
+        /// Captures this thread's log lines up to `level` until the guard is dropped.
+        fn logs(level: tracing::Level) -> (Self, tracing::subscriber::DefaultGuard) {
+            let captured = Captured::default();
+            let writer = captured.clone();
+            let subscriber = tracing_subscriber::fmt()
+                .with_writer(move || writer.clone())
+                .with_max_level(level)
+                .with_ansi(false)
+                .finish();
+            (captured, tracing::subscriber::set_default(subscriber))
+        }
+    }
+
     #[tokio::test]
     async fn an_engine_warns_of_misspelt_fields_and_names_the_nearest_known_one() {
-        let captured = Captured::default();
-        let writer = captured.clone();
-        let subscriber = tracing_subscriber::fmt()
-            .with_writer(move || writer.clone())
-            .with_max_level(tracing::Level::WARN)
-            .with_ansi(false)
-            .finish();
-        let _guard = tracing::subscriber::set_default(subscriber);
+        let (captured, _guard) = Captured::logs(tracing::Level::WARN);
         let factory = Arc::new(StillFactory::default());
         let text = r#"{"local_hostname": "10.0.0.5:1", "protocol": "still", "metadata_sever": "P2PHANDSHAKE",
                        "trasnfer_timeout_ms": 100, "rdma_devices": "mlx5_0"}"#;
@@ -731,14 +738,7 @@ mod tests {
     #[tokio::test]
     #[allow(unsafe_code)]
     async fn a_failed_batch_is_one_warning_naming_the_peer_and_request_and_successes_log_nothing() {
-        let captured = Captured::default();
-        let writer = captured.clone();
-        let subscriber = tracing_subscriber::fmt()
-            .with_writer(move || writer.clone())
-            .with_max_level(tracing::Level::INFO)
-            .with_ansi(false)
-            .finish();
-        let _guard = tracing::subscriber::set_default(subscriber);
+        let (captured, _guard) = Captured::logs(tracing::Level::INFO);
         let text = r#"{"local_hostname": "10.0.0.5:2", "protocol": "still"}"#;
         let mut b = EngineBuilder::new()
             .config(Config::from_json_str(text, None).unwrap())

@@ -528,18 +528,8 @@ class TransferEngine:
     def get_local_segment_name(self) -> str:
         """This engine's segment name (``ip:port``): what peers pass as ``target_hostname``.
         Raises :class:`ferry.FerryError` on failure."""
-        handle = self._need("get_local_segment_name")
-        cap = 256
-        while True:
-            buf = ctypes.create_string_buffer(cap)
-            length = c_size_t()
-            rc = _capi.lib.ferry_engine_segment_name(handle, buf, cap, byref(length))
-            if rc == OK:
-                return buf.value.decode("utf-8", errors="replace")
-            if rc == E_INVALID_ARGUMENT and length.value >= cap:
-                cap = length.value + 1
-                continue
-            self._raise_on(rc, "get_local_segment_name")
+        text = self._read_text("get_local_segment_name", _capi.lib.ferry_engine_segment_name, 256, 1)
+        return text.decode("utf-8", errors="replace")
 
     @property
     def segment_name(self) -> str:
@@ -556,19 +546,24 @@ class TransferEngine:
         ``buckets``; ``open_segments``, ``registered_bytes``, ``registered_regions``. Counters
         are totals since the engine started. docs/metrics.md describes every field. Raises
         :class:`ferry.FerryError` on failure (the engine is not initialized, or was closed)."""
-        handle = self._need("get_stats")
-        cap = 4096
+        # The text may grow between two calls: leave room.
+        return json.loads(self._read_text("get_stats", _capi.lib.ferry_engine_stats, 4096, 1024).decode("utf-8"))
+
+    def _read_text(self, what: str, call, cap: int, slack: int) -> bytes:
+        """The text the C function ``call(handle, buf, cap, &length)`` writes, in a buffer grown to
+        the length it reports (plus ``slack``) when ``cap`` is too small; raises on any other
+        error, naming ``what``."""
+        handle = self._need(what)
         while True:
             buf = ctypes.create_string_buffer(cap)
             length = c_size_t()
-            rc = _capi.lib.ferry_engine_stats(handle, buf, cap, byref(length))
+            rc = call(handle, buf, cap, byref(length))
             if rc == OK:
-                return json.loads(buf.value.decode("utf-8"))
+                return buf.value
             if rc == E_INVALID_ARGUMENT and length.value >= cap:
-                # The text may grow between two calls: leave room.
-                cap = length.value + 1024
+                cap = length.value + slack
                 continue
-            self._raise_on(rc, "get_stats")
+            self._raise_on(rc, what)
 
     # --- memory ------------------------------------------------------------------------------
 
