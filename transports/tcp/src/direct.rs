@@ -6,8 +6,8 @@
 //! tens of microseconds on a virtualised host, as much as a small transfer. So when such a
 //! request finds one of its peer's *direct connections* idle, the caller's thread writes the
 //! header (and a WRITE's payload, in one vectored write, straight from registered memory) and
-//! reads the status (and a READ's data, straight into registered memory) itself, over a blocking
-//! socket, and completes the request before `submit` returns.
+//! reads the status (and a READ's data, straight into registered memory) itself, over a
+//! non-blocking socket it polls and waits on, and completes the request before `submit` returns.
 //!
 //! What the lanes guarantee holds here too:
 //! - **Only when free.** A direct connection is taken only when one is idle, with a lock that
@@ -17,7 +17,7 @@
 //! - **Opened off the caller's path.** The first waiting request to a peer goes through a lane
 //!   and asks an I/O thread to open a direct connection with the lanes' own
 //!   [`connect`](crate::initiator::connect) (peer authentication included), which is then made
-//!   a blocking std socket and put in the peer's pool (at most as many as the peer has lanes).
+//!   a non-blocking std socket and put in the peer's pool (at most as many as the peer has lanes).
 //!   A connection that failed is dropped and reopened the same way.
 //! - **Deadlines.** The socket is non-blocking; the caller's thread polls it for up to
 //!   [`spin_before_sleep`](ferry_core::batch::spin_before_sleep) (the answer to a small request
@@ -102,7 +102,8 @@ impl Drop for Registration {
     }
 }
 
-/// One direct connection: a blocking socket, idle between requests.
+/// One direct connection: a non-blocking std socket that the caller's thread polls and waits on,
+/// idle between requests.
 #[derive(Debug)]
 pub(crate) struct DirectConn {
     stream: TcpStream,
