@@ -356,7 +356,7 @@ impl<'a> Lowat<'a> {
         let Some(set) = self.set else { return Ok(()) };
         let want = rest.min(LOWAT_MAX);
         if set > rest || (set < want && set == 1) {
-            rcvlowat(self.s, want)?;
+            crate::io::set_rcvlowat(self.s, want)?;
             self.set = Some(want);
         }
         Ok(())
@@ -364,26 +364,11 @@ impl<'a> Lowat<'a> {
 
     fn reset(&mut self) -> std::io::Result<()> {
         if self.on() {
-            rcvlowat(self.s, 1)?;
+            crate::io::set_rcvlowat(self.s, 1)?;
             self.set = Some(1);
         }
         Ok(())
     }
-}
-
-fn rcvlowat(s: &TcpStream, bytes: usize) -> std::io::Result<()> {
-    let value = libc::c_int::try_from(bytes).unwrap_or(libc::c_int::MAX);
-    // SAFETY: `value` is a live `c_int` and the length says so; the descriptor is `s`'s own.
-    let rc = unsafe {
-        libc::setsockopt(
-            s.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_RCVLOWAT,
-            (&raw const value).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
-    if rc == 0 { Ok(()) } else { Err(std::io::Error::last_os_error()) }
 }
 
 /// Waits until `s` has `events` (`POLLIN`, `POLLOUT`; an error or a hang-up counts too: the next

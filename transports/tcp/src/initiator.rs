@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use ferry_core::{Batch, Error, ErrorKind, Opcode, Submission, ValidatedRequest};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::mpsc;
@@ -28,7 +28,8 @@ use crate::direct::{DirectConn, DirectPool, DirectRegistry, Opening, Take};
 use crate::fence::PeerFence;
 use crate::io::write_all_vectored;
 use crate::memory::{bytes, bytes_mut};
-use crate::wire::{HEADER_LEN, Header, STATUS_LEN, Status};
+use crate::responses::{Answer, Destination, Responses};
+use crate::wire::{HEADER_LEN, Header};
 
 /// Payloads up to this size are copied next to their header and sent in one write.
 const COALESCE: usize = 64 * 1024;
@@ -505,104 +506,245 @@ async fn read_responses(
     addr: PeerAddr,
     mut r: OwnedReadHalf,
     mut inflight: mpsc::UnboundedReceiver<(Job, u64)>,
-    mut flushed: tokio::sync::watch::Receiver<(u64, bool)>,
+    flushed: tokio::sync::watch::Receiver<(u64, bool)>,
     mut stop: tokio::sync::watch::Receiver<bool>,
     marker: Marker,
 ) -> VecDeque<Job> {
-    // A WRITE is completed (whatever its outcome) only once the writer no longer reads its
-    // payload: completing releases the caller's memory. A status that came before the whole
-    // payload was sent does not make it a success.
-    let mut done = async |job: Job, seq: u64, outcome: Result<(), Error>| {
-        let mut outcome = outcome;
+    let mut done = Completer { addr: addr.clone(), flushed, marker };
+    // The responses being read: every one already in flight is laid out for one vectored read
+    // (`crate::responses`), up to `GATHER_BYTES`.
+    let mut waiting: Responses<Waiting> = Responses::new(addr.v2);
+    // The socket's `SO_RCVLOWAT` (`read_some`).
+    let mut lowat = 1usize;
+    let failure: Error = 'read: loop {
+        if waiting.is_empty() {
+            let (job, seq) = tokio::select! {
+                biased;
+                job = inflight.recv() => match job {
+                    Some(j) => j,
+                    None if !waiting.has_carry() => return VecDeque::new(),
+                    None => break 'read lost(&addr, "connection lost", "bytes came that no request asked for"),
+                },
+                // Nothing in flight: watch for the peer closing the idle connection (bytes read
+                // past a rejected status are for requests still on their way here).
+                closed = idle_close(&mut r), if !waiting.has_carry() => {
+                    tracing::trace!(?closed, "tcp initiator: idle connection closed by peer");
+                    inflight.close();
+                    let mut retry = VecDeque::new();
+                    while let Ok((j, _)) = inflight.try_recv() {
+                        retry.push_back(j); // not completed: the writer may still be sending it
+                    }
+                    // A clean close means the peer serves nothing more on it; anything else (a
+                    // reset, a stray byte) leaves that open, and the writes retried elsewhere must
+                    // not be overtaken by it.
+                    if !matches!(closed, Ok(0)) {
+                        done.marker.mark_if_writes(retry.iter());
+                    }
+                    return retry;
+                }
+            };
+            if let Err(w) = waiting.push(Waiting { job, seq }) {
+                let err = lost(&addr, "connection lost", "local range outside its leased region");
+                fail_all(&mut done, err, Some(w), waiting, &mut inflight).await;
+                return VecDeque::new();
+            }
+        }
+        // Responses already in flight behind it are read along with it.
+        while waiting.len() < GATHER_COUNT && waiting.expected() < GATHER_BYTES {
+            let Ok((job, seq)) = inflight.try_recv() else { break };
+            if let Err(w) = waiting.push(Waiting { job, seq }) {
+                let err = lost(&addr, "connection lost", "local range outside its leased region");
+                fail_all(&mut done, err, Some(w), waiting, &mut inflight).await;
+                return VecDeque::new();
+            }
+        }
+        if waiting.has_carry() {
+            waiting.fill_from_carry();
+        } else {
+            let due = waiting.items().map(|w| w.job.deadline).min().expect("a response is waiting");
+            // Dropping the read (shutdown) stops it touching the requests' memory; the
+            // connection is then out of step and is dropped with the others.
+            let read = tokio::select! {
+                read = timeout_at(due, read_some(&r, &mut waiting, &mut lowat)) => read,
+                () = stopped(&mut stop) => break 'read Error::new(
+                    ErrorKind::Shutdown,
+                    format!("tcp peer {}:{}: transport shut down while waiting for the response", addr.host, addr.port),
+                ),
+            };
+            match read {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => break 'read lost(&addr, closed_why(&e), e),
+                Err(_) => {
+                    break 'read Error::timeout(format!(
+                        "tcp peer {}:{}: no response before the request's deadline",
+                        addr.host, addr.port
+                    ));
+                }
+            }
+        }
+        loop {
+            match waiting.next_done() {
+                Ok(Some((w, Answer::Ok))) => done.done(w.job, w.seq, Ok(())).await,
+                Ok(Some((w, Answer::Rejected))) => {
+                    let outcome = Err(rejected(w.job.request()));
+                    done.done(w.job, w.seq, outcome).await
+                }
+                Ok(None) => break,
+                Err(e) => break 'read lost(&addr, "connection lost", e),
+            }
+        }
+    };
+    fail_all(&mut done, failure, None, waiting, &mut inflight).await;
+    VecDeque::new()
+}
+
+/// At most this many responses are read together.
+const GATHER_COUNT: usize = 64;
+/// Responses in flight are added to a read while it expects fewer bytes than this.
+const GATHER_BYTES: usize = 1 << 20;
+
+/// Completes a lane's requests as their responses come.
+struct Completer {
+    addr: PeerAddr,
+    /// How far the writer got ([`connection`]).
+    flushed: tokio::sync::watch::Receiver<(u64, bool)>,
+    marker: Marker,
+}
+
+impl Completer {
+    /// Completes `job` (its payload numbered `seq` by the writer) with `outcome`. A WRITE is
+    /// completed (whatever its outcome) only once the writer no longer reads its payload:
+    /// completing releases the caller's memory. A status that came before the whole payload
+    /// was sent does not make it a success.
+    async fn done(&mut self, job: Job, seq: u64, mut outcome: Result<(), Error>) {
         if job.request().request.opcode == Opcode::Write {
-            let sent = match flushed.wait_for(|&(ok, stopped)| ok >= seq || stopped).await {
+            let sent = match self.flushed.wait_for(|&(ok, stopped)| ok >= seq || stopped).await {
                 Ok(state) => state.0 >= seq,
                 Err(_) => false, // the writer is gone
             };
             if !sent && outcome.is_ok() {
                 // The payload's rest may still reach the peer on this connection.
-                marker.mark_if_writes(std::iter::once(&job));
+                self.marker.mark_if_writes(std::iter::once(&job));
                 outcome = Err(Error::unreachable(format!(
                     "tcp peer {}:{}: answered before the whole payload was sent, which then failed",
-                    addr.host, addr.port
+                    self.addr.host, self.addr.port
                 )));
             }
         }
         job.finish(outcome);
-    };
-    let (failure, job, seq) = loop {
-        let job = tokio::select! {
-            biased;
-            job = inflight.recv() => match job {
-                Some(j) => j,
-                None => return VecDeque::new(),
-            },
-            // Nothing in flight: watch for the peer closing the idle connection.
-            closed = idle_close(&mut r) => {
-                tracing::trace!(?closed, "tcp initiator: idle connection closed by peer");
-                inflight.close();
-                let mut retry = VecDeque::new();
-                while let Ok((j, _)) = inflight.try_recv() {
-                    retry.push_back(j); // not completed: the writer may still be sending it
-                }
-                // A clean close means the peer serves nothing more on it; anything else (a
-                // reset, a stray byte) leaves that open, and the writes retried elsewhere must
-                // not be overtaken by it.
-                if !matches!(closed, Ok(0)) {
-                    marker.mark_if_writes(retry.iter());
-                }
-                return retry;
-            }
-        };
-        let (job, seq) = job;
-        // Dropping the read (shutdown) stops it touching the request's memory; the connection
-        // is then out of step and is dropped with the others.
-        let read = tokio::select! {
-            read = timeout_at(job.deadline, read_response(&mut r, &job, addr.v2)) => read,
-            () = stopped(&mut stop) => {
-                let err = Error::new(
-                    ErrorKind::Shutdown,
-                    format!("tcp peer {}:{}: transport shut down while waiting for the response", addr.host, addr.port),
-                );
-                break (err, job, seq);
-            }
-        };
-        match read {
-            Ok(Ok(outcome)) => done(job, seq, outcome).await,
-            Ok(Err(e)) => {
-                // A target closes the connection of a request it will not serve because its
-                // engine is shutting down (its status frame cannot say so).
-                let what = match e.kind() {
-                    std::io::ErrorKind::UnexpectedEof | std::io::ErrorKind::ConnectionReset => {
-                        "closed the connection without answering: the peer is shutting down (or its process ended)"
-                    }
-                    _ => "connection lost",
-                };
-                break (lost(&addr, what, e), job, seq);
-            }
-            Err(_) => {
-                let err = Error::timeout(format!(
-                    "tcp peer {}:{}: no response before the request's deadline",
-                    addr.host, addr.port
-                ));
-                break (err, job, seq);
-            }
+    }
+}
+
+/// A request waiting for its response on a lane's reader: the job, and the writer's number of
+/// its payload (0: nothing to wait for).
+struct Waiting {
+    job: Job,
+    seq: u64,
+}
+
+impl Destination for Waiting {
+    fn data(&mut self) -> Option<&mut [u8]> {
+        let v = self.job.request();
+        let r = &v.request;
+        match r.opcode {
+            Opcode::Read => bytes_mut(&v.local, r.source, r.length),
+            _ => Some(&mut []),
         }
-    };
-    // The connection is dropped with everything it carried. Before any of it is reported
-    // failed, the connection is marked for fencing if a WRITE is among it: a caller told of the
-    // failure may reuse the range at once.
+    }
+}
+
+/// The connection is dropped with everything it carried: `first` (when given), what `waiting`
+/// holds and what is still queued in `inflight`. Before any of it is reported failed, the
+/// connection is marked for fencing if a WRITE is among it: a caller told of the failure may
+/// reuse the range at once.
+async fn fail_all(
+    done: &mut Completer,
+    failure: Error,
+    first: Option<Waiting>,
+    waiting: Responses<Waiting>,
+    inflight: &mut mpsc::UnboundedReceiver<(Job, u64)>,
+) {
     inflight.close();
-    let mut rest = Vec::new();
+    let mut all: Vec<(Job, u64)> = first.into_iter().chain(waiting.into_items()).map(|w| (w.job, w.seq)).collect();
     while let Some(j) = inflight.recv().await {
-        rest.push(j);
+        all.push(j);
     }
-    marker.mark_if_writes(std::iter::once(&job).chain(rest.iter().map(|(j, _)| j)));
-    done(job, seq, Err(failure.duplicate())).await;
-    for (j, seq) in rest {
-        done(j, seq, Err(failure.duplicate())).await;
+    done.marker.mark_if_writes(all.iter().map(|(j, _)| j));
+    for (j, seq) in all {
+        done.done(j, seq, Err(failure.duplicate())).await;
     }
-    VecDeque::new()
+}
+
+/// Reads what the socket has into the waiting responses (at least one byte).
+///
+/// The reader asks the kernel to wake it only once a good part of what the responses still
+/// expect is there (`SO_RCVLOWAT`, `lowat` holding the value set), not at every block: on a
+/// virtualised host each wake-up of a sleeping thread costs tens of microseconds, and with
+/// 64 KiB blocks it cost the lane half its rate (docs/performance.md). Only the bytes certain
+/// to come may be waited for without a bound: a rejected READ brings no data, so a wait for
+/// more than [`Responses::certain`] ends after [`LOWAT_PATIENCE`] and reads what is there.
+async fn read_some(r: &OwnedReadHalf, waiting: &mut Responses<Waiting>, lowat: &mut usize) -> std::io::Result<()> {
+    let expected = waiting.expected();
+    let want = if expected >= LOWAT_FROM { expected.min(LOWAT_MAX) } else { 1 };
+    if want != *lowat {
+        crate::io::set_rcvlowat(r.as_ref(), want)?;
+        *lowat = want;
+    }
+    let mut bounded = *lowat > waiting.certain();
+    loop {
+        if bounded {
+            if tokio::time::timeout(LOWAT_PATIENCE, r.readable()).await.is_err() {
+                // Not that much came in time (a rejection, or a slow peer): read what is there,
+                // and from now on wait only for what is certain.
+                bounded = false;
+                let certain = waiting.certain().max(1);
+                crate::io::set_rcvlowat(r.as_ref(), certain)?;
+                *lowat = certain;
+            }
+        } else {
+            r.readable().await?;
+        }
+        match r.try_read_vectored(&mut waiting.slices()) {
+            Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => {
+                waiting.advance(n);
+                return Ok(());
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Responses expecting fewer bytes than this wake the reader at their first byte.
+const LOWAT_FROM: usize = 16 * 1024;
+/// The most bytes a reader waits for before it is woken.
+const LOWAT_MAX: usize = 1 << 20;
+/// How long a reader waits for more bytes than are certain to come before it reads what came.
+const LOWAT_PATIENCE: Duration = Duration::from_micros(500);
+
+/// What a read error says of the peer.
+fn closed_why(e: &std::io::Error) -> &'static str {
+    // A target closes the connection of a request it will not serve because its engine is
+    // shutting down (its status frame cannot say so).
+    match e.kind() {
+        std::io::ErrorKind::UnexpectedEof | std::io::ErrorKind::ConnectionReset => {
+            "closed the connection without answering: the peer is shutting down (or its process ended)"
+        }
+        _ => "connection lost",
+    }
+}
+
+/// The error of a request the peer rejected.
+fn rejected(v: &ValidatedRequest) -> Error {
+    let req = &v.request;
+    Error::new(
+        ErrorKind::OutOfBounds,
+        format!(
+            "peer rejected {:?} of {:#x}+{}: outside its registered memory",
+            req.opcode, req.target_offset, req.length
+        ),
+    )
 }
 
 /// Completes once the transport is shut down (or its stop signal is gone).
@@ -615,34 +757,6 @@ async fn stopped(stop: &mut tokio::sync::watch::Receiver<bool>) {
 async fn idle_close(r: &mut OwnedReadHalf) -> std::io::Result<usize> {
     let mut b = [0u8; 1];
     r.peek(&mut b).await
-}
-
-async fn read_response(r: &mut OwnedReadHalf, job: &Job, v2: bool) -> std::io::Result<Result<(), Error>> {
-    let v = job.request();
-    let req = &v.request;
-    if v2 {
-        let mut st = [0u8; STATUS_LEN];
-        r.read_exact(&mut st).await?;
-        match Status::decode(&st) {
-            Ok(Status::Ok) => {}
-            Ok(Status::Rejected) => {
-                return Ok(Err(Error::new(
-                    ErrorKind::OutOfBounds,
-                    format!(
-                        "peer rejected {:?} of {:#x}+{}: outside its registered memory",
-                        req.opcode, req.target_offset, req.length
-                    ),
-                )));
-            }
-            Err(e) => return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, e)),
-        }
-    }
-    if req.opcode == Opcode::Read {
-        let dst = bytes_mut(&v.local, req.source, req.length)
-            .ok_or_else(|| std::io::Error::other("local range outside its leased region"))?;
-        r.read_exact(dst).await?;
-    }
-    Ok(Ok(()))
 }
 
 /// Default request deadline from a timeout.

@@ -56,6 +56,24 @@ pub(crate) async fn write_all_vectored_polling(
     Ok(())
 }
 
+/// Sets `SO_RCVLOWAT` of `socket` to `bytes`: a wait for it to be readable ends once that many
+/// bytes are there (or at the end of the stream, or on an error); a non-blocking read still
+/// returns what is there. The kernel grows the receive buffer to hold that many.
+pub(crate) fn set_rcvlowat(socket: &impl std::os::fd::AsRawFd, bytes: usize) -> std::io::Result<()> {
+    let value = libc::c_int::try_from(bytes.max(1)).unwrap_or(libc::c_int::MAX);
+    // SAFETY: `value` is a live `c_int` and the length says so; the descriptor is `socket`'s own.
+    let rc = unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVLOWAT,
+            (&raw const value).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc == 0 { Ok(()) } else { Err(std::io::Error::last_os_error()) }
+}
+
 /// What one non-blocking attempt of [`poll_progress`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Step {

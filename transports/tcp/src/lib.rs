@@ -40,6 +40,7 @@ mod initiator;
 mod io;
 mod memory;
 pub mod options;
+mod responses;
 mod target;
 pub mod wire;
 
