@@ -29,12 +29,15 @@ use crate::fence::PeerFence;
 use crate::io::write_all_vectored;
 use crate::memory::{bytes, bytes_mut};
 use crate::responses::{Answer, Destination, Responses};
-use crate::wire::{HEADER_LEN, Header};
+use crate::wire::Header;
 
-/// Payloads up to this size are copied next to their header and sent in one write.
-const COALESCE: usize = 64 * 1024;
-/// Gathered headers and small payloads are written once they reach this size.
-const FLUSH_AT: usize = 256 * 1024;
+/// Payloads up to this size are copied next to their header; larger ones are written from the
+/// caller's memory (a copy of 64 KiB costs more than the iovec that saves it).
+const COPY_UP_TO: usize = 16 * 1024;
+/// Gathered requests are written once they reach this many bytes...
+const FLUSH_AT: usize = 512 * 1024;
+/// ... or this many parts (a vectored write takes at most `IOV_MAX`, 1024 on Linux).
+const MAX_PARTS: usize = 256;
 /// Largest request the direct path carries: a target answers a rejected WRITE up to this size
 /// after draining its payload, one above it by closing the connection, which a caller blocked
 /// in writing that payload would see as a lost connection instead of a rejection.
@@ -339,17 +342,17 @@ async fn connection(
     let marker = Marker { fence: fence.clone(), local };
     let mut reader = tokio::spawn(read_responses(addr.clone(), r, inflight_rx, flushed_rx, stop, marker));
     let mut seq = 0u64;
-    let mut buf = Vec::with_capacity(FLUSH_AT + HEADER_LEN + COALESCE);
+    let mut out = Outgoing::default();
     loop {
         // Everything queued goes out in as few writes as possible: headers and small payloads
-        // are gathered into one buffer; a large payload is written from memory directly.
+        // are copied into one buffer, larger payloads are written from memory, all of it with
+        // one vectored write per `FLUSH_AT` bytes.
         while let Ok(job) = rx.try_recv() {
             queue.push_back(job);
         }
         let mut unacked: Vec<Job> = Vec::new(); // v1 writes: complete once written
         let mut deadline: Option<Instant> = None;
         let mut outcome: Result<(), Error> = Ok(());
-        buf.clear();
         while let Some(job) = queue.pop_front() {
             if !job.live() {
                 job.release();
@@ -360,9 +363,8 @@ async fn connection(
                 // A connection of this peer failed a WRITE: nothing more goes out before the
                 // peer confirmed that nothing of it will land. What is gathered was taken
                 // before that failure was reported, and goes first.
-                if !buf.is_empty() {
-                    outcome = flush(addr, &mut w, &[&buf], deadline.unwrap_or(job.deadline)).await;
-                    buf.clear();
+                if !out.is_empty() {
+                    outcome = out.flush(addr, &mut w, deadline.unwrap_or(job.deadline)).await;
                     if outcome.is_err() {
                         queue.push_front(job);
                         break;
@@ -379,16 +381,12 @@ async fn connection(
             let (batch, index, job_deadline) = (job.batch.clone(), job.index, job.deadline);
             let v = batch.request(index).expect("a job's index is in its batch");
             let r = v.request;
+            // A payload written from the caller's memory (one too large to be copied) is
+            // numbered: its request completes only once the write that carries it is done.
+            let referenced = r.opcode == Opcode::Write && r.length as usize > COPY_UP_TO;
             if addr.v2 || r.opcode == Opcode::Read {
-                // Only a payload sent straight from the caller's memory (one too large to be
-                // copied into `buf`) must be waited for; number 0 never waits.
-                let direct = r.opcode == Opcode::Write && r.length as usize > COALESCE;
-                let number = if direct {
-                    seq += 1;
-                    seq
-                } else {
-                    0
-                };
+                // Number 0 never waits.
+                let number = if referenced { seq + 1 } else { 0 };
                 if let Err(mpsc::error::SendError((job, _))) = inflight_tx.send((job, number)) {
                     queue.push_front(job);
                     break;
@@ -399,40 +397,35 @@ async fn connection(
             let due = *deadline.get_or_insert(job_deadline);
             let due = due.min(job_deadline);
             deadline = Some(due);
-            buf.extend_from_slice(
-                &Header { size: r.length, addr: r.target_offset, opcode: r.opcode, v2: addr.v2 }.encode(),
-            );
+            out.copy(&Header { size: r.length, addr: r.target_offset, opcode: r.opcode, v2: addr.v2 }.encode());
             if r.opcode == Opcode::Write {
                 let Some(payload) = bytes(&v.local, r.source, r.length) else {
                     outcome = Err(Error::transport("local range outside its leased region"));
                     break;
                 };
-                if payload.len() <= COALESCE {
-                    buf.extend_from_slice(payload);
+                if referenced {
+                    seq += 1;
+                    out.reference(batch.clone(), index, payload.len());
                 } else {
-                    outcome = flush(addr, &mut w, &[&buf, payload], due).await;
-                    buf.clear();
-                    if outcome.is_err() {
-                        break;
-                    }
-                    flushed.send_replace((seq, false));
+                    out.copy(payload);
                 }
             }
-            if buf.len() >= FLUSH_AT {
-                outcome = flush(addr, &mut w, &[&buf], due).await;
-                buf.clear();
+            if out.full() {
+                outcome = out.flush(addr, &mut w, due).await;
                 if outcome.is_err() {
                     break;
                 }
                 flushed.send_replace((seq, false));
             }
         }
-        if outcome.is_ok() && !buf.is_empty() {
-            outcome = flush(addr, &mut w, &[&buf], deadline.unwrap_or_else(Instant::now)).await;
+        if outcome.is_ok() && !out.is_empty() {
+            outcome = out.flush(addr, &mut w, deadline.unwrap_or_else(Instant::now)).await;
             if outcome.is_ok() {
                 flushed.send_replace((seq, false));
             }
         }
+        // A failed write leaves nothing gathered for the next connection.
+        out.clear();
         match outcome {
             Ok(()) => unacked.into_iter().for_each(|j| j.finish(Ok(()))),
             Err(e) => {
@@ -454,6 +447,80 @@ async fn connection(
                 return retry;
             }
         }
+    }
+}
+
+/// What a lane's writer gathered for its next vectored write: headers and small payloads copied
+/// into one buffer, larger payloads left in the requests' memory (their batches held until the
+/// write is done).
+#[derive(Default)]
+struct Outgoing {
+    buf: Vec<u8>,
+    parts: Vec<Part>,
+    /// Bytes gathered.
+    len: usize,
+}
+
+/// One part of an [`Outgoing`] write.
+enum Part {
+    /// Bytes of the buffer.
+    Copied(std::ops::Range<usize>),
+    /// The payload of request `index` of `batch`, from its memory.
+    Payload { batch: Batch, index: usize },
+}
+
+impl Outgoing {
+    /// Appends a copy of `bytes`.
+    fn copy(&mut self, bytes: &[u8]) {
+        let start = self.buf.len();
+        self.buf.extend_from_slice(bytes);
+        match self.parts.last_mut() {
+            Some(Part::Copied(r)) if r.end == start => r.end = self.buf.len(),
+            _ => self.parts.push(Part::Copied(start..self.buf.len())),
+        }
+        self.len += bytes.len();
+    }
+
+    /// Appends the payload (`len` bytes) of request `index` of `batch`, left in its memory.
+    fn reference(&mut self, batch: Batch, index: usize, len: usize) {
+        self.parts.push(Part::Payload { batch, index });
+        self.len += len;
+    }
+
+    fn is_empty(&self) -> bool {
+        self.parts.is_empty()
+    }
+
+    /// Enough is gathered for one write.
+    fn full(&self) -> bool {
+        self.len >= FLUSH_AT || self.parts.len() >= MAX_PARTS
+    }
+
+    fn clear(&mut self) {
+        self.buf.clear();
+        self.parts.clear();
+        self.len = 0;
+    }
+
+    /// Writes everything gathered before `deadline`, and forgets it (written or not).
+    async fn flush(&mut self, addr: &PeerAddr, w: &mut OwnedWriteHalf, deadline: Instant) -> Result<(), Error> {
+        let slices: Option<Vec<&[u8]>> = self
+            .parts
+            .iter()
+            .map(|p| match p {
+                Part::Copied(r) => Some(&self.buf[r.clone()]),
+                Part::Payload { batch, index } => {
+                    let v = batch.request(*index)?;
+                    bytes(&v.local, v.request.source, v.request.length)
+                }
+            })
+            .collect();
+        let result = match slices {
+            Some(slices) => flush(addr, w, &slices, deadline).await,
+            None => Err(Error::transport("local range outside its leased region")),
+        };
+        self.clear();
+        result
     }
 }
 

@@ -125,11 +125,25 @@ pub(crate) struct InBuf {
     buf: Box<[u8]>,
     start: usize,
     end: usize,
+    /// The most bytes one fill reads.
+    fill_limit: usize,
 }
 
 impl InBuf {
     pub(crate) fn new(capacity: usize) -> Self {
-        Self { buf: vec![0; capacity].into_boxed_slice(), start: 0, end: 0 }
+        Self { buf: vec![0; capacity].into_boxed_slice(), start: 0, end: 0, fill_limit: capacity }
+    }
+
+    /// Makes every fill read at most `limit` bytes (at least 1; the capacity at most). A reader
+    /// whose next bytes are likely a header and a large payload reads just the header, and the
+    /// payload straight into its destination instead of through this buffer.
+    pub(crate) fn set_fill_limit(&mut self, limit: usize) {
+        self.fill_limit = limit.clamp(1, self.buf.len());
+    }
+
+    /// Where a fill's read ends.
+    fn fill_end(&self) -> usize {
+        (self.end + self.fill_limit).min(self.buf.len())
     }
 
     /// Buffered bytes.
@@ -144,7 +158,8 @@ impl InBuf {
             self.end -= self.start;
             self.start = 0;
         }
-        let n = r.read(&mut self.buf[self.end..]).await?;
+        let to = self.fill_end();
+        let n = r.read(&mut self.buf[self.end..to]).await?;
         self.end += n;
         Ok(n)
     }
@@ -157,7 +172,8 @@ impl InBuf {
             self.end -= self.start;
             self.start = 0;
         }
-        let n = stream.try_read(&mut self.buf[self.end..])?;
+        let to = self.fill_end();
+        let n = stream.try_read(&mut self.buf[self.end..to])?;
         self.end += n;
         Ok(n)
     }
@@ -183,7 +199,8 @@ impl InBuf {
         let tight_until = (std::time::Instant::now() + TIGHT_POLL).min(until);
         loop {
             // The socket is non-blocking (tokio's): a read returns at once.
-            match (&*socket).read(&mut self.buf[self.end..]) {
+            let to = self.fill_end();
+            match (&*socket).read(&mut self.buf[self.end..to]) {
                 Ok(n) => {
                     self.end += n;
                     return Ok(n);

@@ -35,6 +35,10 @@ use crate::memory::{bytes, bytes_mut};
 use crate::wire::{HEADER_LEN, Header, Status};
 use ferry_listener::AcceptBackoff;
 
+/// WRITE payloads above this are expected to be read straight into memory: after one, the next
+/// header is read alone ([`InBuf::set_fill_limit`]).
+const DIRECT_PAYLOAD: u64 = 16 * 1024;
+
 /// Limits of the target side.
 #[derive(Debug, Clone)]
 pub(crate) struct TargetLimits {
@@ -261,6 +265,12 @@ async fn serve_connection(
             Err(_) => return Close::Protocol(format!("request {header:?} not completed in {:?}", limits.io)),
             Ok(Err(close)) => return close,
             Ok(Ok(true)) => {
+                // After a large WRITE another is likely: read its header alone, and its payload
+                // straight into memory rather than through `input` (a copy more per byte).
+                input.set_fill_limit(match header.opcode {
+                    Opcode::Write if header.size > DIRECT_PAYLOAD => HEADER_LEN,
+                    _ => usize::MAX,
+                });
                 admitted.served();
                 idle_until = Instant::now() + limits.idle;
                 served_at = Some(std::time::Instant::now());
