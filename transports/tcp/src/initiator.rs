@@ -785,8 +785,10 @@ async fn read_some(r: &OwnedReadHalf, waiting: &mut Responses<Waiting>, lowat: &
 
 /// Responses expecting fewer bytes than this wake the reader at their first byte.
 const LOWAT_FROM: usize = 16 * 1024;
-/// The most bytes a reader waits for before it is woken.
-const LOWAT_MAX: usize = 1 << 20;
+/// The most bytes a reader waits for before it is woken. 1 MiB was measured to stall a lane of
+/// 16 pipelined 64 KiB READs for most of [`LOWAT_PATIENCE`] one batch in ten (the p90 latency
+/// doubled); 512 KiB did not (docs/performance.md).
+const LOWAT_MAX: usize = 512 << 10;
 /// How long a reader waits for more bytes than are certain to come before it reads what came.
 const LOWAT_PATIENCE: Duration = Duration::from_micros(500);
 

@@ -262,6 +262,11 @@ impl InBuf {
         Ok(true)
     }
 
+    /// The next `N` bytes if buffered, left in the buffer.
+    pub(crate) fn peek<const N: usize>(&self) -> Option<[u8; N]> {
+        self.buf.get(self.start..self.start + N).filter(|_| self.len() >= N).map(|b| b.try_into().expect("N bytes"))
+    }
+
     /// Takes `N` bytes if buffered.
     pub(crate) fn take<const N: usize>(&mut self) -> Option<[u8; N]> {
         if self.len() < N {

@@ -261,7 +261,16 @@ async fn serve_connection(
             return Close::Fenced;
         }
         let due = Instant::now() + limits.io;
-        match timeout_at(due, serve_request(&mut stream, &mut input, memory, header, limits, conn)).await {
+        let serving = async {
+            if header.opcode == Opcode::Read {
+                let (served, more) = serve_reads(&mut stream, &mut input, memory, header, conn).await?;
+                since_fill += more;
+                Ok(served)
+            } else {
+                serve_write(&mut stream, &mut input, memory, header, limits, conn).await
+            }
+        };
+        match timeout_at(due, serving).await {
             Err(_) => return Close::Protocol(format!("request {header:?} not completed in {:?}", limits.io)),
             Ok(Err(close)) => return close,
             Ok(Ok(true)) => {
@@ -280,9 +289,88 @@ async fn serve_connection(
     }
 }
 
-/// Serves one request; `Ok(true)` when it was inside registered memory (served), `Ok(false)`
+/// At most this many READs already buffered are answered with one write...
+const READS_PER_WRITE: usize = 64;
+/// ... while their data stays under this.
+const READ_BYTES_PER_WRITE: u64 = 1 << 20;
+
+/// Serves the READ `first` and the READs right behind it whose headers are already buffered,
+/// answering them with one vectored write (statuses and data, in order): one system call
+/// instead of one per request. Stops before anything else (a WRITE, a fence, a malformed
+/// header, a rejected v1 READ, a shutdown), which the caller then serves alone. `Ok((served,
+/// more))`: whether one of them was inside registered memory, and how many READs were taken
+/// after `first`.
+async fn serve_reads(
+    stream: &mut TcpStream,
+    input: &mut InBuf,
+    memory: &MemoryRegistry,
+    first: Header,
+    conn: &Conn,
+) -> Result<(bool, u32), Close> {
+    let lease = |h: &Header| lease(memory, h);
+    let mut reads = vec![(first, lease(&first)?)];
+    let mut total = first.size;
+    while reads.len() < READS_PER_WRITE && total < READ_BYTES_PER_WRITE {
+        let Some(next) = input.peek::<HEADER_LEN>() else { break };
+        if fence::is_fence(&next) {
+            break;
+        }
+        let Ok(h) = Header::decode(&next) else { break };
+        if h.opcode != Opcode::Read || h.v2 != first.v2 {
+            break;
+        }
+        let Ok(region) = lease(&h) else { break };
+        if region.is_none() && !h.v2 {
+            break; // v1 cannot say no: the caller closes the connection
+        }
+        input.take::<HEADER_LEN>();
+        total = total.saturating_add(h.size);
+        reads.push((h, region));
+    }
+    let ok = Status::Ok.encode();
+    let rejected = Status::Rejected.encode();
+    let mut parts: Vec<&[u8]> = Vec::with_capacity(reads.len() * 2);
+    for (h, region) in &reads {
+        let data = match region {
+            Some(r) => {
+                Some(bytes(r, h.addr, h.size).ok_or_else(|| Close::Protocol("lease does not cover range".into()))?)
+            }
+            None => {
+                tracing::debug!(addr = h.addr, size = h.size, "tcp target: READ outside registered memory rejected");
+                if !h.v2 {
+                    return Err(Close::Protocol(format!("v1 request for unregistered range {:#x}+{}", h.addr, h.size)));
+                }
+                None
+            }
+        };
+        if h.v2 {
+            parts.push(if data.is_some() { &ok } else { &rejected });
+        }
+        parts.extend(data);
+    }
+    conn.set_busy(true);
+    write_all_vectored_polling(stream, &parts, ferry_core::batch::spin_before_sleep()).await?;
+    conn.set_busy(false);
+    let served = reads.iter().any(|(_, r)| r.is_some());
+    Ok((served, reads.len() as u32 - 1))
+}
+
+/// A lease on the range `h` names: `Ok(None)` when it is not inside registered memory (or
+/// empty), `Close::Shutdown` once the engine is shutting down.
+fn lease(memory: &MemoryRegistry, h: &Header) -> Result<Option<ferry_core::memory::RegionLease>, Close> {
+    match h.size {
+        0 => Ok(None),
+        _ => match memory.lease(h.addr, h.size) {
+            Ok(lease) => Ok(Some(lease)),
+            Err(e) if e.kind() == ferry_core::ErrorKind::Shutdown => Err(Close::Shutdown),
+            Err(_) => Ok(None),
+        },
+    }
+}
+
+/// Serves one WRITE; `Ok(true)` when it was inside registered memory (served), `Ok(false)`
 /// when it was rejected.
-async fn serve_request(
+async fn serve_write(
     stream: &mut TcpStream,
     input: &mut InBuf,
     memory: &MemoryRegistry,
@@ -290,26 +378,9 @@ async fn serve_request(
     limits: &TargetLimits,
     conn: &Conn,
 ) -> Result<bool, Close> {
-    let lease = match h.size {
-        0 => None,
-        _ => match memory.lease(h.addr, h.size) {
-            Ok(lease) => Some(lease),
-            Err(e) if e.kind() == ferry_core::ErrorKind::Shutdown => return Err(Close::Shutdown),
-            Err(_) => None,
-        },
-    };
     let ok = Status::Ok.encode();
-    match (h.opcode, lease) {
-        (Opcode::Read, Some(region)) => {
-            let data =
-                bytes(&region, h.addr, h.size).ok_or_else(|| Close::Protocol("lease does not cover range".into()))?;
-            let status: &[u8] = if h.v2 { &ok } else { &[] };
-            conn.set_busy(true);
-            write_all_vectored_polling(stream, &[status, data], ferry_core::batch::spin_before_sleep()).await?;
-            conn.set_busy(false);
-            Ok(true)
-        }
-        (Opcode::Write, Some(region)) => {
+    match lease(memory, &h)? {
+        Some(region) => {
             let data = bytes_mut(&region, h.addr, h.size)
                 .ok_or_else(|| Close::Protocol("lease does not cover range".into()))?;
             conn.set_busy(true);
@@ -338,23 +409,16 @@ async fn serve_request(
             conn.set_busy(false);
             Ok(true)
         }
-        (op, None) => {
-            tracing::debug!(
-                addr = h.addr,
-                size = h.size,
-                ?op,
-                "tcp target: request outside registered memory rejected"
-            );
+        None => {
+            tracing::debug!(addr = h.addr, size = h.size, "tcp target: WRITE outside registered memory rejected");
             if !h.v2 {
                 return Err(Close::Protocol(format!("v1 request for unregistered range {:#x}+{}", h.addr, h.size)));
             }
-            if op == Opcode::Write {
-                if h.size > limits.max_drain {
-                    stream.write_all(&Status::Rejected.encode()).await?;
-                    return Err(Close::Protocol(format!("rejected write of {} bytes is too large to drain", h.size)));
-                }
-                input.skip(stream, h.size).await?;
+            if h.size > limits.max_drain {
+                stream.write_all(&Status::Rejected.encode()).await?;
+                return Err(Close::Protocol(format!("rejected write of {} bytes is too large to drain", h.size)));
             }
+            input.skip(stream, h.size).await?;
             stream.write_all(&Status::Rejected.encode()).await?;
             Ok(false)
         }
