@@ -7,7 +7,15 @@ in a loop. The decode peer reports the wall time per batch and the time spent in
 jobs (HCCL calls plus the stream wait: what the emulator costs, standing in for the NPU and the
 network); the difference is the transport's own overhead per batch (queueing to the device
 thread, descriptors, completion). Builds that report it also give the thread hand-offs per batch
-(`Stats::handoffs`). Prints one JSON object.
+(`Stats::handoffs`) and the batches run on the caller's own thread (`Stats::on_caller_thread`).
+Prints one JSON object.
+
+The decode peer's thread holds its device's context (it allocated the device memory, as an
+inference engine's worker does) and waits for each batch at once
+(`submit_blocks_for_blocking_wait`): a one-sided batch then runs on that thread, with no hand-off.
+The `_handoff` cases read through the async API instead (`--async-submit`), where the batch goes
+to the device thread: one hand-off. Builds before the caller-thread path always hand off, and
+are not given the `_handoff` cases.
 
 Build first (release):
     cargo build --release -p ferry-cann-emu && cargo build --release --example ascend_peer
@@ -40,7 +48,7 @@ def lib_dir(tmp, emu):
     return d
 
 
-def run_case(peer_bin, libdir, hccn, blocks, block_len, reads, repeat, extra_env):
+def run_case(peer_bin, libdir, hccn, blocks, block_len, reads, repeat, extra_env, extra_args=()):
     env = dict(os.environ)
     for k in list(env):
         if k.startswith(("FERRY_", "ASCEND_", "HCCL_")) or k == "LOCAL_RANK":
@@ -65,7 +73,7 @@ def run_case(peer_bin, libdir, hccn, blocks, block_len, reads, repeat, extra_env
         read = ",".join(f"{2 * r}:{2 * r}" for r in range(reads))
         out = subprocess.run(
             [peer_bin, "decode", "--peer", ready["segment"], "--peer-layout", json.dumps(ready["layout"]),
-             *common, "--read", read, "--write", "0:0", "--repeat", str(repeat)],
+             *common, "--read", read, "--write", "0:0", "--repeat", str(repeat), *extra_args],
             env={**env, "LOCAL_RANK": "1"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=600)
         done = [l for l in out.stdout.splitlines() if l.startswith("DONE ")]
         if not done:
@@ -80,6 +88,7 @@ def run_case(peer_bin, libdir, hccn, blocks, block_len, reads, repeat, extra_env
         prefill.wait(timeout=60)
     per_batch, device = d["read_us_per_batch"], d["device_us_per_read_batch"]
     handoffs = d.get("handoffs_per_read_batch")
+    on_caller = d.get("on_caller_per_read_batch")
     return {
         "requests_per_batch": reads,
         "bytes_per_request": block_len,
@@ -88,20 +97,25 @@ def run_case(peer_bin, libdir, hccn, blocks, block_len, reads, repeat, extra_env
         "emulator_device_jobs_us_per_batch": round(device, 1),
         "transport_overhead_us_per_batch": round(per_batch - device, 1),
         "handoffs_per_batch": None if handoffs is None else round(handoffs, 3),
+        "on_caller_thread_per_batch": None if on_caller is None else round(on_caller, 3),
         "path": "one-sided" if d["stats"]["one_sided_batches"] else "two-sided",
     }
 
 
+HANDOFF = ("--async-submit",)
 CASES = [
-    ("one_sided_1x4KiB", 1, 4096, {}),
-    ("one_sided_64x4KiB", 64, 4096, {}),
-    ("one_sided_1x1MiB", 1, 1 << 20, {}),
-    ("two_sided_1x4KiB", 1, 4096, {"FERRY_CANN_EMU_NO_ONESIDED": "1"}),
-    ("two_sided_64x4KiB", 64, 4096, {"FERRY_CANN_EMU_NO_ONESIDED": "1"}),
+    ("one_sided_1x4KiB", 1, 4096, {}, ()),
+    ("one_sided_1x4KiB_handoff", 1, 4096, {}, HANDOFF),
+    ("one_sided_64x4KiB", 64, 4096, {}, ()),
+    ("one_sided_64x4KiB_handoff", 64, 4096, {}, HANDOFF),
+    ("one_sided_1x1MiB", 1, 1 << 20, {}, ()),
+    ("one_sided_1x1MiB_handoff", 1, 1 << 20, {}, HANDOFF),
+    ("two_sided_1x4KiB", 1, 4096, {"FERRY_CANN_EMU_NO_ONESIDED": "1"}, ()),
+    ("two_sided_64x4KiB", 64, 4096, {"FERRY_CANN_EMU_NO_ONESIDED": "1"}, ()),
 ]
 
 FIGURES = ("us_per_batch", "batches_per_s", "emulator_device_jobs_us_per_batch", "transport_overhead_us_per_batch",
-           "handoffs_per_batch")
+           "handoffs_per_batch", "on_caller_thread_per_batch")
 
 
 def build_paths(root, profile):
@@ -114,16 +128,16 @@ def build_paths(root, profile):
     return peer_bin, emu
 
 
-def one_round(tmp, hccn, peer_bin, emu, repeat, extra_env, only):
-    """Every case once with one build."""
+def one_round(tmp, hccn, peer_bin, emu, repeat, extra_env, only, old=False):
+    """Every case once with one build (`old`: a build without `--async-submit`)."""
     libdir = lib_dir(tmp, emu)
     cases = {}
-    for name, reads, block_len, env in CASES:
-        if only and name not in only:
+    for name, reads, block_len, env, extra_args in CASES:
+        if (only and name not in only) or (old and extra_args):
             continue
         blocks = max(2 * reads, 8)
         n = repeat if block_len <= 4096 else max(repeat // 4, 50)
-        cases[name] = run_case(peer_bin, libdir, hccn, blocks, block_len, reads, n, {**env, **extra_env})
+        cases[name] = run_case(peer_bin, libdir, hccn, blocks, block_len, reads, n, {**env, **extra_env}, extra_args)
         cases[name]["repeat"] = n
     for kind in ("one_sided", "two_sided"):
         one, many = cases.get(f"{kind}_1x4KiB"), cases.get(f"{kind}_64x4KiB")
@@ -161,7 +175,7 @@ def main():
             f.write("address_4=127.0.0.5\naddress_5=127.0.0.6\n")
         for _ in range(args.rounds):
             for b, (peer_bin, emu) in builds.items():
-                rounds[b].append(one_round(tmp, hccn, peer_bin, emu, args.repeat, extra_env, args.case))
+                rounds[b].append(one_round(tmp, hccn, peer_bin, emu, args.repeat, extra_env, args.case, old=b == "old"))
     meta = {"date": time.strftime("%Y-%m-%d"), "cores": os.cpu_count(), "repeat": args.repeat, "rounds": args.rounds,
             "wait_spin_us": args.wait_spin_us, "builds": {b: os.path.abspath(args.baseline if b == "old" else args.root)
                                                           for b in builds}}
@@ -174,8 +188,9 @@ def main():
             continue
         case = {}
         for b in builds:
-            case[b] = {f: summary([r[name][f] for r in rounds[b]]) for f in FIGURES}
-        if "old" in builds:
+            if name in rounds[b][0]:
+                case[b] = {f: summary([r[name][f] for r in rounds[b]]) for f in FIGURES}
+        if "old" in builds and name in rounds["old"][0]:
             case["new_minus_old_median_per_round"] = {
                 f: statistics.median([n[name][f] - o[name][f] for n, o in zip(rounds["new"], rounds["old"])])
                 for f in FIGURES if rounds["old"][0][name][f] is not None and rounds["new"][0][name][f] is not None}

@@ -8,7 +8,7 @@
 //!     layout, rank_info), then serves the stdin commands below until `quit` or end of input.
 //! ascend_peer decode --peer SEGMENT --peer-layout JSON [--read R:L,...] [--write L:R,...]
 //!     [--host-memory|--plain-host-memory] [--any-location] [--expect-failure] [--expect-timeout [--no-wait-release]] [--repeat N]
-//!     [--stay]
+//!     [--async-submit] [--stay]
 //!     reads remote blocks R into local blocks L (checking the pattern), writes local blocks
 //!     (filled with seed 2) into remote ones, prints `DONE <json>` (or `FAILED <json>` with
 //!     --expect-failure when the read fails); with --stay it then serves the stdin commands.
@@ -120,6 +120,10 @@ struct Args {
     regions: u64,
     blocks: u32,
     block_len: u64,
+    /// Reads through the async API (`submit_blocks` on the runtime) instead of
+    /// `submit_blocks_for_blocking_wait` from this thread, which holds the device's context:
+    /// the transport then hands each batch to its device thread instead of running it here.
+    async_submit: bool,
     read: Vec<(u32, u32)>,
     write: Vec<(u32, u32)>,
     expect_failure: bool,
@@ -158,6 +162,7 @@ fn parse_args() -> anyhow::Result<Args> {
         expect_timeout: false,
         wait_release: true,
         repeat: 1,
+        async_submit: false,
         stay: false,
     };
     while let Some(flag) = it.next() {
@@ -177,6 +182,7 @@ fn parse_args() -> anyhow::Result<Args> {
             "--expect-timeout" => a.expect_timeout = true,
             "--no-wait-release" => a.wait_release = false,
             "--repeat" => a.repeat = val()?.parse()?,
+            "--async-submit" => a.async_submit = true,
             "--stay" => a.stay = true,
             other => bail!("unknown option {other}"),
         }
@@ -195,6 +201,7 @@ fn stats_json() -> serde_json::Value {
         "one_sided_calls": s.one_sided_calls,
         "threads_left_running": s.threads_left_running,
         "handoffs": s.handoffs,
+        "on_caller_thread": s.on_caller_thread,
     })
 }
 
@@ -396,7 +403,13 @@ fn run() -> anyhow::Result<()> {
             read_ok = false;
         }
         for _ in 0..if read_ok { args.repeat } else { 0 } {
-            let batch = rt.block_on(engine.submit_blocks(local_layout, peer, &peer_layout, &spec))?;
+            // This thread holds the device's context (it allocated the device memory) and waits
+            // for each batch at once: the transport may run the batch here.
+            let batch = if args.async_submit {
+                rt.block_on(engine.submit_blocks(local_layout, peer, &peer_layout, &spec))?
+            } else {
+                engine.submit_blocks_for_blocking_wait(local_layout, peer, &peer_layout, &spec)?
+            };
             if let Err(e) = batch.wait_blocking(engine.transfer_timeout()) {
                 if !args.expect_failure {
                     return Err(e).context(format!("reading blocks {:?}", batch.failed_blocks()));
@@ -435,6 +448,7 @@ fn run() -> anyhow::Result<()> {
                 "read_us_per_batch": read_time.as_secs_f64() * 1e6 / f64::from(args.repeat.max(1)),
                 "device_us_per_read_batch": after_reads.device_ns as f64 / 1e3 / f64::from(args.repeat.max(1)),
                 "handoffs_per_read_batch": (after_reads.handoffs - before_reads.handoffs) as f64 / f64::from(args.repeat.max(1)),
+                "on_caller_per_read_batch": (after_reads.on_caller_thread - before_reads.on_caller_thread) as f64 / f64::from(args.repeat.max(1)),
                 "stats": stats_json(),
             });
             println!("DONE {done}");

@@ -238,10 +238,38 @@ impl TransferEngine {
         remote_layout: &KvLayout,
         spec: &BlockTransfer<'_>,
     ) -> Result<BlockBatch> {
+        let (requests, runs) = self.block_requests(local, target, remote_layout, spec)?;
+        let batch = self.submit(&requests).await?;
+        Ok(BlockBatch { batch, runs, local_blocks: spec.local_blocks.to_vec() })
+    }
+
+    /// The requests that move `spec`'s blocks, and the runs they came from.
+    fn block_requests(
+        &self,
+        local: KvLayoutId,
+        target: SegmentHandle,
+        remote_layout: &KvLayout,
+        spec: &BlockTransfer<'_>,
+    ) -> Result<(Vec<TransferRequest>, Vec<BlockRun>)> {
         let layout = self.kv_layout(local)?;
         let runs = plan_block_transfer(&layout, remote_layout, spec)?;
-        let requests: Vec<TransferRequest> = runs.iter().map(|r| r.to_request(spec.opcode, target)).collect();
-        let batch = self.submit(&requests).await?;
+        Ok((runs.iter().map(|r| r.to_request(spec.opcode, target)).collect(), runs))
+    }
+
+    /// [`submit_blocks_blocking`](Self::submit_blocks_blocking) for a caller that waits for the
+    /// batch on this thread at once ([`BlockBatch::wait_blocking`]), as
+    /// [`submit_for_blocking_wait`](Self::submit_for_blocking_wait) is for requests: the
+    /// transports may run the transfer on this thread before this returns (the `ascend`
+    /// transport does when this thread has its device's context current).
+    pub fn submit_blocks_for_blocking_wait(
+        &self,
+        local: KvLayoutId,
+        target: SegmentHandle,
+        remote_layout: &KvLayout,
+        spec: &BlockTransfer<'_>,
+    ) -> Result<BlockBatch> {
+        let (requests, runs) = self.block_requests(local, target, remote_layout, spec)?;
+        let batch = self.submit_for_blocking_wait(&requests)?;
         Ok(BlockBatch { batch, runs, local_blocks: spec.local_blocks.to_vec() })
     }
 

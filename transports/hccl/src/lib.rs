@@ -32,10 +32,14 @@
 //!   pairs driven over it.
 //!
 //! All ACL/HCCL calls run on device threads ([`ferry_ascend_runtime::DeviceThread`]) bound to this
-//! process's device, never on async workers; `submit` only queues. A one-sided batch on a ready
-//! communicator is queued by `submit`, on the caller's thread, on the peer's device thread, which
-//! runs it and completes it: one thread hand-off per batch ([`Stats::handoffs`]), while a
-//! watchdog task per peer reports the deadline if it passes first. Anything else (the first batch,
+//! process's device, never on async workers. A one-sided batch on a ready communicator is
+//! queued by `submit`, on the caller's thread, on the peer's device thread, which runs it and
+//! completes it: one thread hand-off per batch ([`Stats::handoffs`]), while a watchdog task per
+//! peer reports the deadline if it passes first. When the caller waits for the batch on its
+//! own thread ([`Submission::caller_waits`](ferry_core::Submission::caller_waits)) and that
+//! thread has the device's context current, `submit` runs the batch there instead
+//! ([`DeviceThread::run_here`](ferry_ascend_runtime::DeviceThread::run_here)): no hand-off
+//! ([`Stats::on_caller_thread`]). Anything else (the first batch,
 //! a rebuild, retries after a failure, the two-sided path) goes through the peer's driver task,
 //! in order.
 //!
@@ -257,6 +261,11 @@ pub struct Stats {
     /// takes one: the caller's thread queues it on the device thread, which completes it (that
     /// wakes the caller, if it sleeps, and is not counted).
     pub handoffs: u64,
+    /// One-sided batches run to completion on their caller's thread, with no hand-off at all:
+    /// the caller waits for the batch on that thread
+    /// ([`Submission::caller_waits`](ferry_core::Submission::caller_waits)) and has the
+    /// device's context current on it ([`DeviceThread::run_here`]).
+    pub on_caller_thread: u64,
 }
 
 pub(crate) mod counters {
@@ -272,6 +281,7 @@ pub(crate) mod counters {
     pub(crate) static HIXL_FAILED_ATTEMPTS: AtomicU64 = AtomicU64::new(0);
     pub(crate) static HIXL_CONNECTS: AtomicU64 = AtomicU64::new(0);
     pub(crate) static HANDOFFS: AtomicU64 = AtomicU64::new(0);
+    pub(crate) static ON_CALLER_THREAD: AtomicU64 = AtomicU64::new(0);
 
     /// Adds the time since `start` to the device-time counter.
     pub(crate) fn device_time(start: std::time::Instant) {
@@ -304,6 +314,7 @@ pub fn stats() -> Stats {
         hixl_failed_attempts: get(&HIXL_FAILED_ATTEMPTS),
         hixl_connects: get(&HIXL_CONNECTS),
         handoffs: get(&HANDOFFS),
+        on_caller_thread: get(&ON_CALLER_THREAD),
     }
 }
 

@@ -524,9 +524,21 @@ impl Peer {
             s.epoch
         };
         let pending = pending.unless_cancelled()?;
+        let caller_waits = pending.caller_waits();
         let segment = &target.descriptor().name;
         let pending = refuse_out_of_reach(shared, ipc, segment, target, pending)?;
         let (reads, writes) = ops(&pending);
+        // Run on the caller's own thread (below), the attempt polls the stream as the caller
+        // would have polled the batch (the engine's `FERRY_WAIT_SPIN_US`, small batches only)
+        // rather than sleeping in the synchronize: the caller waits anyway, and a thread that
+        // sleeps there is woken by the device through a halted vCPU on a virtualised host.
+        let bytes: u64 = reads.iter().chain(&writes).map(|op| op.len).sum();
+        let poll = if bytes <= ferry_core::batch::SPIN_MAX_BYTES {
+            ferry_core::batch::spin_before_sleep()
+        } else {
+            Duration::ZERO
+        };
+        let caller = std::thread::current().id();
         let held: Held = Arc::new(Mutex::new(Some(pending)));
         let deadline = self.watchdog.watch(&held);
         let (peer, on_device, target, timeout) = (self.clone(), held.clone(), target.clone(), shared.settings.timeout);
@@ -549,7 +561,8 @@ impl Peer {
                 }
                 return;
             }
-            let (result, not_run) = one_sided_attempt(dev, st, &peer, epoch, &reads, &writes, deadline);
+            let poll = if std::thread::current().id() == caller { poll } else { Duration::ZERO };
+            let (result, not_run) = one_sided_attempt(dev, st, &peer, epoch, &reads, &writes, deadline, poll);
             let Some(p) = watchdog::take(&on_device) else { return };
             match result {
                 Ok(()) => p.complete_all(&Ok(())),
@@ -563,6 +576,19 @@ impl Peer {
                     peer.to_driver(Work { target, pending: p, deadline, attempted, claim });
                 }
             }
+        };
+        // A caller that waits for the batch on this thread, with the device's context current
+        // on it, runs the attempt itself: no hand-off, and nobody to wake when it is done.
+        let job = if caller_waits {
+            match worker.run_here(job) {
+                Ok(()) => {
+                    bump(&counters::ON_CALLER_THREAD);
+                    return None;
+                }
+                Err(job) => job,
+            }
+        } else {
+            job
         };
         match worker.submit(job) {
             Ok(()) => {
@@ -932,7 +958,9 @@ fn remaining(deadline: Instant) -> Duration {
 /// `HcclBatchPut` (`writes`) calls on the communicator of `epoch`, then the stream wait, up to the
 /// deadline. When it fails the stream is drained and replaced and the communicator torn down
 /// (the next attempt rebuilds it), so that the requests may be released as soon as this returns.
-/// With the failure, why nothing was queued when nothing was (then nothing is drained).
+/// With the failure, why nothing was queued when nothing was (then nothing is drained). Before
+/// the stream wait, the stream is polled for up to `poll` (zero: not at all).
+#[allow(clippy::too_many_arguments)]
 fn one_sided_attempt(
     dev: &Device,
     st: &mut PeerState,
@@ -941,6 +969,7 @@ fn one_sided_attempt(
     reads: &[OneSidedOp],
     writes: &[OneSidedOp],
     deadline: Instant,
+    poll: Duration,
 ) -> (std::result::Result<(), AscendError>, Option<NotRun>) {
     let started = Instant::now();
     // Measured when the job starts: the wait ends at the deadline, when the caller hears of the
@@ -977,6 +1006,9 @@ fn one_sided_attempt(
                 let calls = c.comm.batch_put(c.peer_rank, writes, &st.stream)?;
                 counters::add(&counters::ONE_SIDED_CALLS, calls);
             }
+        }
+        if !poll.is_zero() {
+            st.stream.poll_complete(poll.min(wait));
         }
         st.stream.synchronize(Some(wait))
     })();
@@ -1357,7 +1389,7 @@ impl Driver {
                     let not_run = Arc::new(Mutex::new(None));
                     let not_run_on_device = not_run.clone();
                     let job = move |dev: &Device, st: &mut PeerState| -> std::result::Result<(), AscendError> {
-                        let (result, why) = one_sided_attempt(dev, st, &peer, epoch, &r, &w, deadline);
+                        let (result, why) = one_sided_attempt(dev, st, &peer, epoch, &r, &w, deadline, Duration::ZERO);
                         *not_run_on_device.lock().unwrap_or_else(|p| p.into_inner()) = why;
                         result
                     };

@@ -26,6 +26,12 @@ impl Pending {
         self.0.is_empty()
     }
 
+    /// Whether the caller waits for the batch on the thread that submitted it, right after the
+    /// transport's `submit` ([`Submission::caller_waits`]).
+    pub(crate) fn caller_waits(&self) -> bool {
+        self.0.caller_waits()
+    }
+
     /// Whether the caller cancelled the batch.
     pub(crate) fn is_cancelled(&self) -> bool {
         self.0.is_cancelled()

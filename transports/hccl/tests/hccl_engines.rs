@@ -492,6 +492,81 @@ fn atlas_a3_servers_use_v12_rank_tables() {
     shutdown(&rt, vec![a, b]);
 }
 
+/// A caller that waits for its batch on its own thread ([`TransferEngine::transfer_blocking`])
+/// with the engine's device context current on that thread (it called `aclrtSetDevice` on the
+/// same card, as an inference engine's worker does) runs a one-sided batch itself: no hand-off.
+/// Without that context, or through the async API, the batch takes its one hand-off. The
+/// emulator refuses HCCL calls from a thread on another device (HCOMM checks the thread's
+/// device), so a batch run on the wrong thread would fail here.
+#[test]
+fn a_caller_holding_the_device_context_runs_one_sided_batches_itself() {
+    const NAME: &str = "a_caller_holding_the_device_context_runs_one_sided_batches_itself";
+    if in_child(NAME, 77, &[]) {
+        batches_on_the_caller_thread();
+    }
+}
+
+/// The same where the release refuses `aclrtStreamQuery` (CANN 8.0 documents it for inference
+/// parts only): the caller's thread then waits in the synchronize instead of polling, and
+/// nothing else changes.
+#[test]
+fn without_stream_queries_a_caller_thread_batch_waits_in_the_synchronize() {
+    const NAME: &str = "without_stream_queries_a_caller_thread_batch_waits_in_the_synchronize";
+    if in_child(NAME, 78, &[("FERRY_CANN_EMU_FAIL", "aclrtStreamQuery:*:207000")]) {
+        batches_on_the_caller_thread();
+    }
+}
+
+fn batches_on_the_caller_thread() {
+    const BATCHES: u64 = 10;
+    let rt = runtime();
+    let lib = Library::load().unwrap();
+    // `pair` leaves this thread on card 5's context; engine `a` is on card 4.
+    let Pair { a, b, ma, mb, .. } = pair(&rt, &lib, [Location::Npu(4), Location::Npu(5)]);
+    read(&rt, &a, &b, ma.addr(), mb.addr(), 4096);
+    let target = rt.block_on(a.open_segment(b.segment_name())).unwrap();
+    let req = |k: u64| TransferRequest {
+        opcode: Opcode::Read,
+        source: ma.addr() + k * 4096,
+        target,
+        target_offset: mb.addr() + k * 4096,
+        length: 4096,
+    };
+    let blocking = |k: u64| a.transfer_blocking(&[req(k)]).unwrap_or_else(|e| panic!("read of block {k}: {e}"));
+    // The first batch to this open segment may go through the driver (it reads its descriptor).
+    blocking(1);
+
+    // Another card's context on this thread: one hand-off per batch.
+    let before = stats();
+    (0..BATCHES).for_each(|k| blocking(2 + k));
+    let after = stats();
+    assert_eq!(after.handoffs - before.handoffs, BATCHES, "{before:?} -> {after:?}");
+    assert_eq!(after.on_caller_thread, before.on_caller_thread, "{after:?}");
+
+    // Card 4's context on this thread: every batch runs here.
+    let _card4 = Device::bind(&lib, 4).unwrap();
+    let before = stats();
+    (0..BATCHES).for_each(|k| blocking(2 + BATCHES + k));
+    let after = stats();
+    assert_eq!(after.one_sided_batches - before.one_sided_batches, BATCHES, "{after:?}");
+    assert_eq!(after.on_caller_thread - before.on_caller_thread, BATCHES, "{before:?} -> {after:?}");
+    assert_eq!(after.handoffs, before.handoffs, "no hand-off: {before:?} -> {after:?}");
+    assert_eq!(after.failed_attempts, 0, "{after:?}");
+
+    // Through the async API (the caller may not block in submit): the hand-off again.
+    let before = stats();
+    rt.block_on(a.transfer(&[req(2 + 2 * BATCHES)])).unwrap();
+    let after = stats();
+    assert_eq!(after.handoffs - before.handoffs, 1, "{before:?} -> {after:?}");
+    assert_eq!(after.on_caller_thread, before.on_caller_thread, "{after:?}");
+
+    let blocks = (3 + 2 * BATCHES) as usize;
+    let mut got = vec![0u8; blocks * 4096];
+    ma.read(0, &mut got).unwrap();
+    assert_eq!(got, pattern(2, REGION as usize)[..blocks * 4096], "every block arrived");
+    shutdown(&rt, vec![a, b]);
+}
+
 /// A one-sided batch on a ready communicator is queued by the caller's thread on the peer's
 /// device thread, which completes it: one hand-off (the transport counts them; no timing). A
 /// failure there goes back to the driver task, which rebuilds the communicator and retries, and

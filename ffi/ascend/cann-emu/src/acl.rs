@@ -442,6 +442,39 @@ pub unsafe extern "C" fn aclrtSynchronizeStream(stream: AclrtStream) -> i32 {
     entry(Api::Acl, "aclrtSynchronizeStream", || format!("{stream:p}"), || acl_stream(stream)?.synchronize(None))
 }
 
+/// `aclrtStreamStatus` `ACL_STREAM_STATUS_COMPLETE`: every task of the stream has finished
+/// (CANN `aclrtStreamStatus`, aclcppdevg_03_1395).
+pub const ACL_STREAM_STATUS_COMPLETE: i32 = 0;
+/// `ACL_STREAM_STATUS_NOT_READY`: at least one task of the stream has not finished.
+pub const ACL_STREAM_STATUS_NOT_READY: i32 = 1;
+
+/// Whether every task queued on `stream` (NULL = default stream) has finished, without waiting
+/// (CANN `aclrtStreamQuery(aclrtStream stream, aclrtStreamStatus *status)`, aclcppdevg_03_0075):
+/// `*status` is `ACL_STREAM_STATUS_COMPLETE` (0) or `ACL_STREAM_STATUS_NOT_READY` (1). An
+/// operation's asynchronous error is not reported here: the next synchronize returns it. CANN
+/// 8.0 documents the call for inference products and virtual instances only, CANN 9.0 for A2
+/// and A3 parts too: a caller treats a failure as "cannot tell" and synchronizes.
+///
+/// # Safety
+/// `status` is NULL or valid for writing an `aclrtStreamStatus` (a C enum, `int`).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn aclrtStreamQuery(stream: AclrtStream, status: *mut i32) -> i32 {
+    entry(
+        Api::Acl,
+        "aclrtStreamQuery",
+        || format!("{stream:p}, {status:p}"),
+        || {
+            if status.is_null() {
+                return Err(null("status"));
+            }
+            let done = acl_stream(stream)?.is_complete();
+            // SAFETY: non-null, valid for writing per this function's contract.
+            unsafe { status.write(if done { ACL_STREAM_STATUS_COMPLETE } else { ACL_STREAM_STATUS_NOT_READY }) };
+            Ok(())
+        },
+    )
+}
+
 /// Like `aclrtSynchronizeStream` with a timeout in milliseconds (-1 = forever, > 0 = ms, other
 /// values → 100000). Past the timeout → `ACL_ERROR_RT_STREAM_SYNC_TIMEOUT` (507046); the queued
 /// operations keep running.

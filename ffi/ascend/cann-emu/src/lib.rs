@@ -82,6 +82,10 @@
 //! | `aclrtMemExportToShareableHandleV2`, `aclrtMemImportFromShareableHandleV2` | not modelled: argument checks, then 207000 |
 //! | `aclrtIpcMemGetExportKey`, `aclrtIpcMemClose`, `aclrtIpcMemImportByKey` | not modelled: argument checks, then 207000 |
 //!
+//! And one Ferry calls (module `acl`): `aclrtStreamQuery`, whether a stream's tasks have all
+//! finished (`ACL_STREAM_STATUS_COMPLETE` 0 / `NOT_READY` 1), without reporting their errors
+//! (the next synchronize does).
+//!
 //! ## Layout
 //!
 //! `acl` (ACL exports), `acl_extras` (the exports beyond the reference), `hixl` (the emulated
@@ -176,6 +180,8 @@ pub const BASE_SYMBOLS: &[&str] = &[
     "aclrtIpcMemGetExportKey",
     "aclrtIpcMemClose",
     "aclrtIpcMemImportByKey",
+    // Beyond the reference and the wheel: what Ferry polls a stream with (module `acl`).
+    "aclrtStreamQuery",
     "HcclGetRootInfo",
     "HcclCommInitRootInfo",
     "HcclCommInitClusterInfo",

@@ -119,6 +119,13 @@ impl Stream {
         Ok(())
     }
 
+    /// `aclrtStreamQuery`: whether everything queued so far has finished (the outcome is the
+    /// next synchronize's to report).
+    pub(crate) fn is_complete(&self) -> bool {
+        let st = lock(&self.shared.state);
+        st.completed >= st.submitted
+    }
+
     /// Waits for everything queued so far; `None` waits forever. Returns the first async error.
     pub(crate) fn synchronize(&self, timeout: Option<Duration>) -> EmuResult<()> {
         let deadline = timeout.map(|t| Instant::now() + t);

@@ -52,6 +52,26 @@ fn operations_on_a_stream_run_in_order_and_calls_do_not_wait() {
     assert_eq!(unsafe { aclrtSynchronizeStreamWithTimeout(s, 0) }, ACL_ERROR_INVALID_PARAM);
     // SAFETY: live stream.
     ok(unsafe { aclrtSynchronizeStreamWithTimeout(s, 5000) }, "synchronize 5 s");
+
+    // aclrtStreamQuery says whether the queued work is done, without waiting for it.
+    let mut status = -1;
+    // SAFETY: live stream, valid out-pointer.
+    ok(unsafe { aclrtStreamQuery(s, &mut status) }, "aclrtStreamQuery");
+    assert_eq!(status, ACL_STREAM_STATUS_COMPLETE, "nothing is queued");
+    // SAFETY: both sides are emulated device memory of `len` bytes.
+    ok(unsafe { aclrtMemcpyAsync(bufs[4], len, bufs[0], len, ACL_MEMCPY_DEVICE_TO_DEVICE, s) }, "aclrtMemcpyAsync");
+    let asked = Instant::now();
+    // SAFETY: live stream, valid out-pointer.
+    ok(unsafe { aclrtStreamQuery(s, &mut status) }, "aclrtStreamQuery");
+    assert!(asked.elapsed() < Duration::from_millis(15), "the query waited for the 20 ms copy");
+    assert_eq!(status, ACL_STREAM_STATUS_NOT_READY, "a 20 ms copy is running");
+    while status != ACL_STREAM_STATUS_COMPLETE {
+        // SAFETY: live stream, valid out-pointer.
+        ok(unsafe { aclrtStreamQuery(s, &mut status) }, "aclrtStreamQuery");
+    }
+    assert_eq!(download(bufs[4], len), data, "complete means the copy is done");
+    // SAFETY: a NULL status pointer is refused.
+    assert_eq!(unsafe { aclrtStreamQuery(s, std::ptr::null_mut()) }, ACL_ERROR_INVALID_PARAM);
 }
 
 #[test]

@@ -197,6 +197,33 @@ impl Stream {
         }
     }
 
+    /// Polls the stream (`aclrtStreamQuery`) until everything queued on it finished, for at
+    /// most `spin`, without sleeping: true once it finished (its outcome is then the next
+    /// [`synchronize`](Self::synchronize)'s, which returns at once), false when `spin` passed
+    /// first, or the release cannot say (it lacks the call, or refuses it: CANN 8.0 documents
+    /// it for inference parts only). A caller that would otherwise sleep in a synchronize and be
+    /// woken by the device spends the wait awake instead.
+    pub fn poll_complete(&self, spin: Duration) -> bool {
+        let Some(query) = self.lib.optional().stream_query else { return false };
+        let until = std::time::Instant::now() + spin;
+        loop {
+            let mut status = raw::ACL_STREAM_STATUS_NOT_READY;
+            // SAFETY: `raw` is a live stream of this device's context; `status` is a valid
+            // out-pointer.
+            let code = unsafe { query(self.raw, &mut status) };
+            if code != 0 {
+                return false;
+            }
+            if status == raw::ACL_STREAM_STATUS_COMPLETE {
+                return true;
+            }
+            if std::time::Instant::now() >= until {
+                return false;
+            }
+            std::hint::spin_loop();
+        }
+    }
+
     /// Aborts the work queued on the stream (`aclrtStreamAbort`: the running task is stopped,
     /// the queued ones are discarded), then clears the `ACL_ERROR_RT_STREAM_ABORT` the abort
     /// leaves for the next synchronize. Returns true only when the release has the function

@@ -1,8 +1,19 @@
 //! [`DeviceThread`]: an OS thread bound to one device that owns some state and runs closures
 //! on it, in order. ACL state is per thread; this is how the rest of Ferry calls ACL and HCCL
 //! without ever binding a thread it does not own (a tokio worker, a caller's thread).
+//!
+//! A caller whose own thread already has the device thread's context current (it called
+//! `aclrtSetDevice` on the same device, as an inference engine's worker thread does) may run a
+//! job itself instead, with [`DeviceThread::run_here`]: no hand-off to the device thread and no
+//! wake-up back. CANN allows a context, and the streams and communicators made in it, to be
+//! used from another thread provided the user orders the tasks of each stream
+//! (`aclrtSetCurrentContext`, restrictions: "If thread A calls aclrtCreateContext to create a
+//! context and thread B uses this context, ensure the tasks execution sequence of the two
+//! threads that are in the same stream of the same context"); the state's lock and the queue
+//! count below are that ordering.
 
 use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -14,6 +25,20 @@ use crate::device::Device;
 use crate::error::{AscendError, Result};
 
 type Job<S> = Box<dyn FnOnce(&Device, &mut S) + Send + 'static>;
+
+/// The device thread's device and state, behind the lock that orders their users.
+///
+/// `Device` and `S` are not `Send`: ACL keeps the current context per thread. They are made on
+/// the device thread, dropped there, and otherwise used only by the device thread or by
+/// [`DeviceThread::run_here`] on a thread whose current context it checked to be the device
+/// thread's (under the lock).
+struct OnDevice<S>(Option<(Device, S)>);
+
+// SAFETY: see `OnDevice`: the values move to no other thread; other threads touch them only
+// under the lock and with the device thread's context current, which is how CANN lets a
+// context's streams and communicators be used from another thread. Nothing in them depends on
+// the thread otherwise (ACL and HCCL handles and an `Arc<Library>`).
+unsafe impl<S> Send for OnDevice<S> {}
 
 /// A thread bound to one device (`aclrtSetDevice` ran on it) that owns a state `S` made on it,
 /// and runs submitted closures against the [`Device`] and the state, one at a time, in
@@ -27,6 +52,14 @@ pub struct DeviceThread<S: 'static> {
     tx: Mutex<Option<mpsc::Sender<Job<S>>>>,
     handle: Mutex<Option<JoinHandle<()>>>,
     done: Arc<(Mutex<bool>, std::sync::Condvar)>,
+    /// The device and the state; `None` once the thread dropped them.
+    state: Arc<Mutex<OnDevice<S>>>,
+    /// Jobs submitted and not finished: [`run_here`](Self::run_here) never overtakes one.
+    queued: Arc<AtomicUsize>,
+    /// The thread's current context (`aclrtGetCurrentContext` on it), when the library has
+    /// that function.
+    context: Option<usize>,
+    lib: Arc<Library>,
 }
 
 impl<S: 'static> std::fmt::Debug for DeviceThread<S> {
@@ -46,20 +79,25 @@ impl<S: 'static> DeviceThread<S> {
     ) -> Result<Self> {
         let name = name.into();
         let (tx, rx) = mpsc::channel::<Job<S>>();
-        let (ready_tx, ready_rx) = mpsc::channel::<Result<()>>();
-        let lib = lib.clone();
+        let (ready_tx, ready_rx) = mpsc::channel::<Result<Option<usize>>>();
+        let thread_lib = lib.clone();
         let done = Arc::new((Mutex::new(false), std::sync::Condvar::new()));
         let done2 = done.clone();
+        let state = Arc::new(Mutex::new(OnDevice(None)));
+        let thread_state = state.clone();
+        let queued = Arc::new(AtomicUsize::new(0));
+        let thread_queued = queued.clone();
         let thread_name = name.clone();
         let handle = std::thread::Builder::new()
             .name(name.clone())
             .spawn(move || {
                 let _done = SetOnDrop(done2);
-                let started = Device::bind(&lib, user_id).and_then(|dev| init(&dev).map(|s| (dev, s)));
-                let (device, mut state) = match started {
+                let started = Device::bind(&thread_lib, user_id).and_then(|dev| init(&dev).map(|s| (dev, s)));
+                match started {
                     Ok(v) => {
-                        let _ = ready_tx.send(Ok(()));
-                        v
+                        let context = current_context(&thread_lib);
+                        lock(&thread_state).0 = Some(v);
+                        let _ = ready_tx.send(Ok(context));
                     }
                     Err(e) => {
                         let _ = ready_tx.send(Err(e));
@@ -67,15 +105,22 @@ impl<S: 'static> DeviceThread<S> {
                     }
                 };
                 while let Ok(job) = rx.recv() {
-                    if std::panic::catch_unwind(AssertUnwindSafe(|| job(&device, &mut state))).is_err() {
+                    let mut held = lock(&thread_state);
+                    if let Some((device, state)) = held.0.as_mut()
+                        && std::panic::catch_unwind(AssertUnwindSafe(|| job(device, state))).is_err()
+                    {
                         tracing::error!(thread = %thread_name, "a job on a device thread panicked; the thread goes on");
                     }
+                    drop(held);
+                    thread_queued.fetch_sub(1, Ordering::AcqRel);
                 }
-                drop(state);
+                // Dropped here, on the thread that made them.
+                let gone = lock(&thread_state).0.take();
+                drop(gone);
             })
             .map_err(|e| AscendError::Thread { name: name.clone(), reason: format!("cannot start: {e}") })?;
-        match ready_rx.recv() {
-            Ok(Ok(())) => {}
+        let context = match ready_rx.recv() {
+            Ok(Ok(context)) => context,
             Ok(Err(e)) => {
                 let _ = handle.join();
                 return Err(e);
@@ -84,8 +129,17 @@ impl<S: 'static> DeviceThread<S> {
                 let _ = handle.join();
                 return Err(AscendError::Thread { name, reason: "ended while starting (a panic?)".into() });
             }
-        }
-        Ok(Self { name, tx: Mutex::new(Some(tx)), handle: Mutex::new(Some(handle)), done })
+        };
+        Ok(Self {
+            name,
+            tx: Mutex::new(Some(tx)),
+            handle: Mutex::new(Some(handle)),
+            done,
+            state,
+            queued,
+            context,
+            lib: lib.clone(),
+        })
     }
 
     /// The thread's name.
@@ -96,11 +150,40 @@ impl<S: 'static> DeviceThread<S> {
     /// Queues `job`; it runs after everything queued before it. Never blocks.
     pub fn submit(&self, job: impl FnOnce(&Device, &mut S) + Send + 'static) -> Result<()> {
         let tx = self.tx.lock().unwrap_or_else(|p| p.into_inner());
+        self.queued.fetch_add(1, Ordering::AcqRel);
         let sent = match tx.as_ref() {
             Some(tx) => tx.send(Box::new(job)).is_ok(),
             None => false,
         };
-        if sent { Ok(()) } else { Err(AscendError::Thread { name: self.name.clone(), reason: "stopped".into() }) }
+        if sent {
+            Ok(())
+        } else {
+            self.queued.fetch_sub(1, Ordering::AcqRel);
+            Err(AscendError::Thread { name: self.name.clone(), reason: "stopped".into() })
+        }
+    }
+
+    /// Runs `job` on the calling thread, at once, when that thread's current context is the
+    /// device thread's (it called `aclrtSetDevice` on the same device), nothing is queued on the
+    /// device thread and no job is running there or elsewhere: the job then sees the same
+    /// device and state as on the device thread, and no thread is woken. Gives `job` back,
+    /// unrun, otherwise (the caller then [`submit`](Self::submit)s it). Never blocks, except
+    /// for as long as `job` runs.
+    pub fn run_here<R, F: FnOnce(&Device, &mut S) -> R>(&self, job: F) -> std::result::Result<R, F> {
+        let Some(context) = self.context else { return Err(job) };
+        if self.queued.load(Ordering::Acquire) != 0 || current_context(&self.lib) != Some(context) {
+            return Err(job);
+        }
+        let Ok(mut held) = self.state.try_lock() else { return Err(job) };
+        // Checked again under the lock: a job submitted meanwhile waits for this one, and must
+        // not be overtaken by it if it was queued first.
+        if self.queued.load(Ordering::Acquire) != 0 {
+            return Err(job);
+        }
+        match held.0.as_mut() {
+            Some((device, state)) => Ok(job(device, state)),
+            None => Err(job),
+        }
     }
 
     /// Runs `f` on the thread and waits for its result (for callers that may block).
@@ -145,6 +228,21 @@ impl<S: 'static> Drop for DeviceThread<S> {
     }
 }
 
+/// The lock, whoever panicked while holding it (a job's panic is caught inside it).
+fn lock<S>(m: &Mutex<OnDevice<S>>) -> std::sync::MutexGuard<'_, OnDevice<S>> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The calling thread's current ACL context, `None` when it has none (or the library cannot
+/// say).
+pub fn current_context(lib: &Library) -> Option<usize> {
+    let f = lib.optional().current_context?;
+    let mut ctx: ferry_ascend_sys::raw::AclrtContext = std::ptr::null_mut();
+    // SAFETY: `ctx` is a valid out-pointer.
+    let code = unsafe { f(&mut ctx) };
+    (code == 0 && !ctx.is_null()).then_some(ctx as usize)
+}
+
 struct SetOnDrop(Arc<(Mutex<bool>, std::sync::Condvar)>);
 
 impl Drop for SetOnDrop {
@@ -152,5 +250,77 @@ impl Drop for SetOnDrop {
         let (lock, cv) = &*self.0;
         *lock.lock().unwrap_or_else(|p| p.into_inner()) = true;
         cv.notify_all();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    use ferry_ascend_sys::test_support::{Emulator, emulator_lib_dir};
+    use ferry_ascend_sys::{Library, SearchPath};
+
+    use super::*;
+
+    /// A job runs on the caller's thread only when that thread has the device thread's context
+    /// current and nothing is queued or running on the device thread; otherwise it is given
+    /// back, unrun.
+    #[test]
+    fn a_job_runs_here_only_with_the_same_context_and_an_idle_thread() {
+        let dir = emulator_lib_dir(Emulator::Current).unwrap_or_else(|e| panic!("{e}"));
+        let lib = Library::load_from(&SearchPath::only(dir.path())).unwrap();
+        let worker = DeviceThread::spawn(&lib, 1, "test-here", |dev| dev.create_stream()).unwrap();
+        let here = std::thread::current().id();
+
+        // No context on this thread yet: given back.
+        assert_eq!(current_context(&lib), None);
+        assert!(worker.run_here(|_, _| ()).is_err(), "a thread without a context runs nothing");
+
+        // Another device's context: given back.
+        let other = Device::bind(&lib, 0).unwrap();
+        assert!(worker.run_here(|_, _| ()).is_err(), "device 0's context is not device 1's");
+
+        // The same device: runs here, on the device thread's stream, with the thread's device.
+        let same = Device::bind(&lib, 1).unwrap();
+        let ran = worker.run_here(|dev, stream| {
+            assert_eq!(std::thread::current().id(), here);
+            assert_eq!(dev.current().unwrap(), 1);
+            let buf = dev.alloc(64).unwrap();
+            buf.write(0, b"here").unwrap();
+            stream.synchronize(Some(Duration::from_secs(5))).unwrap();
+            let mut out = [0u8; 4];
+            buf.read(0, &mut out).unwrap();
+            out
+        });
+        assert_eq!(ran.ok(), Some(*b"here"));
+
+        // A job running on the device thread: given back (never two users of the stream).
+        let (started_tx, started_rx) = mpsc::channel();
+        let (release_tx, release_rx) = mpsc::channel::<()>();
+        worker
+            .submit(move |_, _| {
+                started_tx.send(()).unwrap();
+                let _ = release_rx.recv();
+            })
+            .unwrap();
+        started_rx.recv().unwrap();
+        assert!(worker.run_here(|_, _| ()).is_err(), "the device thread is busy");
+        // Queued behind it: still given back once the first ends, until the queue is empty.
+        let (queued_tx, queued_rx) = mpsc::channel();
+        worker.submit(move |_, _| queued_tx.send(()).unwrap()).unwrap();
+        release_tx.send(()).unwrap();
+        queued_rx.recv().unwrap();
+        // The queue count drops right after the job: wait for it.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while worker.queued.load(Ordering::Acquire) != 0 && Instant::now() < deadline {
+            std::thread::yield_now();
+        }
+        assert!(worker.run_here(|_, _| ()).is_ok(), "idle again");
+
+        // Stopped: the state is gone with the thread.
+        assert!(worker.stop(Duration::from_secs(5)));
+        assert!(worker.run_here(|_, _| ()).is_err(), "a stopped thread's state is gone");
+        drop((other, same));
     }
 }

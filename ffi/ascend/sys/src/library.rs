@@ -125,6 +125,10 @@ pub struct OptionalFns {
     pub malloc_host: Option<raw::AclrtMallocHost>,
     /// `aclrtGetDeviceInfo`.
     pub device_info: Option<raw::AclrtGetDeviceInfo>,
+    /// `aclrtGetCurrentContext`.
+    pub current_context: Option<raw::AclrtGetCurrentContext>,
+    /// `aclrtStreamQuery`.
+    pub stream_query: Option<raw::AclrtStreamQuery>,
     /// `aclrtFreeHost`.
     pub free_host: Option<raw::AclrtFree>,
     /// `aclGetRecentErrMsg`.
@@ -374,6 +378,8 @@ impl Library {
             logic_by_user: acl_opt!("aclrtGetLogicDevIdByUserDevId"),
             malloc_host: acl_opt!("aclrtMallocHost"),
             device_info: acl_opt!("aclrtGetDeviceInfo"),
+            current_context: acl_opt!("aclrtGetCurrentContext"),
+            stream_query: acl_opt!("aclrtStreamQuery"),
             free_host: acl_opt!("aclrtFreeHost"),
             recent_err_msg: acl_opt!("aclGetRecentErrMsg"),
             soc_name: acl_opt!("aclrtGetSocName"),

@@ -184,6 +184,20 @@ pub type AclrtGetPhyDevId = unsafe extern "C" fn(id: i32, phy: *mut i32) -> AclE
 /// `aclrtPointerGetAttributes`.
 pub type AclrtPointerGetAttributes =
     unsafe extern "C" fn(ptr: *const c_void, attr: *mut AclrtPtrAttributes) -> AclError;
+/// `aclrtStreamQuery(stream, status)`: `*status` is [`ACL_STREAM_STATUS_COMPLETE`] once every
+/// task of the stream finished, [`ACL_STREAM_STATUS_NOT_READY`] before (CANN
+/// `aclrtStreamQuery`, `aclrtStreamStatus`).
+pub type AclrtStreamQuery = unsafe extern "C" fn(stream: AclrtStream, status: *mut c_int) -> AclError;
+/// `ACL_STREAM_STATUS_COMPLETE`.
+pub const ACL_STREAM_STATUS_COMPLETE: c_int = 0;
+/// `ACL_STREAM_STATUS_NOT_READY`.
+pub const ACL_STREAM_STATUS_NOT_READY: c_int = 1;
+/// An ACL context handle (`aclrtContext`).
+pub type AclrtContext = *mut c_void;
+/// `aclrtGetCurrentContext(context)`: the calling thread's current context (CANN
+/// `aclrtGetCurrentContext`: "obtains the bound context of a thread"; an error when the thread
+/// has none).
+pub type AclrtGetCurrentContext = unsafe extern "C" fn(context: *mut AclrtContext) -> AclError;
 /// `aclrtGetDeviceInfo(deviceId, attr, value)`.
 pub type AclrtGetDeviceInfo = unsafe extern "C" fn(device_id: u32, attr: c_int, value: *mut i64) -> AclError;
 /// `aclrtDevAttr` values Ferry reads (runtime `acl_rt.h` l.683-686).
