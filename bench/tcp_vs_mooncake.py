@@ -24,6 +24,13 @@ Options:
       round of the cases with one thread and batch 1 (its response is the case's block size),
       between the engines; the case's line then shows the floor's p50 and each Ferry engine's
       p50 over it.
+  --ceiling PATH: the loopback ceiling (transports/tcp/examples/loopback_ceiling.rs, built with
+      `cargo build --release -p ferry-transport-tcp --example loopback_ceiling`): plain sockets
+      streaming 1 MiB buffers from one process to another, no requests, the best of 1 and 4
+      streams, run in every round of every case between the engines. The case's line then shows
+      it as blocks of the case's size per second, with Mooncake's share of it, and the summary
+      gives, case by case, the share of it that 1.5x Mooncake would take (above 100%, no engine
+      over TCP reaches it on this machine).
 
 Operations per second are transfers (blocks) per second: batch count x batch size / duration,
 from the `Test completed: duration D, batch count N` line both tools print. A ratio is the
@@ -127,6 +134,19 @@ def measure_floor(binary, block):
     return float(m.group(1))
 
 
+def measure_ceiling(binary):
+    """Bytes per second plain loopback sockets stream here: the best of 1 and 4 streams."""
+    best = 0.0
+    for streams in (1, 4):
+        out = subprocess.run([binary, "1", str(streams), str(1 << 20)], stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True, timeout=60).stdout
+        m = re.search(r"([0-9.]+) GB/s", out)
+        if not m:
+            raise SystemExit(f"no 'X GB/s' from {binary}:\n{out[-2000:]}")
+        best = max(best, float(m.group(1)) * 1e9)
+    return best
+
+
 def fmt_ops(x):
     return f"{x / 1e3:.1f}k" if x < 1e6 else f"{x / 1e6:.2f}M"
 
@@ -146,8 +166,9 @@ def main():
     ap.add_argument("--json", help="also write the results to this file")
     ap.add_argument("--chart", help="also draw a PNG chart of the results (bench/chart.py; needs matplotlib)")
     ap.add_argument("--floor", help="the pingpong_floor example binary, run beside batch-1 one-thread cases")
+    ap.add_argument("--ceiling", help="the loopback_ceiling example binary, run in every round of every case")
     a = ap.parse_args()
-    for b in [a.ferry] + ([a.baseline] if a.baseline else []):
+    for b in [a.ferry] + ([a.baseline] if a.baseline else []) + ([a.ceiling] if a.ceiling else []):
         if not os.path.exists(b):
             raise SystemExit(f"{b} does not exist: build Ferry first (cargo build --release -p ferry-cli)")
     if not os.path.exists(a.mooncake_bench):
@@ -170,21 +191,33 @@ def main():
     for case in cases:
         runs = {n: [] for n in names}
         floor = a.floor and case["batch"] == 1 and case["threads"] == 1
-        floors = []
+        floors, ceilings = [], []
         for r in range(a.rounds):
             # Alternate: round 0 in the listed order, round 1 reversed, ...
             order = names if r % 2 == 0 else list(reversed(names))
             for i, n in enumerate(order):
                 if floor and i == len(order) // 2:
                     floors.append(measure_floor(a.floor, case["block"]))
+                if a.ceiling and i == len(order) // 2:
+                    ceilings.append(measure_ceiling(a.ceiling) / case["block"])
                 runs[n].append(measure(engines[n], case, a.duration))
-        results.append({"case": case, "runs": runs, "floor_p50_us": floors or None})
-        print_case(case, runs, names, a.rounds, floors)
+        results.append({"case": case, "runs": runs, "floor_p50_us": floors or None,
+                        "ceiling_ops": ceilings or None})
+        print_case(case, runs, names, a.rounds, floors, ceilings)
     summary = summarize(results, names)
     print("\nmedian ratio to Mooncake over the rounds [min, max]:")
     for n in names[1:]:
         rs = [s["ratio"][n]["median"] for s in summary]
         print(f"  {n}: lowest {min(rs):.2f}x, highest {max(rs):.2f}x over {len(rs)} cases")
+    bounded = [s for s in summary if s.get("ceiling_ops")]
+    if bounded:
+        print("1.5x Mooncake as a share of the loopback ceiling measured beside it (over 100%: out of reach of"
+              " any engine over TCP here):")
+        for s in sorted(bounded, key=lambda s: -s["ops_median"]["mooncake"] / s["ceiling_ops"]):
+            c = s["case"]
+            need = 1.5 * s["ops_median"]["mooncake"]
+            print(f"  {c['op']} {c['block']} B batch {c['batch']} x{c['threads']}: {fmt_ops(need)}/s ="
+                  f" {need / s['ceiling_ops']:.0%} of {fmt_ops(s['ceiling_ops'])}/s")
     if a.auth:
         costs = [s["auth_cost"] for s in summary]
         print(f"  ferry+auth / ferry: median {statistics.median(costs):.3f} (per case {min(costs):.3f} to {max(costs):.3f})")
@@ -203,7 +236,7 @@ def ratios(runs, n, base="mooncake"):
     return [x[0] / b[0] if b[0] else float("inf") for x, b in zip(runs[n], runs[base])]
 
 
-def print_case(case, runs, names, rounds, floors=()):
+def print_case(case, runs, names, rounds, floors=(), ceilings=()):
     head = f"{case['op']:<5} {case['block']:>8} B batch {case['batch']:>3} x{case['threads']}"
     cols = []
     for n in names:
@@ -221,6 +254,11 @@ def print_case(case, runs, names, rounds, floors=()):
                 for n in names if n != "mooncake" and any(x[1] is not None for x in runs[n])]
         cols.append(f"floor p50 {floor:.0f}us [{min(floors):.0f}-{max(floors):.0f}]"
                     + (f" (p50 over floor: {', '.join(over)})" if over else ""))
+    if ceilings:
+        ceiling = statistics.median(ceilings)
+        moon = statistics.median(x[0] for x in runs["mooncake"])
+        cols.append(f"loopback ceiling {fmt_ops(ceiling)}/s [{fmt_ops(min(ceilings))}-{fmt_ops(max(ceilings))}]"
+                    f" (mooncake at {moon / ceiling:.0%} of it)")
     print(f"{head}: " + "; ".join(cols) + f"  ({rounds} rounds)", flush=True)
 
 
@@ -234,6 +272,8 @@ def summarize(results, names):
         for n in names[1:]:
             rs = ratios(runs, n)
             s["ratio"][n] = {"median": statistics.median(rs), "min": min(rs), "max": max(rs)}
+        if res.get("ceiling_ops"):
+            s["ceiling_ops"] = statistics.median(res["ceiling_ops"])
         if "ferry+auth" in runs:
             s["auth_cost"] = statistics.median(ratios(runs, "ferry+auth", base="ferry"))
         out.append(s)

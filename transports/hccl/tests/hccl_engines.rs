@@ -496,8 +496,8 @@ fn atlas_a3_servers_use_v12_rank_tables() {
 /// with the engine's device context current on that thread (it called `aclrtSetDevice` on the
 /// same card, as an inference engine's worker does) runs a one-sided batch itself: no hand-off.
 /// Without that context, or through the async API, the batch takes its one hand-off. The
-/// emulator refuses HCCL calls from a thread on another device (HCOMM checks the thread's
-/// device), so a batch run on the wrong thread would fail here.
+/// emulator refuses HCCL calls from a thread on another device, so a batch run on the wrong
+/// thread would fail here.
 #[test]
 fn a_caller_holding_the_device_context_runs_one_sided_batches_itself() {
     const NAME: &str = "a_caller_holding_the_device_context_runs_one_sided_batches_itself";
