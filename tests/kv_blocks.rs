@@ -215,3 +215,42 @@ async fn a_published_layout_is_fetched_by_name_and_a_layer_moves_alone() {
     prefill.shutdown().await.unwrap();
     decode.shutdown().await.unwrap();
 }
+
+/// `submit_blocks_for_blocking_wait` (the caller waits on its own thread, outside the runtime)
+/// moves the same blocks as `submit_blocks`, and refuses to run inside a runtime.
+#[test]
+fn blocks_submitted_for_a_blocking_wait_move_the_same_way() {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let meta = InProcessMetadata::new();
+    let (prefill, decode) = rt.block_on(pair(&meta));
+    let p_cache = kv_cache(40);
+    let d_cache: Vec<Buffer> = (0..4).map(|_| Buffer::zeroed((BLOCKS as u64 * BLOCK_LEN) as usize)).collect();
+    let regs = |c: &Vec<Buffer>| c.iter().map(|b| (b.addr(), b.len(), Location::Cpu(0))).collect::<Vec<_>>();
+    let (p_regs, d_regs) = (regs(&p_cache), regs(&d_cache));
+    rt.block_on(unsafe { prefill.register_memory_batch(&p_regs) }).unwrap();
+    rt.block_on(unsafe { decode.register_memory_batch(&d_regs) }).unwrap();
+    let bases = |c: &Vec<Buffer>| c.iter().map(Buffer::addr).collect::<Vec<_>>();
+    let d_layout = decode.register_kv_layout(KvLayout::uniform(&bases(&d_cache), BLOCKS, BLOCK_LEN)).unwrap();
+    let p_layout = KvLayout::uniform(&bases(&p_cache), BLOCKS, BLOCK_LEN);
+    let peer = rt.block_on(decode.open_segment("prefill")).unwrap();
+
+    let (local, remote) = ([4u32, 5, 20], [11u32, 12, 1]);
+    let spec = BlockTransfer::read(&local, &remote);
+    let kb = decode.submit_blocks_for_blocking_wait(d_layout, peer, &p_layout, &spec).unwrap();
+    kb.wait_blocking(T).unwrap();
+    assert!(kb.failed_blocks().is_empty());
+    for r in 0..4 {
+        for (l, rm) in local.iter().zip(&remote) {
+            assert_eq!(block(&d_cache[r], *l), block(&p_cache[r], *rm), "region {r} block {l}");
+        }
+        for id in (0..BLOCKS).filter(|i| !local.contains(i)) {
+            assert!(block(&d_cache[r], id).iter().all(|&b| b == 0), "untouched block {id} of region {r} changed");
+        }
+    }
+    let inside = rt.block_on(async { decode.submit_blocks_for_blocking_wait(d_layout, peer, &p_layout, &spec) });
+    assert_eq!(inside.err().map(|e| e.kind()), Some(ErrorKind::InvalidArgument), "refused inside a runtime");
+    rt.block_on(async {
+        prefill.shutdown().await.unwrap();
+        decode.shutdown().await.unwrap();
+    });
+}
