@@ -106,6 +106,12 @@ pub(crate) struct PeerState {
     two_sided: Option<(u64, Communicator)>,
 }
 
+// SAFETY: a stream, HCCL communicators, `Arc<GlobalMem>` registrations (`Send + Sync`), plain
+// numbers and a counter guard over a process-wide mutex: nothing tied to the device thread but
+// the ACL context, which `DeviceThread::run_here` checks is current before it lends the state
+// to another thread, one at a time.
+unsafe impl ferry_ascend_runtime::ContextShared for PeerState {}
+
 impl PeerState {
     /// Unbinds every bound region and destroys the one-sided communicator, if any; returns the
     /// destroy's outcome (after a successful one the communicator reaches none of this

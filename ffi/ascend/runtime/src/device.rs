@@ -270,6 +270,10 @@ pub enum Drained {
     Finished(Result<()>),
 }
 
+// SAFETY: a stream is an ACL handle and an `Arc<Library>`: a thread with the stream's context
+// current may use it (CANN `aclrtSetCurrentContext` restrictions), one at a time.
+unsafe impl crate::worker::ContextShared for Stream {}
+
 impl Drop for Stream {
     fn drop(&mut self) {
         // SAFETY: `raw` is a live stream created on this thread (the type is not Send) and is

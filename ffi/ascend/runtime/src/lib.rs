@@ -29,7 +29,7 @@ pub use device::{Device, DeviceBuffer, Drained, HostBuffer, PointerKind, Stream}
 pub use error::{AscendError, Result};
 pub use hccl::{Communicator, GlobalMem, MemKind, OneSidedOp, RootInfo};
 pub use query::AclQueries;
-pub use worker::{DeviceThread, current_context};
+pub use worker::{ContextShared, DeviceThread, current_context};
 
 #[cfg(test)]
 mod tests {

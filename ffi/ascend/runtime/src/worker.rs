@@ -26,18 +26,34 @@ use crate::error::{AscendError, Result};
 
 type Job<S> = Box<dyn FnOnce(&Device, &mut S) + Send + 'static>;
 
+/// A device thread's state that may be used from another thread whose current ACL context is
+/// the device thread's ([`DeviceThread::run_here`]).
+///
+/// # Safety
+///
+/// Implementing it promises that the type's only tie to the thread that made it is the ACL
+/// context: it holds ACL and HCCL handles (streams, communicators, registrations) and
+/// thread-safe values, and nothing that another thread must never touch (no `Rc`, no
+/// thread-local, no reference into another thread's stack). Such a value is used by one thread
+/// at a time (under the device thread's lock) and only where that context is current, which is
+/// how CANN lets a context's streams be used from another thread.
+pub unsafe trait ContextShared {}
+
+// SAFETY: no state at all.
+unsafe impl ContextShared for () {}
+
 /// The device thread's device and state, behind the lock that orders their users.
 ///
 /// `Device` and `S` are not `Send`: ACL keeps the current context per thread. They are made on
-/// the device thread, dropped there, and otherwise used only by the device thread or by
-/// [`DeviceThread::run_here`] on a thread whose current context it checked to be the device
-/// thread's (under the lock).
+/// the device thread and dropped there (the thread takes them out before it ends), and used
+/// only by the device thread, or, when `S` is [`ContextShared`], by [`DeviceThread::run_here`]
+/// on a thread whose current context it checked to be the device thread's (under the lock).
 struct OnDevice<S>(Option<(Device, S)>);
 
-// SAFETY: see `OnDevice`: the values move to no other thread; other threads touch them only
-// under the lock and with the device thread's context current, which is how CANN lets a
-// context's streams and communicators be used from another thread. Nothing in them depends on
-// the thread otherwise (ACL and HCCL handles and an `Arc<Library>`).
+// SAFETY: see `OnDevice`: the values never move to another thread (the handle shares only the
+// lock around them). A state that is not `ContextShared` is only ever touched by the device
+// thread; one that is may be used under the lock by a thread with the same context, which its
+// `ContextShared` implementation vouches for; `Device` holds an `Arc<Library>` and an id.
 unsafe impl<S> Send for OnDevice<S> {}
 
 /// A thread bound to one device (`aclrtSetDevice` ran on it) that owns a state `S` made on it,
@@ -169,7 +185,10 @@ impl<S: 'static> DeviceThread<S> {
     /// device and state as on the device thread, and no thread is woken. Gives `job` back,
     /// unrun, otherwise (the caller then [`submit`](Self::submit)s it). Never blocks, except
     /// for as long as `job` runs.
-    pub fn run_here<R, F: FnOnce(&Device, &mut S) -> R>(&self, job: F) -> std::result::Result<R, F> {
+    pub fn run_here<R, F: FnOnce(&Device, &mut S) -> R>(&self, job: F) -> std::result::Result<R, F>
+    where
+        S: ContextShared,
+    {
         let Some(context) = self.context else { return Err(job) };
         if self.queued.load(Ordering::Acquire) != 0 || current_context(&self.lib) != Some(context) {
             return Err(job);
