@@ -545,6 +545,16 @@ fn batches_on_the_caller_thread() {
 
     // Card 4's context on this thread: every batch runs here.
     let _card4 = Device::bind(&lib, 4).unwrap();
+    // The first ones may still go to the device thread: a hand-off's job completes its batch
+    // before it lets go of the thread's state, and this thread may be back before it did (then
+    // the batch is handed off too, rather than wait). Once one runs here, the device thread has
+    // nothing left to do.
+    let ran_here = (0..100).any(|_| {
+        let was = stats().on_caller_thread;
+        blocking(1);
+        stats().on_caller_thread > was
+    });
+    assert!(ran_here, "no batch ran on the caller's thread in 100: {:?}", stats());
     let before = stats();
     (0..BATCHES).for_each(|k| blocking(2 + BATCHES + k));
     let after = stats();
