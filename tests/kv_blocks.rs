@@ -19,6 +19,19 @@ fn kv_cache(seed: u8) -> Vec<Buffer> {
     (0..4).map(|r| Buffer::filled((BLOCKS as u64 * BLOCK_LEN) as usize, seed.wrapping_add(r))).collect()
 }
 
+/// Every region of `d_cache` (zeroed before) holds `p_cache`'s `remote` blocks at `local`, and
+/// zeros everywhere else.
+fn assert_read_into_zeroed(d_cache: &[Buffer], p_cache: &[Buffer], local: &[u32], remote: &[u32]) {
+    for (r, (d, p)) in d_cache.iter().zip(p_cache).enumerate() {
+        for (l, rm) in local.iter().zip(remote) {
+            assert_eq!(block(d, *l), block(p, *rm), "region {r} block {l}");
+        }
+        for id in (0..BLOCKS).filter(|i| !local.contains(i)) {
+            assert!(block(d, id).iter().all(|&b| b == 0), "untouched block {id} of region {r} changed");
+        }
+    }
+}
+
 fn block(buf: &Buffer, id: u32) -> &[u8] {
     &buf.bytes()[(id as u64 * BLOCK_LEN) as usize..((id + 1) as u64 * BLOCK_LEN) as usize]
 }
@@ -44,14 +57,7 @@ async fn selected_blocks_move_in_both_directions_and_nothing_else() {
     assert_eq!(kb.runs().len(), 8, "one merged run of three blocks and one single block, per region");
     kb.wait(T).await.unwrap();
     assert!(kb.failed_blocks().is_empty());
-    for r in 0..4 {
-        for (l, rm) in local.iter().zip(&remote) {
-            assert_eq!(block(&d_cache[r], *l), block(&p_cache[r], *rm), "region {r} block {l}");
-        }
-        for id in (0..BLOCKS).filter(|i| !local.contains(i)) {
-            assert!(block(&d_cache[r], id).iter().all(|&b| b == 0), "untouched block {id} of region {r} changed");
-        }
-    }
+    assert_read_into_zeroed(&d_cache, &p_cache, &local, &remote);
 
     // Decode pushes its block 7 (a copy of prefill's 9) into prefill's block 30.
     let before: Vec<Vec<u8>> = p_cache.iter().map(|b| b.bytes().to_vec()).collect();
@@ -239,14 +245,7 @@ fn blocks_submitted_for_a_blocking_wait_move_the_same_way() {
     let kb = decode.submit_blocks_for_blocking_wait(d_layout, peer, &p_layout, &spec).unwrap();
     kb.wait_blocking(T).unwrap();
     assert!(kb.failed_blocks().is_empty());
-    for r in 0..4 {
-        for (l, rm) in local.iter().zip(&remote) {
-            assert_eq!(block(&d_cache[r], *l), block(&p_cache[r], *rm), "region {r} block {l}");
-        }
-        for id in (0..BLOCKS).filter(|i| !local.contains(i)) {
-            assert!(block(&d_cache[r], id).iter().all(|&b| b == 0), "untouched block {id} of region {r} changed");
-        }
-    }
+    assert_read_into_zeroed(&d_cache, &p_cache, &local, &remote);
     let inside = rt.block_on(async { decode.submit_blocks_for_blocking_wait(d_layout, peer, &p_layout, &spec) });
     assert_eq!(inside.err().map(|e| e.kind()), Some(ErrorKind::InvalidArgument), "refused inside a runtime");
     rt.block_on(async {
