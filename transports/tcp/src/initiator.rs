@@ -584,8 +584,9 @@ async fn read_responses(
     // The socket's `SO_RCVLOWAT` (`read_some`).
     let mut lowat = 1usize;
     let failure: Error = 'read: loop {
+        let mut next = None;
         if waiting.is_empty() {
-            let (job, seq) = tokio::select! {
+            next = Some(tokio::select! {
                 biased;
                 job = inflight.recv() => match job {
                     Some(j) => j,
@@ -609,16 +610,18 @@ async fn read_responses(
                     }
                     return retry;
                 }
-            };
-            if let Err(w) = waiting.push(Waiting { job, seq }) {
-                let err = lost(&addr, "connection lost", "local range outside its leased region");
-                fail_all(&mut done, err, Some(w), waiting, &mut inflight).await;
-                return VecDeque::new();
-            }
+            });
         }
         // Responses already in flight behind it are read along with it.
-        while waiting.len() < GATHER_COUNT && waiting.expected() < GATHER_BYTES {
-            let Ok((job, seq)) = inflight.try_recv() else { break };
+        loop {
+            let (job, seq) = match next.take() {
+                Some(j) => j,
+                None if waiting.len() < GATHER_COUNT && waiting.expected() < GATHER_BYTES => {
+                    let Ok(j) = inflight.try_recv() else { break };
+                    j
+                }
+                None => break,
+            };
             if let Err(w) = waiting.push(Waiting { job, seq }) {
                 let err = lost(&addr, "connection lost", "local range outside its leased region");
                 fail_all(&mut done, err, Some(w), waiting, &mut inflight).await;

@@ -141,9 +141,16 @@ impl InBuf {
         self.fill_limit = limit.clamp(1, self.buf.len());
     }
 
-    /// Where a fill's read ends.
-    fn fill_end(&self) -> usize {
-        (self.end + self.fill_limit).min(self.buf.len())
+    /// Where the next fill reads to: the free space after the buffered bytes (moved to the
+    /// front first), at most the fill limit.
+    fn space(&mut self) -> &mut [u8] {
+        if self.start > 0 {
+            self.buf.copy_within(self.start..self.end, 0);
+            self.end -= self.start;
+            self.start = 0;
+        }
+        let to = (self.end + self.fill_limit).min(self.buf.len());
+        &mut self.buf[self.end..to]
     }
 
     /// Buffered bytes.
@@ -153,13 +160,7 @@ impl InBuf {
 
     /// Reads once more from `r` (at least one byte unless end of stream). Returns the bytes read.
     pub(crate) async fn fill<R: AsyncRead + Unpin>(&mut self, r: &mut R) -> std::io::Result<usize> {
-        if self.start > 0 {
-            self.buf.copy_within(self.start..self.end, 0);
-            self.end -= self.start;
-            self.start = 0;
-        }
-        let to = self.fill_end();
-        let n = r.read(&mut self.buf[self.end..to]).await?;
+        let n = r.read(self.space()).await?;
         self.end += n;
         Ok(n)
     }
@@ -167,13 +168,7 @@ impl InBuf {
     /// Reads what `stream` has already received, without waiting: `Ok(0)` at end of stream,
     /// `WouldBlock` when nothing is there.
     pub(crate) fn try_fill(&mut self, stream: &tokio::net::TcpStream) -> std::io::Result<usize> {
-        if self.start > 0 {
-            self.buf.copy_within(self.start..self.end, 0);
-            self.end -= self.start;
-            self.start = 0;
-        }
-        let to = self.fill_end();
-        let n = stream.try_read(&mut self.buf[self.end..to])?;
+        let n = stream.try_read(self.space())?;
         self.end += n;
         Ok(n)
     }
@@ -188,19 +183,13 @@ impl InBuf {
         until: std::time::Instant,
     ) -> std::io::Result<usize> {
         use std::io::Read;
-        if self.start > 0 {
-            self.buf.copy_within(self.start..self.end, 0);
-            self.end -= self.start;
-            self.start = 0;
-        }
         let socket = socket2::SockRef::from(stream);
         // A peer that asks one request at a time asks the next within microseconds: poll
         // tightly that long, then let the runtime's other tasks run between attempts.
         let tight_until = (std::time::Instant::now() + TIGHT_POLL).min(until);
         loop {
             // The socket is non-blocking (tokio's): a read returns at once.
-            let to = self.fill_end();
-            match (&*socket).read(&mut self.buf[self.end..to]) {
+            match (&*socket).read(self.space()) {
                 Ok(n) => {
                     self.end += n;
                     return Ok(n);
@@ -264,15 +253,12 @@ impl InBuf {
 
     /// The next `N` bytes if buffered, left in the buffer.
     pub(crate) fn peek<const N: usize>(&self) -> Option<[u8; N]> {
-        self.buf.get(self.start..self.start + N).filter(|_| self.len() >= N).map(|b| b.try_into().expect("N bytes"))
+        (self.len() >= N).then(|| self.buf[self.start..self.start + N].try_into().expect("N bytes buffered"))
     }
 
     /// Takes `N` bytes if buffered.
     pub(crate) fn take<const N: usize>(&mut self) -> Option<[u8; N]> {
-        if self.len() < N {
-            return None;
-        }
-        let out: [u8; N] = self.buf[self.start..self.start + N].try_into().expect("length checked");
+        let out = self.peek::<N>()?;
         self.start += N;
         Some(out)
     }

@@ -48,6 +48,8 @@ struct Waiting<T> {
 /// The responses one connection waits for, in request order (see the module documentation).
 pub(crate) struct Responses<T> {
     queue: VecDeque<Waiting<T>>,
+    /// Bytes still expected for the waiting responses (their statuses all OK).
+    expected: usize,
     /// Bytes read past a rejected status, for the responses after it.
     carry: Vec<u8>,
     /// Responses carry a status (v2 framing).
@@ -57,7 +59,7 @@ pub(crate) struct Responses<T> {
 impl<T: Destination> Responses<T> {
     /// Nothing waiting yet; `v2` when the peer answers each request with a status.
     pub(crate) fn new(v2: bool) -> Self {
-        Self { queue: VecDeque::new(), carry: Vec::new(), v2 }
+        Self { queue: VecDeque::new(), expected: 0, carry: Vec::new(), v2 }
     }
 
     fn status_len(&self) -> usize {
@@ -68,6 +70,7 @@ impl<T: Destination> Responses<T> {
     /// destination cannot be reached.
     pub(crate) fn push(&mut self, mut item: T) -> Result<(), T> {
         let Some(data_len) = item.data().map(|d| d.len()) else { return Err(item) };
+        self.expected += self.status_len() + data_len;
         self.queue.push_back(Waiting { item, status: [0; STATUS_LEN], got: 0, data_len });
         Ok(())
     }
@@ -84,7 +87,7 @@ impl<T: Destination> Responses<T> {
 
     /// Bytes still expected for the waiting responses (their statuses all OK).
     pub(crate) fn expected(&self) -> usize {
-        self.queue.iter().map(|w| self.status_len() + w.data_len - w.got).sum()
+        self.expected
     }
 
     /// Bytes certain to come whatever the peer answers: every waiting response's status (v2),
@@ -139,6 +142,7 @@ impl<T: Destination> Responses<T> {
 
     /// Accounts for `n` bytes just read into [`slices`](Self::slices).
     pub(crate) fn advance(&mut self, mut n: usize) {
+        self.expected -= n.min(self.expected);
         let status_len = self.status_len();
         for w in self.queue.iter_mut() {
             if n == 0 {
@@ -220,6 +224,7 @@ impl<T: Destination> Responses<T> {
         }
         taken.extend_from_slice(&self.carry);
         self.carry = taken;
+        self.expected = self.queue.iter().map(|w| status_len + w.data_len - w.got).sum();
     }
 }
 
@@ -277,6 +282,8 @@ mod tests {
                 r.push(Expect { id: next, dst: vec![0xEE; answers[next].1] }).unwrap();
                 next += 1;
             }
+            let recount: usize = r.queue.iter().map(|w| r.status_len() + w.data_len - w.got).sum();
+            assert_eq!(r.expected(), recount, "the running count of expected bytes drifted");
             // What is certain to come is never more than what the stream still holds (a reader
             // waits for it without a bound); the carry's bytes came already.
             assert!(r.has_carry() || r.certain() <= bytes.len() - at, "more bytes counted as certain than will come");

@@ -307,8 +307,7 @@ async fn serve_reads(
     first: Header,
     conn: &Conn,
 ) -> Result<(bool, u32), Close> {
-    let lease = |h: &Header| lease(memory, h);
-    let mut reads = vec![(first, lease(&first)?)];
+    let mut reads = vec![(first, lease(memory, &first)?)];
     let mut total = first.size;
     while reads.len() < READS_PER_WRITE && total < READ_BYTES_PER_WRITE {
         let Some(next) = input.peek::<HEADER_LEN>() else { break };
@@ -319,7 +318,7 @@ async fn serve_reads(
         if h.opcode != Opcode::Read || h.v2 != first.v2 {
             break;
         }
-        let Ok(region) = lease(&h) else { break };
+        let Ok(region) = lease(memory, &h) else { break };
         if region.is_none() && !h.v2 {
             break; // v1 cannot say no: the caller closes the connection
         }
