@@ -108,6 +108,9 @@ fn the_null_stream_is_the_default_stream_and_streams_belong_to_a_device() {
     // SAFETY: a destroyed handle must be refused, not dereferenced.
     unsafe {
         assert_eq!(aclrtSynchronizeStream(s), ACL_ERROR_INVALID_PARAM);
+        let mut status = -1;
+        assert_eq!(aclrtStreamQuery(s, &mut status), ACL_ERROR_INVALID_PARAM);
+        assert_eq!(status, -1, "nothing written for a refused query");
         assert_eq!(aclrtDestroyStream(s), ACL_ERROR_INVALID_PARAM);
         assert_eq!(aclrtDestroyStream(std::ptr::null_mut()), ACL_ERROR_INVALID_PARAM);
         assert_eq!(aclrtCreateStream(std::ptr::null_mut()), ACL_ERROR_INVALID_PARAM);
