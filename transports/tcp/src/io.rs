@@ -74,6 +74,50 @@ pub(crate) fn set_rcvlowat(socket: &impl std::os::fd::AsRawFd, bytes: usize) -> 
     if rc == 0 { Ok(()) } else { Err(std::io::Error::last_os_error()) }
 }
 
+/// What a receive buffer holds before the kernel signals it readable while muted
+/// ([`ArrivalSignal::mute`]; Linux caps it at half of `tcp_rmem`'s maximum). Also the receive
+/// buffer the kernel then sizes the socket for, and the least receive window it advertises.
+const MUTED_LOWAT: usize = 4 << 20;
+
+/// Whether a socket's arrivals wake tokio's I/O driver.
+///
+/// While a task reads its socket itself between requests ([`InBuf::poll_fill`]), each arrival
+/// still makes the kernel signal the socket readable. That wakes whichever worker sleeps in the
+/// driver's `epoll_wait` (edge-triggered: once per arrival). That worker finds nothing to do,
+/// yet costs tens of microseconds of a core per request on a virtualised host, taken from the
+/// peer that is sending.
+///
+/// Muting raises `SO_RCVLOWAT`, so the kernel does not signal what arrives. A non-blocking read
+/// still returns what is there (`tcp_recvmsg` with no timeout returns what it copied).
+/// Unmuting sets it back to 1, and Linux then signals at once what arrived meanwhile
+/// (`tcp_set_rcvlowat` calls `tcp_data_ready`), so a wait through tokio after [`unmute`]
+/// misses nothing. Every wait through tokio for bytes must come after [`unmute`].
+///
+/// [`unmute`]: Self::unmute
+#[derive(Debug, Default)]
+pub(crate) struct ArrivalSignal {
+    muted: bool,
+}
+
+impl ArrivalSignal {
+    /// Stops signalling arrivals. Best effort: a socket that refuses keeps signalling them.
+    pub(crate) fn mute(&mut self, socket: &impl std::os::fd::AsRawFd) {
+        if !self.muted {
+            self.muted = set_rcvlowat(socket, MUTED_LOWAT).is_ok();
+        }
+    }
+
+    /// Signals arrivals again, those that came while muted at once. Must succeed before the
+    /// task waits for bytes through tokio: on an error the caller gives the connection up.
+    pub(crate) fn unmute(&mut self, socket: &impl std::os::fd::AsRawFd) -> std::io::Result<()> {
+        if self.muted {
+            set_rcvlowat(socket, 1)?;
+            self.muted = false;
+        }
+        Ok(())
+    }
+}
+
 /// What one non-blocking attempt of [`poll_progress`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Step {
@@ -113,6 +157,47 @@ fn poll_progress(
             Step::Blocked => std::hint::spin_loop(),
             done => return Ok(done),
         }
+    }
+}
+
+/// How many of a multi-threaded runtime's workers tasks may hold at once while they poll a
+/// socket without yielding ([`InBuf::poll_fill`] with `hold`): all but one, so one worker is
+/// always left for the I/O driver and every other task. None on a runtime of one worker, where
+/// a yield wakes no other thread.
+#[derive(Debug)]
+pub(crate) struct SpareWorkers {
+    held: std::sync::atomic::AtomicUsize,
+    limit: usize,
+}
+
+impl SpareWorkers {
+    /// All but one of `workers`.
+    pub(crate) fn of(workers: usize) -> Self {
+        Self { held: std::sync::atomic::AtomicUsize::new(0), limit: workers.saturating_sub(1) }
+    }
+
+    /// All but one of the current runtime's workers.
+    pub(crate) fn of_current_runtime() -> Self {
+        Self::of(tokio::runtime::Handle::current().metrics().num_workers())
+    }
+
+    /// Holds one until the returned guard drops; `None` when all are held.
+    pub(crate) fn try_hold(&self) -> Option<HeldWorker<'_>> {
+        use std::sync::atomic::Ordering;
+        self.held
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < self.limit).then_some(n + 1))
+            .ok()
+            .map(|_| HeldWorker(self))
+    }
+}
+
+/// One of [`SpareWorkers`], held until dropped.
+#[derive(Debug)]
+pub(crate) struct HeldWorker<'a>(&'a SpareWorkers);
+
+impl Drop for HeldWorker<'_> {
+    fn drop(&mut self) {
+        self.0.held.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
     }
 }
 
@@ -166,27 +251,37 @@ impl InBuf {
     }
 
     /// Reads what `stream` has already received, without waiting: `Ok(0)` at end of stream,
-    /// `WouldBlock` when nothing is there.
+    /// `WouldBlock` when nothing is there. Straight from the socket: tokio's readiness, which
+    /// only its driver sets, may not know yet of what arrived (or never, while muted:
+    /// [`ArrivalSignal`]).
     pub(crate) fn try_fill(&mut self, stream: &tokio::net::TcpStream) -> std::io::Result<usize> {
-        let n = stream.try_read(self.space())?;
+        use std::io::Read;
+        let n = (&*socket2::SockRef::from(stream)).read(self.space())?;
         self.end += n;
         Ok(n)
     }
 
     /// Polls `stream` for bytes until `until`, without sleeping: reads straight from the socket
-    /// (tokio's readiness, which only its driver sets, would say nothing has come): tightly for
-    /// [`TIGHT_POLL`], then yielding to the runtime's other tasks between attempts. `Ok(0)` at
+    /// (tokio's readiness, which only its driver sets, would say nothing has come). `Ok(0)` at
     /// end of stream, `WouldBlock` when nothing came in time.
+    ///
+    /// With `hold` (the caller holds one of the runtime's spare workers, [`SpareWorkers`]) it
+    /// polls tightly all the way. Without, tightly for [`TIGHT_POLL`], then yielding to the
+    /// runtime's other tasks between attempts. Each such yield on a multi-threaded runtime makes
+    /// the worker search for work and, on finding this task again, wake an idle worker (tokio's
+    /// rule for its last searching worker): tens of microseconds of another core per yield on a
+    /// virtualised host, which is why a holder does not yield.
     pub(crate) async fn poll_fill(
         &mut self,
         stream: &tokio::net::TcpStream,
         until: std::time::Instant,
+        hold: bool,
     ) -> std::io::Result<usize> {
         use std::io::Read;
         let socket = socket2::SockRef::from(stream);
         // A peer that asks one request at a time asks the next within microseconds: poll
         // tightly that long, then let the runtime's other tasks run between attempts.
-        let tight_until = (std::time::Instant::now() + TIGHT_POLL).min(until);
+        let tight_until = if hold { until } else { (std::time::Instant::now() + TIGHT_POLL).min(until) };
         loop {
             // The socket is non-blocking (tokio's): a read returns at once.
             match (&*socket).read(self.space()) {
@@ -213,12 +308,14 @@ impl InBuf {
     /// while bytes keep coming within `spin` of each other, and waiting through tokio
     /// ([`read_exact`](Self::read_exact)) once they stop. `stop` is asked before every read:
     /// when it says so, nothing more is read and `Ok(false)` is returned (`Ok(true)`: filled).
+    /// `before_wait` runs before that wait (an [`ArrivalSignal::unmute`]).
     pub(crate) async fn read_exact_polling(
         &mut self,
         stream: &mut tokio::net::TcpStream,
         dst: &mut [u8],
         spin: std::time::Duration,
         stop: impl Fn() -> bool,
+        before_wait: impl FnOnce(&tokio::net::TcpStream) -> std::io::Result<()>,
     ) -> std::io::Result<bool> {
         use std::io::Read;
         let n = self.len().min(dst.len());
@@ -246,6 +343,7 @@ impl InBuf {
             return Ok(false);
         }
         if at < dst.len() {
+            before_wait(stream)?;
             stream.read_exact(&mut dst[at..]).await?;
         }
         Ok(true)
@@ -308,25 +406,94 @@ mod tests {
 
     #[tokio::test]
     async fn poll_fill_takes_what_comes_in_time_and_gives_up_after() {
+        for hold in [false, true] {
+            poll_fill_case(hold).await;
+        }
+    }
+
+    async fn poll_fill_case(hold: bool) {
         let (mut a, b) = pair().await;
         let mut input = InBuf::new(64);
         let started = Instant::now();
-        let e = input.poll_fill(&b, Instant::now() + Duration::from_millis(5)).await.unwrap_err();
+        let e = input.poll_fill(&b, Instant::now() + Duration::from_millis(5), false).await.unwrap_err();
         assert_eq!(e.kind(), std::io::ErrorKind::WouldBlock);
         assert!(started.elapsed() >= Duration::from_millis(5));
         a.write_all(b"hello").await.unwrap();
-        let n = input.poll_fill(&b, Instant::now() + Duration::from_secs(5)).await.unwrap();
+        let n = input.poll_fill(&b, Instant::now() + Duration::from_secs(5), hold).await.unwrap();
         assert!((1..=5).contains(&n));
         drop(a);
         let mut got = input.take::<1>().unwrap().to_vec();
         while got.len() < 5 {
             if input.len() == 0 {
-                input.poll_fill(&b, Instant::now() + Duration::from_secs(5)).await.unwrap();
+                input.poll_fill(&b, Instant::now() + Duration::from_secs(5), hold).await.unwrap();
             }
             got.push(input.take::<1>().unwrap()[0]);
         }
         assert_eq!(got, b"hello");
-        assert_eq!(input.poll_fill(&b, Instant::now() + Duration::from_secs(5)).await.unwrap(), 0, "end of stream");
+        assert_eq!(
+            input.poll_fill(&b, Instant::now() + Duration::from_secs(5), hold).await.unwrap(),
+            0,
+            "end of stream"
+        );
+    }
+
+    /// Whether `s` polls readable now (`poll` with no wait: what `epoll` would report).
+    fn readable_now(s: &TcpStream) -> bool {
+        use std::os::fd::AsRawFd;
+        let mut fd = libc::pollfd { fd: s.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+        // SAFETY: one live `pollfd`, as the count says; no wait.
+        let n = unsafe { libc::poll(&mut fd, 1, 0) };
+        n == 1 && fd.revents & libc::POLLIN != 0
+    }
+
+    #[tokio::test]
+    async fn a_muted_socket_signals_nothing_yet_reads_and_unmuting_signals_what_came() {
+        let (mut a, b) = pair().await;
+        let readable = || tokio::time::timeout(Duration::from_millis(50), b.ready(tokio::io::Interest::READABLE));
+        let mut scratch = [0u8; 16];
+        // A read through tokio that finds nothing clears what tokio believes (a new socket may
+        // start out "readable"): from here on, only an event from the kernel makes it readable.
+        let forget = |b: &TcpStream, scratch: &mut [u8]| {
+            assert_eq!(b.try_read(scratch).unwrap_err().kind(), std::io::ErrorKind::WouldBlock);
+        };
+        forget(&b, &mut scratch);
+        let mut signal = ArrivalSignal::default();
+        signal.mute(&b);
+        a.write_all(b"header").await.unwrap();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(!readable_now(&b), "an arrival on a muted socket is not signalled");
+        assert!(readable().await.is_err(), "nor does tokio's driver hear of it");
+        let mut input = InBuf::new(64);
+        assert_eq!(input.try_fill(&b).unwrap(), 6, "a non-blocking read still takes it");
+        a.write_all(b"next").await.unwrap();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(!readable_now(&b));
+        signal.unmute(&b).unwrap();
+        assert!(readable_now(&b), "unmuting signals what came while muted");
+        assert!(readable().await.is_ok(), "and tokio's wait ends");
+        assert_eq!(input.try_fill(&b).unwrap(), 4);
+        signal.unmute(&b).unwrap(); // twice is harmless
+        forget(&b, &mut scratch);
+        a.write_all(b"!").await.unwrap();
+        assert!(
+            tokio::time::timeout(Duration::from_secs(5), b.readable()).await.is_ok(),
+            "arrivals are signalled again"
+        );
+    }
+
+    #[test]
+    fn spare_workers_are_all_but_one_and_come_back_when_dropped() {
+        let none = SpareWorkers::of(1);
+        assert!(none.try_hold().is_none(), "a runtime of one worker has none to spare");
+        let three = SpareWorkers::of(4);
+        let held: Vec<_> = (0..3).map(|_| three.try_hold().expect("three to spare")).collect();
+        assert!(three.try_hold().is_none(), "the fourth worker stays free");
+        drop(held);
+        assert!(three.try_hold().is_some(), "released on drop");
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).build().unwrap();
+        let two = rt.block_on(async { SpareWorkers::of_current_runtime() });
+        let one = two.try_hold();
+        assert!(one.is_some() && two.try_hold().is_none(), "a runtime of two workers spares one");
     }
 
     #[tokio::test]
@@ -343,13 +510,17 @@ mod tests {
             a
         });
         let mut dst = vec![0u8; 100_003];
-        assert!(input.read_exact_polling(&mut b, &mut dst, Duration::from_micros(50), || false).await.unwrap());
+        assert!(
+            input.read_exact_polling(&mut b, &mut dst, Duration::from_micros(50), || false, |_| Ok(())).await.unwrap()
+        );
         assert_eq!(&dst[..3], b"abc");
         assert!(dst[3..].iter().all(|&x| x == 7));
         let mut a = writer.await.unwrap();
         a.write_all(b"xyz").await.unwrap();
         let mut dst = [0u8; 3];
-        assert!(!input.read_exact_polling(&mut b, &mut dst, Duration::from_millis(50), || true).await.unwrap());
+        assert!(
+            !input.read_exact_polling(&mut b, &mut dst, Duration::from_millis(50), || true, |_| Ok(())).await.unwrap()
+        );
         assert_eq!(dst, [0; 3], "nothing read once told to stop");
     }
 

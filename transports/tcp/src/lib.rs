@@ -161,6 +161,7 @@ impl TcpTransport {
             max_drain: 16 << 20,
             max_connections: options.connections() as usize,
             per_ip: options.connections_per_ip() as usize,
+            next_request_poll: ferry_core::batch::spin_before_sleep(),
         });
         let (stop, stop_rx) = watch::channel(false);
         let server = ctx.runtime.spawn(target::serve(listener, ctx.memory.clone(), limits, auth.clone(), stop_rx));

@@ -30,7 +30,7 @@ use tokio::time::{Instant, timeout_at};
 use crate::auth::DataAuth;
 use crate::conns::{Admitted, Conn, ConnTable, Stop};
 use crate::fence;
-use crate::io::{InBuf, write_all_vectored_polling};
+use crate::io::{ArrivalSignal, InBuf, SpareWorkers, write_all_vectored_polling};
 use crate::memory::{bytes, bytes_mut};
 use crate::wire::{HEADER_LEN, Header, Status};
 use ferry_listener::AcceptBackoff;
@@ -56,6 +56,9 @@ pub(crate) struct TargetLimits {
     pub(crate) max_connections: usize,
     /// Connections per remote IP address before the idlest of them is closed for a new one.
     pub(crate) per_ip: usize,
+    /// How long a connection whose peer asks one request at a time polls for the next one
+    /// after serving one, before it sleeps ([`ferry_core::batch::spin_before_sleep`]).
+    pub(crate) next_request_poll: Duration,
 }
 
 /// Why a connection was closed.
@@ -101,6 +104,7 @@ pub(crate) async fn serve(
 ) {
     let mut conns = JoinSet::new();
     let table = ConnTable::new(limits.per_ip);
+    let spare = Arc::new(SpareWorkers::of_current_runtime());
     let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections));
     let mut backoff = AcceptBackoff::new("tcp target");
     loop {
@@ -127,6 +131,7 @@ pub(crate) async fn serve(
                 let memory = memory.clone();
                 let limits = limits.clone();
                 let auth = auth.clone();
+                let spare = spare.clone();
                 // Counted against its address before it proves anything: a flood of
                 // unauthenticated connections is held to the per-address limit too.
                 let admitted = table.admit(peer);
@@ -135,7 +140,7 @@ pub(crate) async fn serve(
                     if !auth.admit(&mut stream, peer, limits.header).await {
                         return;
                     }
-                    let outcome = serve_connection(stream, &admitted, &memory, &limits).await;
+                    let outcome = serve_connection(stream, &admitted, &memory, &limits, &spare).await;
                     match outcome {
                         Close::Eof | Close::Idle | Close::Evicted | Close::Fenced | Close::Shutdown => {
                             tracing::trace!(%peer, reason = %outcome, "tcp target: connection closed")
@@ -163,6 +168,7 @@ async fn serve_connection(
     admitted: &Admitted,
     memory: &MemoryRegistry,
     limits: &TargetLimits,
+    spare: &SpareWorkers,
 ) -> Close {
     if let Err(e) = stream.set_nodelay(true) {
         return Close::Io(e);
@@ -170,8 +176,11 @@ async fn serve_connection(
     let conn = admitted.conn();
     // Pipelined headers arrive together: one read serves many of them.
     let mut input = InBuf::new(64 * 1024);
+    // Muted while this task polls the socket itself, so arrivals do not wake the driver's
+    // thread for nothing; unmuted before every wait for bytes through tokio.
+    let mut arrivals = ArrivalSignal::default();
     let mut idle_until = Instant::now() + limits.idle;
-    let spin = ferry_core::batch::spin_before_sleep();
+    let spin = limits.next_request_poll;
     // When the last request was served (the poll for the next one starts there).
     let mut served_at: Option<std::time::Instant> = None;
     // Requests taken from `input` since it was last filled: 1 when the peer asks one at a time
@@ -188,13 +197,18 @@ async fn serve_connection(
                 // Right after a request, poll for the next one before sleeping: a peer that sends
                 // one request at a time sends the next within microseconds, and waking this
                 // task from the driver costs tens of them on a virtualised host. Only for a peer
-                // that asks one request at a time (`since_fill`), and the poll yields to the
-                // runtime's other tasks after its first microseconds.
+                // that asks one request at a time (`since_fill`). The poll holds its worker
+                // when one is spare (one always stays free for the driver and other tasks), and
+                // else yields to the runtime's other tasks after its first microseconds.
                 if let Some(since) = served_at.take()
                     && since_fill == 1
                     && !spin.is_zero()
                 {
-                    match input.poll_fill(&stream, since + spin).await {
+                    arrivals.mute(&stream);
+                    let held = spare.try_hold();
+                    let polled = input.poll_fill(&stream, since + spin, held.is_some()).await;
+                    drop(held);
+                    match polled {
                         Ok(0) => return Close::Eof,
                         Ok(_) => {
                             since_fill = 0;
@@ -210,6 +224,9 @@ async fn serve_connection(
                     }
                 }
                 // Between requests: until the idle deadline, or until asked to stop.
+                if let Err(e) = arrivals.unmute(&stream) {
+                    return Close::Io(e);
+                }
                 tokio::select! {
                     biased;
                     read = timeout_at(idle_until, input.fill(&mut stream)) => match read {
@@ -236,6 +253,9 @@ async fn serve_connection(
             } else {
                 // Once a header started it must complete, by one deadline however it trickles.
                 let due = *header_due.get_or_insert_with(|| Instant::now() + limits.header);
+                if let Err(e) = arrivals.unmute(&stream) {
+                    return Close::Io(e);
+                }
                 match timeout_at(due, input.fill(&mut stream)).await {
                     Err(_) => return Close::Protocol("header not completed in time".into()),
                     Ok(Ok(0)) => return Close::Protocol("connection closed inside a header".into()),
@@ -247,6 +267,9 @@ async fn serve_connection(
         if fence::is_fence(&hdr) {
             let size = u64::from_le_bytes(hdr[..8].try_into().expect("8 bytes"));
             let due = Instant::now() + limits.header;
+            if let Err(e) = arrivals.unmute(&stream) {
+                return Close::Io(e);
+            }
             match fence::serve(&mut stream, &mut input, size, admitted, due).await {
                 Ok(_) => continue, // not a request inside registered memory: the idle deadline stays
                 Err(e) => return Close::Protocol(format!("fence request: {e}")),
@@ -267,7 +290,7 @@ async fn serve_connection(
                 since_fill += more;
                 Ok(served)
             } else {
-                serve_write(&mut stream, &mut input, memory, header, limits, conn).await
+                serve_write(&mut stream, &mut input, memory, header, limits, conn, &mut arrivals).await
             }
         };
         match timeout_at(due, serving).await {
@@ -286,6 +309,9 @@ async fn serve_connection(
             }
             Ok(Ok(false)) => {}
         }
+        // A task whose peer keeps asking within the poll never waits for its socket: this lets
+        // the runtime run its worker's other tasks every so many requests (tokio's budget).
+        tokio::task::consume_budget().await;
     }
 }
 
@@ -376,6 +402,7 @@ async fn serve_write(
     h: Header,
     limits: &TargetLimits,
     conn: &Conn,
+    arrivals: &mut ArrivalSignal,
 ) -> Result<bool, Close> {
     let ok = Status::Ok.encode();
     match lease(memory, &h)? {
@@ -394,7 +421,7 @@ async fn serve_write(
             let spin = ferry_core::batch::spin_before_sleep();
             tokio::select! {
                 biased;
-                copied = input.read_exact_polling(stream, data, spin, || conn.fenced()) => {
+                copied = input.read_exact_polling(stream, data, spin, || conn.fenced(), |s| arrivals.unmute(s)) => {
                     if !copied? {
                         return Err(Close::Fenced);
                     }
@@ -417,6 +444,7 @@ async fn serve_write(
                 stream.write_all(&Status::Rejected.encode()).await?;
                 return Err(Close::Protocol(format!("rejected write of {} bytes is too large to drain", h.size)));
             }
+            arrivals.unmute(&*stream)?;
             input.skip(stream, h.size).await?;
             stream.write_all(&Status::Rejected.encode()).await?;
             Ok(false)
@@ -431,9 +459,15 @@ mod tests {
     use ferry_core::Location;
 
     use super::*;
+    use crate::wire::STATUS_LEN;
 
     /// A target over a registered buffer of 4 KiB with an idle limit of 600 ms; its port.
     async fn target(buf: &[u8]) -> (u16, watch::Sender<bool>) {
+        target_polling(buf, ferry_core::batch::spin_before_sleep()).await
+    }
+
+    /// [`target`], whose connections poll for a peer's next request this long.
+    async fn target_polling(buf: &[u8], next_request_poll: Duration) -> (u16, watch::Sender<bool>) {
         let memory = Arc::new(MemoryRegistry::new());
         #[allow(unsafe_code)]
         // SAFETY: the test's buffer outlives the target (the test awaits nothing after it).
@@ -445,6 +479,7 @@ mod tests {
             max_drain: 1 << 20,
             max_connections: 64,
             per_ip: 64,
+            next_request_poll,
         });
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
@@ -496,5 +531,52 @@ mod tests {
             );
         }
         assert_eq!(real.unwrap(), None, "served requests keep a connection open");
+    }
+
+    /// A peer that pauses anywhere after a request (before its next header, inside one, inside
+    /// a WRITE's payload) while the target polls for that request with arrivals muted is still
+    /// served: each wait through tokio comes after the unmute, which signals what came meanwhile.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_peer_that_pauses_anywhere_while_the_target_polls_is_served() {
+        let buf = vec![0u8; 4096];
+        // A poll long enough that this test's next bytes surely arrive inside it.
+        let (port, _stop) = target_polling(&buf, Duration::from_millis(10)).await;
+        let addr = buf.as_ptr() as u64;
+        let client = tokio::task::spawn_blocking(move || {
+            let pause = Duration::from_millis(100);
+            let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+            s.set_nodelay(true).unwrap();
+            // Well inside every deadline (idle 600 ms, header 500 ms, request 1 s): a target that
+            // missed an arrival would answer only when a deadline closes the connection.
+            s.set_read_timeout(Some(Duration::from_millis(400))).unwrap();
+            let read = Header { size: 8, addr, opcode: Opcode::Read, v2: true }.encode();
+            let mut answer = [0u8; STATUS_LEN + 8];
+            let mut ask = |s: &mut std::net::TcpStream, what: &str| {
+                s.write_all(&read).unwrap();
+                s.read_exact(&mut answer).unwrap_or_else(|e| panic!("{what}: {e}"));
+                assert_eq!(&answer[..STATUS_LEN], &Status::Ok.encode(), "{what}");
+            };
+            ask(&mut s, "first request");
+            // Past the poll: the target sleeps on the socket.
+            std::thread::sleep(pause);
+            ask(&mut s, "a request after a pause");
+            // Half a header inside the poll, the rest after it.
+            s.write_all(&read[..10]).unwrap();
+            std::thread::sleep(pause);
+            s.write_all(&read[10..]).unwrap();
+            s.read_exact(&mut answer).expect("a header split by a pause is answered");
+            assert_eq!(&answer[..STATUS_LEN], &Status::Ok.encode());
+            // A WRITE whose payload stops halfway for longer than the target polls for it.
+            let write = Header { size: 64, addr: addr + 64, opcode: Opcode::Write, v2: true }.encode();
+            let payload = [0x5au8; 64];
+            s.write_all(&[&write[..], &payload[..32]].concat()).unwrap();
+            std::thread::sleep(pause);
+            s.write_all(&payload[32..]).unwrap();
+            let mut status = [0u8; STATUS_LEN];
+            s.read_exact(&mut status).expect("a WRITE whose payload paused is answered");
+            assert_eq!(status, Status::Ok.encode());
+        });
+        client.await.unwrap();
+        assert!(buf[64..128].iter().all(|&b| b == 0x5a), "the paused WRITE landed whole");
     }
 }
