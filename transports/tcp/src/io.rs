@@ -160,44 +160,69 @@ fn poll_progress(
     }
 }
 
-/// How many of a multi-threaded runtime's workers tasks may hold at once while they poll a
-/// socket without yielding ([`InBuf::poll_fill`] with `hold`): all but one, so one worker is
-/// always left for the I/O driver and every other task. None on a runtime of one worker, where
-/// a yield wakes no other thread.
+/// Which tasks may hold a worker of a multi-threaded runtime while they poll a socket without
+/// yielding ([`InBuf::poll_fill`] with `hold`).
+///
+/// - **All but one worker at most**, so one is always left for the I/O driver and every other
+///   task. None on a runtime of one worker, where a yield wakes no other thread.
+/// - **Only while few connections are awake**: no more than the runtime has workers. Awake
+///   means serving a request or polling for the next, as opposed to asleep in tokio. Several
+///   busy connections (a peer's lanes pipelining) need every worker: a poll that held one would
+///   idle a core that they could use. Those connections poll yielding, as before.
 #[derive(Debug)]
 pub(crate) struct SpareWorkers {
     held: std::sync::atomic::AtomicUsize,
-    limit: usize,
+    awake: std::sync::atomic::AtomicUsize,
+    workers: usize,
 }
 
 impl SpareWorkers {
-    /// All but one of `workers`.
+    /// For a runtime of `workers` workers.
     pub(crate) fn of(workers: usize) -> Self {
-        Self { held: std::sync::atomic::AtomicUsize::new(0), limit: workers.saturating_sub(1) }
+        Self { held: Default::default(), awake: Default::default(), workers }
     }
 
-    /// All but one of the current runtime's workers.
+    /// For the current runtime.
     pub(crate) fn of_current_runtime() -> Self {
         Self::of(tokio::runtime::Handle::current().metrics().num_workers())
     }
 
-    /// Holds one until the returned guard drops; `None` when all are held.
+    /// Counts a connection awake until the returned guard drops.
+    pub(crate) fn awake(&self) -> Awake<'_> {
+        self.awake.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        Awake(self)
+    }
+
+    /// Holds a worker until the returned guard drops; `None` when all but one are held, or
+    /// when more connections are awake than there are workers.
     pub(crate) fn try_hold(&self) -> Option<HeldWorker<'_>> {
         use std::sync::atomic::Ordering;
-        self.held
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < self.limit).then_some(n + 1))
-            .ok()
-            .map(|_| HeldWorker(self))
+        if self.awake.load(Ordering::Acquire) > self.workers {
+            return None;
+        }
+        let spare = self.workers.saturating_sub(1);
+        self.held.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < spare).then_some(n + 1)).ok()?;
+        Some(HeldWorker(self))
     }
 }
 
-/// One of [`SpareWorkers`], held until dropped.
+/// A worker of [`SpareWorkers`], held until dropped.
 #[derive(Debug)]
 pub(crate) struct HeldWorker<'a>(&'a SpareWorkers);
 
 impl Drop for HeldWorker<'_> {
     fn drop(&mut self) {
         self.0.held.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+    }
+}
+
+/// A connection counted awake by [`SpareWorkers::awake`], until dropped.
+#[derive(Debug)]
+pub(crate) struct Awake<'a>(&'a SpareWorkers);
+
+impl Drop for Awake<'_> {
+    fn drop(&mut self) {
+        self.0.awake.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
     }
 }
 
@@ -494,6 +519,18 @@ mod tests {
         let two = rt.block_on(async { SpareWorkers::of_current_runtime() });
         let one = two.try_hold();
         assert!(one.is_some() && two.try_hold().is_none(), "a runtime of two workers spares one");
+    }
+
+    #[test]
+    fn no_worker_is_held_while_more_connections_are_awake_than_there_are_workers() {
+        let two = SpareWorkers::of(2);
+        let (a, b) = (two.awake(), two.awake());
+        assert!(two.try_hold().is_some(), "two connections awake on two workers: one may hold");
+        let c = two.awake();
+        assert!(two.try_hold().is_none(), "three awake: every worker is needed");
+        drop(c);
+        assert!(two.try_hold().is_some(), "counted asleep again on drop");
+        drop((a, b));
     }
 
     #[tokio::test]

@@ -180,6 +180,8 @@ async fn serve_connection(
     // thread for nothing; unmuted before every wait for bytes through tokio.
     let mut arrivals = ArrivalSignal::default();
     let mut idle_until = Instant::now() + limits.idle;
+    // Counted awake except while asleep in tokio between requests.
+    let mut awake = Some(spare.awake());
     let spin = limits.next_request_poll;
     // When the last request was served (the poll for the next one starts there).
     let mut served_at: Option<std::time::Instant> = None;
@@ -204,8 +206,10 @@ async fn serve_connection(
                     && since_fill == 1
                     && !spin.is_zero()
                 {
-                    arrivals.mute(&stream);
                     let held = spare.try_hold();
+                    if held.is_some() {
+                        arrivals.mute(&stream);
+                    }
                     let polled = input.poll_fill(&stream, since + spin, held.is_some()).await;
                     drop(held);
                     match polled {
@@ -227,6 +231,7 @@ async fn serve_connection(
                 if let Err(e) = arrivals.unmute(&stream) {
                     return Close::Io(e);
                 }
+                drop(awake.take());
                 tokio::select! {
                     biased;
                     read = timeout_at(idle_until, input.fill(&mut stream)) => match read {
@@ -250,6 +255,7 @@ async fn serve_connection(
                         None => {}
                     },
                 }
+                awake = Some(spare.awake());
             } else {
                 // Once a header started it must complete, by one deadline however it trickles.
                 let due = *header_due.get_or_insert_with(|| Instant::now() + limits.header);
