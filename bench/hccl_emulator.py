@@ -128,12 +128,21 @@ def build_paths(root, profile):
     return peer_bin, emu
 
 
-def one_round(tmp, hccn, peer_bin, emu, repeat, extra_env, only, old=False):
-    """Every case once with one build (`old`: a build without `--async-submit`)."""
+def has_async_submit(peer_bin):
+    """Whether this `ascend_peer` build takes `--async-submit`: the builds that report
+    `on_caller_thread` (the caller-thread path came with both; the option's own text does not
+    survive optimisation as a string)."""
+    with open(peer_bin, "rb") as f:
+        return b"on_caller_thread" in f.read()
+
+
+def one_round(tmp, hccn, peer_bin, emu, repeat, extra_env, only):
+    """Every case once with one build (the `_handoff` cases only when it has `--async-submit`)."""
     libdir = lib_dir(tmp, emu)
     cases = {}
+    handoff = has_async_submit(peer_bin)
     for name, reads, block_len, env, extra_args in CASES:
-        if (only and name not in only) or (old and extra_args):
+        if (only and name not in only) or (extra_args and not handoff):
             continue
         blocks = max(2 * reads, 8)
         n = repeat if block_len <= 4096 else max(repeat // 4, 50)
@@ -175,7 +184,7 @@ def main():
             f.write("address_4=127.0.0.5\naddress_5=127.0.0.6\n")
         for _ in range(args.rounds):
             for b, (peer_bin, emu) in builds.items():
-                rounds[b].append(one_round(tmp, hccn, peer_bin, emu, args.repeat, extra_env, args.case, old=b == "old"))
+                rounds[b].append(one_round(tmp, hccn, peer_bin, emu, args.repeat, extra_env, args.case))
     meta = {"date": time.strftime("%Y-%m-%d"), "cores": os.cpu_count(), "repeat": args.repeat, "rounds": args.rounds,
             "wait_spin_us": args.wait_spin_us, "builds": {b: os.path.abspath(args.baseline if b == "old" else args.root)
                                                           for b in builds}}

@@ -35,7 +35,10 @@
 //! process's device, never on async workers. A one-sided batch on a ready communicator is
 //! queued by `submit`, on the caller's thread, on the peer's device thread, which runs it and
 //! completes it: one thread hand-off per batch ([`Stats::handoffs`]), while a watchdog task per
-//! peer reports the deadline if it passes first. When the caller waits for the batch on its
+//! peer reports the deadline if it passes first. The device thread polls its queue for
+//! [`spin_before_sleep`](ferry_core::batch::spin_before_sleep) after each job
+//! ([`DeviceThread::set_idle_poll`](ferry_ascend_runtime::DeviceThread::set_idle_poll)), so a
+//! caller that submits one batch after another rarely has to wake it. When the caller waits for the batch on its
 //! own thread ([`Submission::caller_waits`](ferry_core::Submission::caller_waits)) and that
 //! thread has the device's context current, `submit` runs the batch there instead
 //! ([`DeviceThread::run_here`](ferry_ascend_runtime::DeviceThread::run_here)): no hand-off

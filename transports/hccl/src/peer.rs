@@ -635,6 +635,8 @@ impl Peer {
                 .await
                 .map_err(|e| Error::new(ErrorKind::Internal, format!("starting a device thread: {e}")))?
                 .map_err(|e| hccl_error("ascend transport: starting a device thread".into(), e))?;
+                // A caller that hands one batch after another to this thread finds it awake.
+                t.set_idle_poll(ferry_core::batch::spin_before_sleep());
                 Ok(Arc::new(t))
             })
             .await

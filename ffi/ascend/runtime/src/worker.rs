@@ -13,7 +13,7 @@
 //! count below are that ordering.
 
 use std::panic::AssertUnwindSafe;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -76,6 +76,9 @@ pub struct DeviceThread<S: 'static> {
     /// that function.
     context: Option<usize>,
     lib: Arc<Library>,
+    /// How long, in microseconds, the thread polls its queue after a job before it sleeps
+    /// ([`set_idle_poll`](Self::set_idle_poll)).
+    idle_poll_us: Arc<AtomicU64>,
 }
 
 impl<S: 'static> std::fmt::Debug for DeviceThread<S> {
@@ -103,6 +106,8 @@ impl<S: 'static> DeviceThread<S> {
         let thread_state = state.clone();
         let queued = Arc::new(AtomicUsize::new(0));
         let thread_queued = queued.clone();
+        let idle_poll_us = Arc::new(AtomicU64::new(0));
+        let thread_idle_poll = idle_poll_us.clone();
         let thread_name = name.clone();
         let handle = std::thread::Builder::new()
             .name(name.clone())
@@ -120,7 +125,7 @@ impl<S: 'static> DeviceThread<S> {
                         return;
                     }
                 };
-                while let Ok(job) = rx.recv() {
+                while let Some(job) = next_job(&rx, Duration::from_micros(thread_idle_poll.load(Ordering::Relaxed))) {
                     let mut held = lock(&thread_state);
                     if let Some((device, state)) = held.0.as_mut()
                         && std::panic::catch_unwind(AssertUnwindSafe(|| job(device, state))).is_err()
@@ -155,7 +160,18 @@ impl<S: 'static> DeviceThread<S> {
             queued,
             context,
             lib: lib.clone(),
+            idle_poll_us,
         })
+    }
+
+    /// Makes the thread poll its queue for `poll` after each job before it sleeps (zero, the
+    /// default: it sleeps at once). A caller that submits one batch after another then finds
+    /// it awake: waking a sleeping thread costs tens of microseconds on a virtualised host,
+    /// more than a small batch. The poll yields the core between attempts (`sched_yield`), so a
+    /// thread that needs the core meanwhile (the caller, an I/O thread) gets it.
+    pub fn set_idle_poll(&self, poll: Duration) {
+        let us = u64::try_from(poll.as_micros()).unwrap_or(u64::MAX);
+        self.idle_poll_us.store(us, Ordering::Relaxed);
     }
 
     /// The thread's name.
@@ -247,6 +263,24 @@ impl<S: 'static> Drop for DeviceThread<S> {
     }
 }
 
+/// The next job, polling `rx` for `poll` before sleeping on it, and yielding the core between
+/// attempts (a spin that did not yield kept the emulated device's own threads waiting for a
+/// core, on two cores); `None` once it is closed and empty.
+fn next_job<J>(rx: &mpsc::Receiver<J>, poll: Duration) -> Option<J> {
+    if !poll.is_zero() {
+        let until = Instant::now() + poll;
+        loop {
+            match rx.try_recv() {
+                Ok(job) => return Some(job),
+                Err(mpsc::TryRecvError::Disconnected) => return None,
+                Err(mpsc::TryRecvError::Empty) if Instant::now() >= until => break,
+                Err(mpsc::TryRecvError::Empty) => std::thread::yield_now(),
+            }
+        }
+    }
+    rx.recv().ok()
+}
+
 /// The lock, whoever panicked while holding it (a job's panic is caught inside it).
 fn lock<S>(m: &Mutex<OnDevice<S>>) -> std::sync::MutexGuard<'_, OnDevice<S>> {
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -275,12 +309,50 @@ impl Drop for SetOnDrop {
 #[cfg(test)]
 mod tests {
     use std::sync::mpsc;
-    use std::time::Duration;
+    use std::time::{Duration, Instant};
 
     use ferry_ascend_sys::test_support::{Emulator, emulator_lib_dir};
     use ferry_ascend_sys::{Library, SearchPath};
 
     use super::*;
+
+    #[test]
+    fn the_next_job_is_taken_while_polling_or_after_and_a_closed_queue_ends_the_poll() {
+        let (tx, rx) = mpsc::channel::<u32>();
+        tx.send(1).unwrap();
+        assert_eq!(next_job(&rx, Duration::from_secs(60)), Some(1), "a queued job at once");
+        let sender = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(20));
+            tx.send(2).unwrap();
+            std::thread::sleep(Duration::from_millis(100));
+            tx.send(3).unwrap();
+        });
+        assert_eq!(next_job(&rx, Duration::from_secs(60)), Some(2), "one sent during the poll");
+        let t = Instant::now();
+        assert_eq!(next_job(&rx, Duration::from_millis(1)), Some(3), "one sent after the poll: a sleeping wait");
+        assert!(t.elapsed() >= Duration::from_millis(50));
+        sender.join().unwrap();
+        let t = Instant::now();
+        assert_eq!(next_job(&rx, Duration::from_secs(60)), None, "a closed queue ends the poll");
+        assert!(t.elapsed() < Duration::from_secs(30));
+    }
+
+    /// A thread that polls its queue for a long time after each job still runs jobs in order
+    /// and stops at once when asked.
+    #[test]
+    fn a_polling_device_thread_runs_jobs_in_order_and_stops_at_once() {
+        let dir = emulator_lib_dir(Emulator::Current).unwrap_or_else(|e| panic!("{e}"));
+        let lib = Library::load_from(&SearchPath::only(dir.path())).unwrap();
+        let worker = DeviceThread::spawn(&lib, 1, "test-poll", |_| Ok(Vec::new())).unwrap();
+        worker.set_idle_poll(Duration::from_secs(60));
+        for i in 0..100u32 {
+            worker.submit(move |_, seen: &mut Vec<u32>| seen.push(i)).unwrap();
+        }
+        assert_eq!(worker.call(|_, seen| seen.clone()).unwrap(), (0..100).collect::<Vec<_>>());
+        let t = Instant::now();
+        assert!(worker.stop(Duration::from_secs(10)), "a polling thread stops when its queue closes");
+        assert!(t.elapsed() < Duration::from_secs(10));
+    }
 
     /// A job runs on the caller's thread only when that thread has the device thread's context
     /// current and nothing is queued or running on the device thread; otherwise it is given
