@@ -23,7 +23,10 @@ Options:
       `cargo build --release -p ferry-transport-tcp --example pingpong_floor`), run in every
       round of the cases with one thread and batch 1 (its response is the case's block size),
       between the engines; the case's line then shows the floor's p50 and each Ferry engine's
-      p50 over it.
+      p50 over it. The same binary's polling mode runs there too (both sides poll non-blocking
+      sockets and never sleep, blocks rotating through 256 MiB as `ferry bench` moves them):
+      the most one request at a time reaches here; the line gives the share of it that 1.5x
+      Mooncake would take.
   --ceiling PATH: the loopback ceiling (transports/tcp/examples/loopback_ceiling.rs, built with
       `cargo build --release -p ferry-transport-tcp --example loopback_ceiling`): plain sockets
       streaming 1 MiB buffers from one process to another, no requests, the best of 1 and 4
@@ -134,6 +137,18 @@ def measure_floor(binary, block):
     return float(m.group(1))
 
 
+def measure_polling_bound(binary, block):
+    """Round trips per second of the polling ping-pong (no sleep, rotating blocks): the most one
+    request at a time reaches here."""
+    rounds = max(2000, min(20000, (4 << 30) // block))
+    out = subprocess.run([binary, str(rounds), str(block), "polling"], stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True, timeout=300).stdout
+    m = re.search(r"([0-9.]+) ops/s", out)
+    if not m:
+        raise SystemExit(f"no 'N ops/s' from {binary} polling:\n{out[-2000:]}")
+    return float(m.group(1))
+
+
 def measure_ceiling(binary):
     """Bytes per second plain loopback sockets stream here: the best of 1 and 4 streams."""
     best = 0.0
@@ -191,19 +206,21 @@ def main():
     for case in cases:
         runs = {n: [] for n in names}
         floor = a.floor and case["batch"] == 1 and case["threads"] == 1
-        floors, ceilings = [], []
+        floors, ceilings, bounds = [], [], []
         for r in range(a.rounds):
             # Alternate: round 0 in the listed order, round 1 reversed, ...
             order = names if r % 2 == 0 else list(reversed(names))
             for i, n in enumerate(order):
                 if floor and i == len(order) // 2:
                     floors.append(measure_floor(a.floor, case["block"]))
+                    bounds.append(measure_polling_bound(a.floor, case["block"]))
                 if a.ceiling and i == len(order) // 2:
                     ceilings.append(measure_ceiling(a.ceiling) / case["block"])
                 runs[n].append(measure(engines[n], case, a.duration))
         results.append({"case": case, "runs": runs, "floor_p50_us": floors or None,
+                        "polling_bound_ops": bounds or None,
                         "ceiling_ops": ceilings or None})
-        print_case(case, runs, names, a.rounds, floors, ceilings)
+        print_case(case, runs, names, a.rounds, floors, ceilings, bounds)
     summary = summarize(results, names)
     print("\nmedian ratio to Mooncake over the rounds [min, max]:")
     for n in names[1:]:
@@ -236,7 +253,7 @@ def ratios(runs, n, base="mooncake"):
     return [x[0] / b[0] if b[0] else float("inf") for x, b in zip(runs[n], runs[base])]
 
 
-def print_case(case, runs, names, rounds, floors=(), ceilings=()):
+def print_case(case, runs, names, rounds, floors=(), ceilings=(), bounds=()):
     head = f"{case['op']:<5} {case['block']:>8} B batch {case['batch']:>3} x{case['threads']}"
     cols = []
     for n in names:
@@ -259,6 +276,11 @@ def print_case(case, runs, names, rounds, floors=(), ceilings=()):
         moon = statistics.median(x[0] for x in runs["mooncake"])
         cols.append(f"loopback ceiling {fmt_ops(ceiling)}/s [{fmt_ops(min(ceilings))}-{fmt_ops(max(ceilings))}]"
                     f" (mooncake at {moon / ceiling:.0%} of it)")
+    if bounds:
+        bound = statistics.median(bounds)
+        moon = statistics.median(x[0] for x in runs["mooncake"])
+        cols.append(f"polling ping-pong {fmt_ops(bound)}/s [{fmt_ops(min(bounds))}-{fmt_ops(max(bounds))}]"
+                    f" (1.5x mooncake = {1.5 * moon / bound:.0%} of it)")
     print(f"{head}: " + "; ".join(cols) + f"  ({rounds} rounds)", flush=True)
 
 
@@ -274,6 +296,8 @@ def summarize(results, names):
             s["ratio"][n] = {"median": statistics.median(rs), "min": min(rs), "max": max(rs)}
         if res.get("ceiling_ops"):
             s["ceiling_ops"] = statistics.median(res["ceiling_ops"])
+        if res.get("polling_bound_ops"):
+            s["polling_bound_ops"] = statistics.median(res["polling_bound_ops"])
         if "ferry+auth" in runs:
             s["auth_cost"] = statistics.median(ratios(runs, "ferry+auth", base="ferry"))
         out.append(s)

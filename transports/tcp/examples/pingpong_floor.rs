@@ -1,46 +1,123 @@
-//! The floor under one TCP request at a time: a blocking std socket ping-pong, 24 bytes out (a
-//! request header) and 4 KiB back (a block), over loopback, between this process and a child
-//! process serving it (target and initiator are separate processes in `ferry bench` too). Every
-//! round trip wakes the server and then the client, as one request of a transfer engine must at
-//! least; nothing else happens.
+//! The floor under one TCP request at a time: a std socket ping-pong, 24 bytes out (a request
+//! header) and 4 KiB back (a block), over loopback, between this process and a child process
+//! serving it (target and initiator are separate processes in `ferry bench` too).
+//!
+//! Two modes:
+//! - `blocking` (the default): blocking sockets and one buffer on each side. Every round trip
+//!   wakes the server and then the client, as one request of a transfer engine that sleeps
+//!   between requests must at least.
+//! - `polling`: non-blocking sockets that both sides poll without ever sleeping, each round trip
+//!   to the next block of a 256 MiB buffer on both sides, as `ferry bench` moves its blocks. No
+//!   wake-up, no protocol, no bookkeeping: what one request at a time can reach at most here,
+//!   copies included. An engine's batch-1 one-thread rate is bounded by it.
 //!
 //! ```sh
-//! cargo run --release -p ferry-transport-tcp --example pingpong_floor -- [ROUND_TRIPS] [RESPONSE_BYTES]
+//! cargo run --release -p ferry-transport-tcp --example pingpong_floor -- [ROUND_TRIPS] [RESPONSE_BYTES] [blocking|polling]
 //! ```
 //!
-//! Prints `round trips N, response B bytes, p50 X us, p99 Y us, Z ops/s` (the same `p50 ... us`
-//! form as `ferry bench`, for `bench/tcp_vs_mooncake.py --floor`). `serve BYTES` is the child's
-//! mode: it prints its port and answers every 24 bytes with BYTES bytes.
+//! Prints `round trips N, response B bytes, MODE, p50 X us, p99 Y us, Z ops/s` (the same
+//! `p50 ... us` form as `ferry bench`, for `bench/tcp_vs_mooncake.py --floor`). `serve BYTES
+//! MODE` is the child's mode: it prints its port and answers every 24 bytes with BYTES bytes.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader, ErrorKind, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 const REQUEST: usize = 24;
+/// The buffer each side's blocks rotate through in `polling` mode.
+const ROTATE_OVER: usize = 256 << 20;
 
-fn serve(response: usize) -> std::io::Result<()> {
+/// Fills `buf` from `s`, polling a non-blocking socket without sleeping. False at end of stream.
+fn read_polling(s: &mut TcpStream, buf: &mut [u8]) -> std::io::Result<bool> {
+    let mut at = 0;
+    while at < buf.len() {
+        match s.read(&mut buf[at..]) {
+            Ok(0) => return Ok(false),
+            Ok(n) => at += n,
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::Interrupted) => std::hint::spin_loop(),
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(true)
+}
+
+/// Writes all of `buf` to a non-blocking `s`, polling without sleeping.
+fn write_polling(s: &mut TcpStream, buf: &[u8]) -> std::io::Result<()> {
+    let mut at = 0;
+    while at < buf.len() {
+        match s.write(&buf[at..]) {
+            Ok(n) => at += n,
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::Interrupted) => std::hint::spin_loop(),
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// The blocks of a buffer of `ROTATE_OVER` (at least one block), in turn.
+struct Rotation {
+    buf: Vec<u8>,
+    block: usize,
+    next: usize,
+}
+
+impl Rotation {
+    /// `fill` is not zero: every page is touched up front (no first-touch faults measured).
+    fn new(block: usize, fill: u8) -> Self {
+        Self { buf: vec![fill; ROTATE_OVER.max(block)], block, next: 0 }
+    }
+
+    fn next_block(&mut self) -> &mut [u8] {
+        if self.next + self.block > self.buf.len() {
+            self.next = 0;
+        }
+        let at = self.next;
+        self.next += self.block;
+        &mut self.buf[at..at + self.block]
+    }
+}
+
+fn serve(response: usize, polling: bool) -> std::io::Result<()> {
     let listener = TcpListener::bind("127.0.0.1:0")?;
     println!("port {}", listener.local_addr()?.port());
     std::io::stdout().flush()?;
     let (mut s, _) = listener.accept()?;
     s.set_nodelay(true)?;
-    let (mut req, out) = ([0u8; REQUEST], vec![7u8; response]);
-    while s.read_exact(&mut req).is_ok() {
-        s.write_all(&out)?;
+    let mut req = [0u8; REQUEST];
+    if polling {
+        s.set_nonblocking(true)?;
+        let mut blocks = Rotation::new(response, 7);
+        while read_polling(&mut s, &mut req)? {
+            write_polling(&mut s, blocks.next_block())?;
+        }
+    } else {
+        let out = vec![7u8; response];
+        while s.read_exact(&mut req).is_ok() {
+            s.write_all(&out)?;
+        }
     }
     Ok(())
 }
 
 fn main() -> std::io::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    let polling_arg = |i: usize| match args.get(i).map(String::as_str) {
+        None | Some("blocking") => Ok(false),
+        Some("polling") => Ok(true),
+        Some(other) => Err(std::io::Error::other(format!("mode {other:?}: blocking or polling"))),
+    };
     if args.first().map(String::as_str) == Some("serve") {
-        return serve(args.get(1).and_then(|a| a.parse().ok()).unwrap_or(4096));
+        return serve(args.get(1).and_then(|a| a.parse().ok()).unwrap_or(4096), polling_arg(2)?);
     }
     let rounds: usize = args.first().and_then(|a| a.parse().ok()).unwrap_or(20_000).max(1);
-    let response: usize = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(4096);
-    let mut child =
-        Command::new(std::env::current_exe()?).args(["serve", &response.to_string()]).stdout(Stdio::piped()).spawn()?;
+    let response: usize = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(4096).max(1);
+    let polling = polling_arg(2)?;
+    let mode = if polling { "polling" } else { "blocking" };
+    let mut child = Command::new(std::env::current_exe()?)
+        .args(["serve", &response.to_string(), mode])
+        .stdout(Stdio::piped())
+        .spawn()?;
     let mut line = String::new();
     BufReader::new(child.stdout.take().expect("piped")).read_line(&mut line)?;
     let port: u16 = line
@@ -50,13 +127,24 @@ fn main() -> std::io::Result<()> {
         .ok_or_else(|| std::io::Error::other(format!("the server said {line:?}")))?;
     let mut c = TcpStream::connect(("127.0.0.1", port))?;
     c.set_nodelay(true)?;
-    let (req, mut back) = ([1u8; REQUEST], vec![0u8; response]);
+    c.set_nonblocking(polling)?;
+    let req = [1u8; REQUEST];
+    // Blocking: one buffer, as this floor always measured; polling: rotating blocks.
+    let (mut blocks, mut back) =
+        if polling { (Some(Rotation::new(response, 1)), Vec::new()) } else { (None, vec![0u8; response]) };
     let warmup = (rounds / 10).max(100);
     let mut times = Vec::with_capacity(rounds);
     for i in 0..warmup + rounds {
         let t = Instant::now();
-        c.write_all(&req)?;
-        c.read_exact(&mut back)?;
+        if let Some(blocks) = blocks.as_mut() {
+            write_polling(&mut c, &req)?;
+            if !read_polling(&mut c, blocks.next_block())? {
+                return Err(ErrorKind::UnexpectedEof.into());
+            }
+        } else {
+            c.write_all(&req)?;
+            c.read_exact(&mut back)?;
+        }
         if i >= warmup {
             times.push(t.elapsed());
         }
@@ -67,7 +155,7 @@ fn main() -> std::io::Result<()> {
     times.sort_unstable();
     let at = |q: f64| times[((times.len() - 1) as f64 * q) as usize].as_secs_f64() * 1e6;
     println!(
-        "round trips {rounds}, response {response} bytes, p50 {:.1} us, p99 {:.1} us, {:.0} ops/s",
+        "round trips {rounds}, response {response} bytes, {mode}, p50 {:.1} us, p99 {:.1} us, {:.0} ops/s",
         at(0.50),
         at(0.99),
         rounds as f64 / total.as_secs_f64()
