@@ -189,6 +189,11 @@ async fn serve_connection(
     // (the poll below is for it), more when it pipelines (a lane's batch: no poll, so this task
     // does not hold a runtime thread while other connections wait).
     let mut since_fill = 0u32;
+    // Whether the last poll had to wait for its request, which then came in time: a peer that
+    // asks after each answer. Only its poll may hold a worker; a pipelining peer's poll (at
+    // the end of a batch, when nothing more comes) would only idle a core its other
+    // connections need.
+    let mut waits_for_answers = false;
     loop {
         let mut header_due: Option<Instant> = None;
         let hdr = loop {
@@ -200,18 +205,30 @@ async fn serve_connection(
                 // one request at a time sends the next within microseconds, and waking this
                 // task from the driver costs tens of them on a virtualised host. Only for a peer
                 // that asks one request at a time (`since_fill`). The poll holds its worker
-                // when one is spare (one always stays free for the driver and other tasks), and
-                // else yields to the runtime's other tasks after its first microseconds.
+                // when the peer waits for answers and one is spare (one always stays free for
+                // the driver and other tasks), and else yields to the runtime's other tasks
+                // after its first microseconds.
                 if let Some(since) = served_at.take()
                     && since_fill == 1
                     && !spin.is_zero()
                 {
-                    let held = spare.try_hold();
-                    if held.is_some() {
-                        arrivals.mute(&stream);
-                    }
-                    let polled = input.poll_fill(&stream, since + spin, held.is_some()).await;
-                    drop(held);
+                    // One attempt first: a pipelining peer's next request is usually here.
+                    let polled = match input.try_fill(&stream) {
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                            let held = if waits_for_answers { spare.try_hold() } else { None };
+                            if held.is_some() {
+                                arrivals.mute(&stream);
+                            }
+                            let polled = input.poll_fill(&stream, since + spin, held.is_some()).await;
+                            drop(held);
+                            waits_for_answers = polled.is_ok();
+                            polled
+                        }
+                        other => {
+                            waits_for_answers = false;
+                            other
+                        }
+                    };
                     match polled {
                         Ok(0) => return Close::Eof,
                         Ok(_) => {
@@ -556,22 +573,34 @@ mod tests {
             // missed an arrival would answer only when a deadline closes the connection.
             s.set_read_timeout(Some(Duration::from_millis(400))).unwrap();
             let read = Header { size: 8, addr, opcode: Opcode::Read, v2: true }.encode();
-            let mut answer = [0u8; STATUS_LEN + 8];
-            let mut ask = |s: &mut std::net::TcpStream, what: &str| {
+            let ask = |s: &mut std::net::TcpStream, what: &str| {
+                let mut answer = [0u8; STATUS_LEN + 8];
                 s.write_all(&read).unwrap();
                 s.read_exact(&mut answer).unwrap_or_else(|e| panic!("{what}: {e}"));
                 assert_eq!(&answer[..STATUS_LEN], &Status::Ok.encode(), "{what}");
             };
-            ask(&mut s, "first request");
+            // Requests each a millisecond after the answer before it, well inside the target's
+            // poll: it finds the socket empty, then catches the request. The poll after the
+            // last then holds a worker with arrivals muted (a peer that waits for answers).
+            let back_to_back = |s: &mut std::net::TcpStream| {
+                for _ in 0..3 {
+                    std::thread::sleep(Duration::from_millis(1));
+                    ask(s, "a request back to back");
+                }
+            };
+            back_to_back(&mut s);
             // Past the poll: the target sleeps on the socket.
             std::thread::sleep(pause);
             ask(&mut s, "a request after a pause");
+            back_to_back(&mut s);
             // Half a header inside the poll, the rest after it.
             s.write_all(&read[..10]).unwrap();
             std::thread::sleep(pause);
             s.write_all(&read[10..]).unwrap();
+            let mut answer = [0u8; STATUS_LEN + 8];
             s.read_exact(&mut answer).expect("a header split by a pause is answered");
             assert_eq!(&answer[..STATUS_LEN], &Status::Ok.encode());
+            back_to_back(&mut s);
             // A WRITE whose payload stops halfway for longer than the target polls for it.
             let write = Header { size: 64, addr: addr + 64, opcode: Opcode::Write, v2: true }.encode();
             let payload = [0x5au8; 64];
