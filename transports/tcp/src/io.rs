@@ -75,8 +75,10 @@ pub(crate) fn set_rcvlowat(socket: &impl std::os::fd::AsRawFd, bytes: usize) -> 
 }
 
 /// What a receive buffer holds before the kernel signals it readable while muted
-/// ([`ArrivalSignal::mute`]; Linux caps it at half of `tcp_rmem`'s maximum). Also the receive
-/// buffer the kernel then sizes the socket for, and the least receive window it advertises.
+/// ([`ArrivalSignal::mute`]; Linux caps it at half of `tcp_rmem`'s maximum). Raising it also
+/// grows the socket's receive buffer to hold that much, and bounds the window it advertises to
+/// it until autotuning grows the buffer further (`tcp_set_rcvlowat`): a bound that is no limit
+/// at these sizes (4 MiB in flight per connection).
 const MUTED_LOWAT: usize = 4 << 20;
 
 /// Whether a socket's arrivals wake tokio's I/O driver.
