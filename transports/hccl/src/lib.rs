@@ -38,13 +38,13 @@
 //! peer reports the deadline if it passes first. The device thread polls its queue for
 //! [`spin_before_sleep`](ferry_core::batch::spin_before_sleep) after each job
 //! ([`DeviceThread::set_idle_poll`](ferry_ascend_runtime::DeviceThread::set_idle_poll)), so a
-//! caller that submits one batch after another rarely has to wake it. When the caller waits for the batch on its
-//! own thread ([`Submission::caller_waits`](ferry_core::Submission::caller_waits)) and that
-//! thread has the device's context current, `submit` runs the batch there instead
+//! caller that submits one batch after another rarely has to wake it. When the caller waits
+//! for the batch on its own thread
+//! ([`Submission::caller_waits`](ferry_core::Submission::caller_waits)) and that thread has the
+//! device's context current, `submit` runs the batch there instead
 //! ([`DeviceThread::run_here`](ferry_ascend_runtime::DeviceThread::run_here)): no hand-off
-//! ([`Stats::on_caller_thread`]). Anything else (the first batch,
-//! a rebuild, retries after a failure, the two-sided path) goes through the peer's driver task,
-//! in order.
+//! ([`Stats::on_caller_thread`]). Anything else (the first batch, a rebuild, retries after a
+//! failure, the two-sided path) goes through the peer's driver task, in order.
 //!
 //! **Memory safety after failures and timeouts.** A request's memory (and a staging buffer) is
 //! handed back only once nothing queued on the stream can touch it: after a failed or
