@@ -3,6 +3,7 @@
 //! call each.
 
 use std::io::IoSlice;
+use std::os::fd::AsRawFd;
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
@@ -93,7 +94,8 @@ const MUTED_LOWAT: usize = 4 << 20;
 /// still returns what is there (`tcp_recvmsg` with no timeout returns what it copied).
 /// Unmuting sets it back to 1, and Linux then signals at once what arrived meanwhile
 /// (`tcp_set_rcvlowat` calls `tcp_data_ready`), so a wait through tokio after [`unmute`]
-/// misses nothing. Every wait through tokio for bytes must come after [`unmute`].
+/// misses nothing. Every wait through tokio for bytes must come after [`unmute`]: [`InBuf`]
+/// keeps a connection's signal and sees to it.
 ///
 /// [`unmute`]: Self::unmute
 #[derive(Debug, Default)]
@@ -103,7 +105,7 @@ pub(crate) struct ArrivalSignal {
 
 impl ArrivalSignal {
     /// Stops signalling arrivals. Best effort: a socket that refuses keeps signalling them.
-    pub(crate) fn mute(&mut self, socket: &impl std::os::fd::AsRawFd) {
+    pub(crate) fn mute(&mut self, socket: &impl AsRawFd) {
         if !self.muted {
             self.muted = set_rcvlowat(socket, MUTED_LOWAT).is_ok();
         }
@@ -111,7 +113,7 @@ impl ArrivalSignal {
 
     /// Signals arrivals again, those that came while muted at once. Must succeed before the
     /// task waits for bytes through tokio: on an error the caller gives the connection up.
-    pub(crate) fn unmute(&mut self, socket: &impl std::os::fd::AsRawFd) -> std::io::Result<()> {
+    pub(crate) fn unmute(&mut self, socket: &impl AsRawFd) -> std::io::Result<()> {
         if self.muted {
             set_rcvlowat(socket, 1)?;
             self.muted = false;
@@ -233,17 +235,29 @@ impl Drop for Awake<'_> {
 pub(crate) const TIGHT_POLL: std::time::Duration = std::time::Duration::from_micros(15);
 
 /// Bytes read from a socket but not consumed yet.
+///
+/// It also keeps the socket's [`ArrivalSignal`]: a poll that holds its worker mutes it, and
+/// every wait through tokio for bytes ([`fill`](Self::fill), [`skip`](Self::skip),
+/// [`read_exact`](Self::read_exact), the end of
+/// [`read_exact_polling`](Self::read_exact_polling)) unmutes it first.
 pub(crate) struct InBuf {
     buf: Box<[u8]>,
     start: usize,
     end: usize,
     /// The most bytes one fill reads.
     fill_limit: usize,
+    arrivals: ArrivalSignal,
 }
 
 impl InBuf {
     pub(crate) fn new(capacity: usize) -> Self {
-        Self { buf: vec![0; capacity].into_boxed_slice(), start: 0, end: 0, fill_limit: capacity }
+        Self {
+            buf: vec![0; capacity].into_boxed_slice(),
+            start: 0,
+            end: 0,
+            fill_limit: capacity,
+            arrivals: ArrivalSignal::default(),
+        }
     }
 
     /// Makes every fill read at most `limit` bytes (at least 1; the capacity at most). A reader
@@ -271,7 +285,8 @@ impl InBuf {
     }
 
     /// Reads once more from `r` (at least one byte unless end of stream). Returns the bytes read.
-    pub(crate) async fn fill<R: AsyncRead + Unpin>(&mut self, r: &mut R) -> std::io::Result<usize> {
+    pub(crate) async fn fill<R: AsyncRead + AsRawFd + Unpin>(&mut self, r: &mut R) -> std::io::Result<usize> {
+        self.arrivals.unmute(r)?;
         let n = r.read(self.space()).await?;
         self.end += n;
         Ok(n)
@@ -293,7 +308,7 @@ impl InBuf {
     /// end of stream, `WouldBlock` when nothing came in time.
     ///
     /// With `hold` (the caller holds one of the runtime's spare workers, [`SpareWorkers`]) it
-    /// polls tightly all the way. Without, tightly for [`TIGHT_POLL`], then yielding to the
+    /// mutes the socket's arrivals ([`ArrivalSignal`]) and polls tightly all the way. Without, tightly for [`TIGHT_POLL`], then yielding to the
     /// runtime's other tasks between attempts. Each such yield on a multi-threaded runtime makes
     /// the worker search for work and, on finding this task again, wake an idle worker (tokio's
     /// rule for its last searching worker): tens of microseconds of another core per yield on a
@@ -305,6 +320,9 @@ impl InBuf {
         hold: bool,
     ) -> std::io::Result<usize> {
         use std::io::Read;
+        if hold {
+            self.arrivals.mute(stream);
+        }
         let socket = socket2::SockRef::from(stream);
         // A peer that asks one request at a time asks the next within microseconds: poll
         // tightly that long, then let the runtime's other tasks run between attempts.
@@ -335,14 +353,12 @@ impl InBuf {
     /// while bytes keep coming within `spin` of each other, and waiting through tokio
     /// ([`read_exact`](Self::read_exact)) once they stop. `stop` is asked before every read:
     /// when it says so, nothing more is read and `Ok(false)` is returned (`Ok(true)`: filled).
-    /// `before_wait` runs before that wait (an [`ArrivalSignal::unmute`]).
     pub(crate) async fn read_exact_polling(
         &mut self,
         stream: &mut tokio::net::TcpStream,
         dst: &mut [u8],
         spin: std::time::Duration,
         stop: impl Fn() -> bool,
-        before_wait: impl FnOnce(&tokio::net::TcpStream) -> std::io::Result<()>,
     ) -> std::io::Result<bool> {
         use std::io::Read;
         let n = self.len().min(dst.len());
@@ -370,7 +386,7 @@ impl InBuf {
             return Ok(false);
         }
         if at < dst.len() {
-            before_wait(stream)?;
+            self.arrivals.unmute(stream)?;
             stream.read_exact(&mut dst[at..]).await?;
         }
         Ok(true)
@@ -389,18 +405,27 @@ impl InBuf {
     }
 
     /// Fills `dst` from buffered bytes first, then straight from `r`.
-    pub(crate) async fn read_exact<R: AsyncRead + Unpin>(&mut self, r: &mut R, dst: &mut [u8]) -> std::io::Result<()> {
+    pub(crate) async fn read_exact<R: AsyncRead + AsRawFd + Unpin>(
+        &mut self,
+        r: &mut R,
+        dst: &mut [u8],
+    ) -> std::io::Result<()> {
         let n = self.len().min(dst.len());
         dst[..n].copy_from_slice(&self.buf[self.start..self.start + n]);
         self.start += n;
         if n < dst.len() {
+            self.arrivals.unmute(r)?;
             r.read_exact(&mut dst[n..]).await?;
         }
         Ok(())
     }
 
     /// Discards `count` bytes, buffered first, then read through the buffer.
-    pub(crate) async fn skip<R: AsyncRead + Unpin>(&mut self, r: &mut R, mut count: u64) -> std::io::Result<()> {
+    pub(crate) async fn skip<R: AsyncRead + AsRawFd + Unpin>(
+        &mut self,
+        r: &mut R,
+        mut count: u64,
+    ) -> std::io::Result<()> {
         loop {
             let n = (self.len() as u64).min(count) as usize;
             self.start += n;
@@ -549,17 +574,13 @@ mod tests {
             a
         });
         let mut dst = vec![0u8; 100_003];
-        assert!(
-            input.read_exact_polling(&mut b, &mut dst, Duration::from_micros(50), || false, |_| Ok(())).await.unwrap()
-        );
+        assert!(input.read_exact_polling(&mut b, &mut dst, Duration::from_micros(50), || false).await.unwrap());
         assert_eq!(&dst[..3], b"abc");
         assert!(dst[3..].iter().all(|&x| x == 7));
         let mut a = writer.await.unwrap();
         a.write_all(b"xyz").await.unwrap();
         let mut dst = [0u8; 3];
-        assert!(
-            !input.read_exact_polling(&mut b, &mut dst, Duration::from_millis(50), || true, |_| Ok(())).await.unwrap()
-        );
+        assert!(!input.read_exact_polling(&mut b, &mut dst, Duration::from_millis(50), || true).await.unwrap());
         assert_eq!(dst, [0; 3], "nothing read once told to stop");
     }
 

@@ -30,7 +30,7 @@ use tokio::time::{Instant, timeout_at};
 use crate::auth::DataAuth;
 use crate::conns::{Admitted, Conn, ConnTable, Stop};
 use crate::fence;
-use crate::io::{ArrivalSignal, InBuf, SpareWorkers, write_all_vectored_polling};
+use crate::io::{InBuf, SpareWorkers, write_all_vectored_polling};
 use crate::memory::{bytes, bytes_mut};
 use crate::wire::{HEADER_LEN, Header, Status};
 use ferry_listener::AcceptBackoff;
@@ -174,11 +174,10 @@ async fn serve_connection(
         return Close::Io(e);
     }
     let conn = admitted.conn();
-    // Pipelined headers arrive together: one read serves many of them.
+    // Pipelined headers arrive together: one read serves many of them. It also mutes the
+    // socket's arrivals while a poll holds its worker, and unmutes them before every wait
+    // through tokio.
     let mut input = InBuf::new(64 * 1024);
-    // Muted while this task polls the socket itself, so arrivals do not wake the driver's
-    // thread for nothing; unmuted before every wait for bytes through tokio.
-    let mut arrivals = ArrivalSignal::default();
     let mut idle_until = Instant::now() + limits.idle;
     // Counted awake except while asleep in tokio between requests.
     let mut awake = Some(spare.awake());
@@ -216,9 +215,6 @@ async fn serve_connection(
                     let polled = match input.try_fill(&stream) {
                         Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                             let held = if waits_for_answers { spare.try_hold() } else { None };
-                            if held.is_some() {
-                                arrivals.mute(&stream);
-                            }
                             let polled = input.poll_fill(&stream, since + spin, held.is_some()).await;
                             drop(held);
                             waits_for_answers = polled.is_ok();
@@ -245,9 +241,6 @@ async fn serve_connection(
                     }
                 }
                 // Between requests: until the idle deadline, or until asked to stop.
-                if let Err(e) = arrivals.unmute(&stream) {
-                    return Close::Io(e);
-                }
                 drop(awake.take());
                 tokio::select! {
                     biased;
@@ -276,9 +269,6 @@ async fn serve_connection(
             } else {
                 // Once a header started it must complete, by one deadline however it trickles.
                 let due = *header_due.get_or_insert_with(|| Instant::now() + limits.header);
-                if let Err(e) = arrivals.unmute(&stream) {
-                    return Close::Io(e);
-                }
                 match timeout_at(due, input.fill(&mut stream)).await {
                     Err(_) => return Close::Protocol("header not completed in time".into()),
                     Ok(Ok(0)) => return Close::Protocol("connection closed inside a header".into()),
@@ -290,9 +280,6 @@ async fn serve_connection(
         if fence::is_fence(&hdr) {
             let size = u64::from_le_bytes(hdr[..8].try_into().expect("8 bytes"));
             let due = Instant::now() + limits.header;
-            if let Err(e) = arrivals.unmute(&stream) {
-                return Close::Io(e);
-            }
             match fence::serve(&mut stream, &mut input, size, admitted, due).await {
                 Ok(_) => continue, // not a request inside registered memory: the idle deadline stays
                 Err(e) => return Close::Protocol(format!("fence request: {e}")),
@@ -313,7 +300,7 @@ async fn serve_connection(
                 since_fill += more;
                 Ok(served)
             } else {
-                serve_write(&mut stream, &mut input, memory, header, limits, conn, &mut arrivals).await
+                serve_write(&mut stream, &mut input, memory, header, limits, conn).await
             }
         };
         match timeout_at(due, serving).await {
@@ -425,7 +412,6 @@ async fn serve_write(
     h: Header,
     limits: &TargetLimits,
     conn: &Conn,
-    arrivals: &mut ArrivalSignal,
 ) -> Result<bool, Close> {
     let ok = Status::Ok.encode();
     match lease(memory, &h)? {
@@ -444,7 +430,7 @@ async fn serve_write(
             let spin = ferry_core::batch::spin_before_sleep();
             tokio::select! {
                 biased;
-                copied = input.read_exact_polling(stream, data, spin, || conn.fenced(), |s| arrivals.unmute(s)) => {
+                copied = input.read_exact_polling(stream, data, spin, || conn.fenced()) => {
                     if !copied? {
                         return Err(Close::Fenced);
                     }
@@ -467,7 +453,6 @@ async fn serve_write(
                 stream.write_all(&Status::Rejected.encode()).await?;
                 return Err(Close::Protocol(format!("rejected write of {} bytes is too large to drain", h.size)));
             }
-            arrivals.unmute(&*stream)?;
             input.skip(stream, h.size).await?;
             stream.write_all(&Status::Rejected.encode()).await?;
             Ok(false)
