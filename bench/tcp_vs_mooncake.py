@@ -16,6 +16,14 @@ Options:
       and initiator), as a third engine with its own ratio to Mooncake and to Ferry without it.
   --ferry PATH (default target/release/ferry), --baseline PATH (another ferry build, measured
       as a further engine: two Ferry builds against the same Mooncake in one run).
+  --access same|rotate (default same): which blocks Ferry's batches move. `same` is what
+      Mooncake's transfer_engine_bench does (every batch of thread t moves the blocks
+      i * threads + t, warm in the CPU caches when they fit), so both engines run one workload.
+      `rotate` moves the next blocks of the buffer in each batch (cold memory); Mooncake's bench
+      cannot, so its ratio then compares two workloads. Ferry builds from before 2026-12-02
+      have no `--access` and always rotate: the script says so and labels them.
+  --also-rotate: also measure Ferry rotating, as a further engine (ferry-rotate), beside
+      `--access`'s: what cold memory costs it, in the same run.
   --json FILE: write every measurement and the summary as JSON too.
   --chart FILE.png: draw the results (bench/chart.py; needs matplotlib, which the script says
       how to get when it is missing; the JSON goes beside the PNG when --json is not given).
@@ -24,13 +32,14 @@ Options:
       round of the cases with one thread and batch 1 (its response is the case's block size),
       between the engines; the case's line then shows the floor's p50 and each Ferry engine's
       p50 over it. The same binary's polling mode runs there too (both sides poll non-blocking
-      sockets and never sleep, blocks rotating through 256 MiB as `ferry bench` moves them):
+      sockets and never sleep, moving their blocks as `--access` says Ferry's do):
       the most one request at a time reaches here; the line gives the share of it that 1.5x
       Mooncake would take.
   --ceiling PATH: the loopback ceiling (transports/tcp/examples/loopback_ceiling.rs, built with
       `cargo build --release -p ferry-transport-tcp --example loopback_ceiling`): plain sockets
-      streaming 1 MiB buffers from one process to another, no requests, the best of 1 and 4
-      streams, run in every round of every case between the engines. The case's line then shows
+      streaming 1 MiB buffers (one on each side, reused) from one process to another, no
+      requests, the best of 1 and 4 streams, run in every round of every case between the
+      engines. The case's line then shows
       it as blocks of the case's size per second, with Mooncake's share of it, and the summary
       gives, case by case, the share of it that 1.5x Mooncake would take (above 100%, no engine
       over TCP reaches it on this machine).
@@ -110,7 +119,7 @@ def is_ferry(binary):
 
 
 def measure(engine, case, duration):
-    """One measurement of `case` by `engine` ({binary, env}); (ops/s, p50 µs or None)."""
+    """One measurement of `case` by `engine` ({binary, env, args}); (ops/s, p50 µs or None)."""
     binary, env = engine["binary"], engine["env"]
     block, batch, threads = case["block"], case["batch"], case["threads"]
     # Room for every thread's batch, at least 256 MiB.
@@ -118,7 +127,7 @@ def measure(engine, case, duration):
     common = ["--protocol=tcp", "--metadata_server=P2PHANDSHAKE", "--local_server_name=127.0.0.1",
               f"--buffer_size={buffer_size}"]
     args = [f"--operation={case['op']}", f"--block_size={block}", f"--batch_size={batch}",
-            f"--threads={threads}", f"--duration={duration}"]
+            f"--threads={threads}", f"--duration={duration}"] + engine.get("args", [])
     prefix = [binary, "bench"] if is_ferry(binary) else [binary]
     target, segment = start_target(prefix + ["--mode=target"] + common, env)
     try:
@@ -137,11 +146,11 @@ def measure_floor(binary, block):
     return float(m.group(1))
 
 
-def measure_polling_bound(binary, block):
-    """Round trips per second of the polling ping-pong (no sleep, rotating blocks): the most one
-    request at a time reaches here."""
+def measure_polling_bound(binary, block, access):
+    """Round trips per second of the polling ping-pong (no sleep, blocks moved as `access` says):
+    the most one request at a time reaches here."""
     rounds = max(2000, min(20000, (4 << 30) // block))
-    out = subprocess.run([binary, str(rounds), str(block), "polling"], stdout=subprocess.PIPE,
+    out = subprocess.run([binary, str(rounds), str(block), "polling", access], stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT, text=True, timeout=300).stdout
     m = re.search(r"([0-9.]+) ops/s", out)
     if not m:
@@ -162,6 +171,22 @@ def measure_ceiling(binary):
     return best
 
 
+def has_access_option(binary):
+    """Whether this `ferry` build takes `bench --access` (builds before 2026-12-02 always rotate)."""
+    out = subprocess.run([binary, "bench", "--help"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         text=True, timeout=60).stdout
+    return "--access" in out
+
+
+def ferry_engine(binary, env, access):
+    """A Ferry engine moving its blocks as `access` says, or as it can (older builds rotate)."""
+    if has_access_option(binary):
+        return {"binary": binary, "env": env, "args": [f"--access={access}"], "access": access}
+    print(f"note: {binary} has no --access (a build before 2026-12-02): its batches rotate through its buffer",
+          file=sys.stderr)
+    return {"binary": binary, "env": env, "args": [], "access": "rotate"}
+
+
 def fmt_ops(x):
     return f"{x / 1e3:.1f}k" if x < 1e6 else f"{x / 1e6:.2f}M"
 
@@ -178,6 +203,9 @@ def main():
     ap.add_argument("--auth", action="store_true", help="also measure Ferry with peer authentication on")
     ap.add_argument("--ferry", default=FERRY, help="the ferry binary to measure")
     ap.add_argument("--baseline", help="another ferry binary, measured as a further engine")
+    ap.add_argument("--access", choices=("same", "rotate"), default="same",
+                    help="which blocks Ferry's batches move (same: as Mooncake's bench does)")
+    ap.add_argument("--also-rotate", action="store_true", help="also measure Ferry rotating (engine ferry-rotate)")
     ap.add_argument("--json", help="also write the results to this file")
     ap.add_argument("--chart", help="also draw a PNG chart of the results (bench/chart.py; needs matplotlib)")
     ap.add_argument("--floor", help="the pingpong_floor example binary, run beside batch-1 one-thread cases")
@@ -192,12 +220,16 @@ def main():
     plain = dict(os.environ)
     plain.pop("FERRY_AUTH_SECRET", None)
     plain.pop("FERRY_AUTH_SECRET_FILE", None)
-    engines = {"mooncake": {"binary": a.mooncake_bench, "env": plain},
-               "ferry": {"binary": a.ferry, "env": plain}}
+    engines = {"mooncake": {"binary": a.mooncake_bench, "env": plain, "access": "same"},
+               "ferry": ferry_engine(a.ferry, plain, a.access)}
     if a.auth:
-        engines["ferry+auth"] = {"binary": a.ferry, "env": dict(plain, FERRY_AUTH_SECRET=AUTH_SECRET)}
+        engines["ferry+auth"] = ferry_engine(a.ferry, dict(plain, FERRY_AUTH_SECRET=AUTH_SECRET), a.access)
     if a.baseline:
-        engines["baseline"] = {"binary": a.baseline, "env": plain}
+        engines["baseline"] = ferry_engine(a.baseline, plain, a.access)
+    if a.also_rotate and engines["ferry"]["access"] != "rotate":
+        engines["ferry-rotate"] = ferry_engine(a.ferry, plain, "rotate")
+    for n, e in engines.items():
+        print(f"{n}: {e['binary']}, blocks moved: {e['access']}", flush=True)
     cases = [{"op": op, "block": int(block), "batch": int(batch), "threads": int(threads)}
              for batch in a.batches.split(",") for op in a.ops.split(",")
              for block in a.blocks.split(",") for threads in a.threads.split(",")]
@@ -213,7 +245,7 @@ def main():
             for i, n in enumerate(order):
                 if floor and i == len(order) // 2:
                     floors.append(measure_floor(a.floor, case["block"]))
-                    bounds.append(measure_polling_bound(a.floor, case["block"]))
+                    bounds.append(measure_polling_bound(a.floor, case["block"], a.access))
                 if a.ceiling and i == len(order) // 2:
                     ceilings.append(measure_ceiling(a.ceiling) / case["block"])
                 runs[n].append(measure(engines[n], case, a.duration))
@@ -241,7 +273,8 @@ def main():
     if a.json or a.chart:
         out = a.json or (os.path.splitext(a.chart)[0] + ".json")
         with open(out, "w") as f:
-            json.dump({"engines": names, "rounds": a.rounds, "duration_s": a.duration,
+            json.dump({"engines": names, "access": {n: e["access"] for n, e in engines.items()},
+                       "rounds": a.rounds, "duration_s": a.duration,
                        "results": results, "summary": summary}, f, indent=1)
     if a.chart:
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))

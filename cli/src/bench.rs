@@ -30,6 +30,35 @@ enum Operation {
     Write,
 }
 
+/// Which blocks of the buffers each batch moves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Access {
+    /// As Mooncake's `transfer_engine_bench` does: every batch of thread `t` moves the same
+    /// blocks, request `i` at block `i * threads + t` on both sides. The blocks stay warm in the
+    /// CPU caches when a thread's batch fits there.
+    Same,
+    /// Each batch moves the blocks after the previous one's, rotating through the whole buffer:
+    /// memory no cache holds, as KV blocks moved once are.
+    Rotate,
+}
+
+impl Access {
+    /// The block (of `slots` in the buffer) that request `i` of thread `t`'s batch number
+    /// `round` moves, with `threads` threads of `batch` requests. Every block is below `slots`,
+    /// and within one round no two threads move the same block when `batch * threads <= slots`.
+    fn slot(self, round: u64, threads: u64, t: u64, batch: u64, i: u64, slots: u64) -> u64 {
+        let (threads, t, batch, i, slots) =
+            (threads as u128, t as u128, batch as u128, i as u128, slots.max(1) as u128);
+        let slot = match self {
+            Access::Same => (i * threads + t) % slots,
+            // Thread t takes every threads-th group of batch blocks: ((round * threads + t) *
+            // batch + i) mod slots, reduced on the way (u128 cannot overflow here).
+            Access::Rotate => (((round as u128 % slots) * threads + t) % slots * batch + i) % slots,
+        };
+        slot as u64
+    }
+}
+
 /// Options of `ferry bench` (names and defaults as in Mooncake's `transfer_engine_bench`, except
 /// where noted).
 #[derive(Debug, Args)]
@@ -73,6 +102,12 @@ pub(crate) struct BenchArgs {
     /// Digits after the decimal point.
     #[arg(long = "report_precision", default_value_t = 2)]
     report_precision: usize,
+    /// Which blocks each batch moves: `same` (Mooncake's bench: every batch of a thread moves
+    /// the same blocks, warm in the caches when they fit) or `rotate` (each batch the next
+    /// blocks of the buffer, cold memory). Not in Mooncake's bench; before 2026-12-02 Ferry's
+    /// bench always rotated.
+    #[arg(long, value_enum, default_value_t = Access::Same)]
+    access: Access,
     /// Print a JSON summary on stdout instead of text.
     #[arg(long)]
     json: bool,
@@ -231,6 +266,12 @@ pub(crate) async fn run(args: BenchArgs) -> Result<std::process::ExitCode> {
     let span = rbuf.length.min(args.buffer_size);
     ensure!(span >= args.block_size, "the target's buffer ({} bytes) is smaller than --block_size", rbuf.length);
     let slots = span / args.block_size;
+    let batch_blocks = u64::from(args.batch_size) * u64::from(args.threads);
+    ensure!(
+        batch_blocks <= slots,
+        "the buffer holds {slots} blocks of --block_size, fewer than --batch_size x --threads = {batch_blocks}: \
+         threads would move the same blocks at once (raise --buffer_size, on both sides)"
+    );
     let opcode = if args.operation == Operation::Read { Opcode::Read } else { Opcode::Write };
 
     let stop = Arc::new(AtomicBool::new(false));
@@ -244,7 +285,7 @@ pub(crate) async fn run(args: BenchArgs) -> Result<std::process::ExitCode> {
     for t in 0..args.threads {
         let (engine, stop, bytes) = (engine.clone(), stop.clone(), bytes.clone());
         let (batch_size, block, timeout) = (args.batch_size as u64, args.block_size, engine.transfer_timeout());
-        let (lbase, rbase, threads) = (base, rbuf.addr, u64::from(args.threads));
+        let (lbase, rbase, threads, access) = (base, rbuf.addr, u64::from(args.threads), args.access);
         // Submitting threads are OS threads calling the blocking API, as Mooncake's bench and
         // Ferry's C and Python callers do.
         tasks.push(std::thread::spawn(move || {
@@ -253,9 +294,7 @@ pub(crate) async fn run(args: BenchArgs) -> Result<std::process::ExitCode> {
             while !stop.load(Ordering::Relaxed) {
                 let reqs: Vec<TransferRequest> = (0..batch_size)
                     .map(|i| {
-                        // Thread t uses every threads-th group of batch_size slots: no two threads
-                        // move the same block at once.
-                        let slot = ((round * threads + u64::from(t)) * batch_size + i) % slots;
+                        let slot = access.slot(round, threads, u64::from(t), batch_size, i, slots);
                         TransferRequest {
                             opcode,
                             source: lbase + slot * block,
@@ -321,6 +360,7 @@ pub(crate) async fn run(args: BenchArgs) -> Result<std::process::ExitCode> {
                     .collect::<serde_json::Map<_, _>>(),
                 "peak_rss_bytes": peak,
                 "buffer_bytes": args.buffer_size,
+                "access": format!("{:?}", args.access).to_lowercase(),
                 "device": args.device.to_string(),
             })
         );
@@ -353,4 +393,51 @@ async fn wait_for_signal() -> Result<()> {
         _ = term.recv() => {}
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Access;
+    use proptest::prelude::*;
+
+    #[test]
+    fn same_moves_the_blocks_mooncakes_bench_moves() {
+        // transfer_engine_bench: source = addr + block_size * (i * threads + thread_id), every batch.
+        for round in [0, 1, 7] {
+            assert_eq!(Access::Same.slot(round, 2, 1, 4, 3, 1024), 3 * 2 + 1);
+        }
+        assert_eq!(Access::Rotate.slot(0, 2, 1, 4, 3, 1024), 4 + 3);
+        assert_eq!(Access::Rotate.slot(1, 2, 1, 4, 3, 1024), (2 + 1) * 4 + 3);
+    }
+
+    proptest! {
+        #[test]
+        fn every_block_is_inside_the_buffer_and_threads_of_a_round_never_share_one(
+            round in any::<u64>(),
+            threads in 1u64..=64,
+            batch in 1u64..=256,
+            extra in 0u64..=1 << 20,
+            rotate in any::<bool>(),
+        ) {
+            let access = if rotate { Access::Rotate } else { Access::Same };
+            let slots = threads * batch + extra;
+            let mut seen = std::collections::HashSet::new();
+            for t in 0..threads {
+                for i in 0..batch {
+                    let slot = access.slot(round, threads, t, batch, i, slots);
+                    prop_assert!(slot < slots);
+                    prop_assert!(seen.insert(slot), "block {slot} moved twice in round {round}");
+                }
+            }
+        }
+
+        #[test]
+        fn extreme_arguments_stay_inside_the_buffer(
+            round in any::<u64>(), threads in any::<u64>(), t in any::<u64>(), batch in any::<u64>(),
+            i in any::<u64>(), slots in any::<u64>(), rotate in any::<bool>(),
+        ) {
+            let access = if rotate { Access::Rotate } else { Access::Same };
+            prop_assert!(access.slot(round, threads, t, batch, i, slots) < slots.max(1));
+        }
+    }
 }

@@ -67,6 +67,28 @@ fn bench_target_and_initiator_talk_like_mooncakes() {
         assert!(gbs > 0.0, "{s}");
         assert!(s.contains("p99") && s.contains("peak RSS"), "{s}");
     }
+    // Both block patterns run; the JSON names the one used (Mooncake's, `same`, by default).
+    for (flag, name) in [(None, "same"), (Some("--access=rotate"), "rotate")] {
+        let out = ferry()
+            .args(["bench", "--buffer_size=8MiB", "--block_size=4096", "--batch_size=8", "--threads=1", "--duration=1"])
+            .args(["--json", &format!("--segment_id={segment}")])
+            .args(flag)
+            .output()
+            .unwrap();
+        let s = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{s}{}", String::from_utf8_lossy(&out.stderr));
+        let summary: serde_json::Value = serde_json::from_str(s.trim()).unwrap();
+        assert_eq!(summary["access"], name, "{s}");
+        assert!(summary["bytes"].as_u64().unwrap() > 0, "{s}");
+    }
+    // A buffer too small for every thread's batch would have threads move the same blocks.
+    let out = ferry()
+        .args(["bench", "--buffer_size=16KiB", "--block_size=4096", "--batch_size=8", "--threads=2", "--duration=1"])
+        .arg(format!("--segment_id={segment}"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("fewer than --batch_size x --threads = 16"), "{err}");
     let out =
         ferry().args(["bench", "--segment_id=127.0.0.1:1", "--duration=1", "--buffer_size=1MiB"]).output().unwrap();
     assert!(!out.status.success(), "an unreachable target is an error");

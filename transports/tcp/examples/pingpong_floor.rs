@@ -7,17 +7,19 @@
 //!   wakes the server and then the client, as one request of a transfer engine that sleeps
 //!   between requests must at least.
 //! - `polling`: non-blocking sockets that both sides poll without ever sleeping, each round trip
-//!   to the next block of a 256 MiB buffer on both sides, as `ferry bench` moves its blocks. No
-//!   wake-up, no protocol, no bookkeeping: what one request at a time can reach at most here,
-//!   copies included. An engine's batch-1 one-thread rate is bounded by it.
+//!   to the next block of a 256 MiB buffer on both sides, as `ferry bench --access=rotate`
+//!   moves its blocks (`polling same`: one block on each side, reused, as `ferry bench
+//!   --access=same` and Mooncake's bench move theirs). No wake-up, no protocol, no bookkeeping:
+//!   what one request at a time can reach at most here, copies included. An engine's batch-1
+//!   one-thread rate is bounded by it.
 //!
 //! ```sh
-//! cargo run --release -p ferry-transport-tcp --example pingpong_floor -- [ROUND_TRIPS] [RESPONSE_BYTES] [blocking|polling]
+//! cargo run --release -p ferry-transport-tcp --example pingpong_floor -- [ROUND_TRIPS] [RESPONSE_BYTES] [blocking|polling [rotate|same]]
 //! ```
 //!
 //! Prints `round trips N, response B bytes, MODE, p50 X us, p99 Y us, Z ops/s` (the same
 //! `p50 ... us` form as `ferry bench`, for `bench/tcp_vs_mooncake.py --floor`). `serve BYTES
-//! MODE` is the child's mode: it prints its port and answers every 24 bytes with BYTES bytes.
+//! MODE ACCESS` is the child's mode: it prints its port and answers every 24 bytes with BYTES bytes.
 
 use std::io::{BufRead, BufReader, ErrorKind, Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -55,7 +57,8 @@ fn write_polling(s: &mut TcpStream, buf: &[u8]) -> std::io::Result<()> {
     Ok(())
 }
 
-/// The blocks of a buffer of `ROTATE_OVER` (at least one block), in turn.
+/// The blocks of a buffer of `ROTATE_OVER` (at least one block), in turn; or one block, again
+/// and again.
 struct Rotation {
     buf: Vec<u8>,
     block: usize,
@@ -64,8 +67,8 @@ struct Rotation {
 
 impl Rotation {
     /// `fill` is not zero: every page is touched up front (no first-touch faults measured).
-    fn new(block: usize, fill: u8) -> Self {
-        Self { buf: vec![fill; ROTATE_OVER.max(block)], block, next: 0 }
+    fn new(block: usize, fill: u8, rotate: bool) -> Self {
+        Self { buf: vec![fill; if rotate { ROTATE_OVER.max(block) } else { block }], block, next: 0 }
     }
 
     fn next_block(&mut self) -> &mut [u8] {
@@ -78,7 +81,7 @@ impl Rotation {
     }
 }
 
-fn serve(response: usize, polling: bool) -> std::io::Result<()> {
+fn serve(response: usize, polling: bool, rotate: bool) -> std::io::Result<()> {
     let listener = TcpListener::bind("127.0.0.1:0")?;
     println!("port {}", listener.local_addr()?.port());
     std::io::stdout().flush()?;
@@ -87,7 +90,7 @@ fn serve(response: usize, polling: bool) -> std::io::Result<()> {
     let mut req = [0u8; REQUEST];
     if polling {
         s.set_nonblocking(true)?;
-        let mut blocks = Rotation::new(response, 7);
+        let mut blocks = Rotation::new(response, 7, rotate);
         while read_polling(&mut s, &mut req)? {
             write_polling(&mut s, blocks.next_block())?;
         }
@@ -107,15 +110,22 @@ fn main() -> std::io::Result<()> {
         Some("polling") => Ok(true),
         Some(other) => Err(std::io::Error::other(format!("mode {other:?}: blocking or polling"))),
     };
+    let rotate_arg = |i: usize| match args.get(i).map(String::as_str) {
+        None | Some("rotate") => Ok(true),
+        Some("same") => Ok(false),
+        Some(other) => Err(std::io::Error::other(format!("access {other:?}: rotate or same"))),
+    };
     if args.first().map(String::as_str) == Some("serve") {
-        return serve(args.get(1).and_then(|a| a.parse().ok()).unwrap_or(4096), polling_arg(2)?);
+        return serve(args.get(1).and_then(|a| a.parse().ok()).unwrap_or(4096), polling_arg(2)?, rotate_arg(3)?);
     }
     let rounds: usize = args.first().and_then(|a| a.parse().ok()).unwrap_or(20_000).max(1);
     let response: usize = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(4096).max(1);
     let polling = polling_arg(2)?;
+    let rotate = rotate_arg(3)?;
     let mode = if polling { "polling" } else { "blocking" };
+    let access = if rotate { "rotate" } else { "same" };
     let mut child = Command::new(std::env::current_exe()?)
-        .args(["serve", &response.to_string(), mode])
+        .args(["serve", &response.to_string(), mode, access])
         .stdout(Stdio::piped())
         .spawn()?;
     let mut line = String::new();
@@ -129,9 +139,9 @@ fn main() -> std::io::Result<()> {
     c.set_nodelay(true)?;
     c.set_nonblocking(polling)?;
     let req = [1u8; REQUEST];
-    // Blocking: one buffer, as this floor always measured; polling: rotating blocks.
+    // Blocking: one buffer, as this floor always measured; polling: rotating blocks (or one).
     let (mut blocks, mut back) =
-        if polling { (Some(Rotation::new(response, 1)), Vec::new()) } else { (None, vec![0u8; response]) };
+        if polling { (Some(Rotation::new(response, 1, rotate)), Vec::new()) } else { (None, vec![0u8; response]) };
     let warmup = (rounds / 10).max(100);
     let mut times = Vec::with_capacity(rounds);
     for i in 0..warmup + rounds {
@@ -155,7 +165,8 @@ fn main() -> std::io::Result<()> {
     times.sort_unstable();
     let at = |q: f64| times[((times.len() - 1) as f64 * q) as usize].as_secs_f64() * 1e6;
     println!(
-        "round trips {rounds}, response {response} bytes, {mode}, p50 {:.1} us, p99 {:.1} us, {:.0} ops/s",
+        "round trips {rounds}, response {response} bytes, {mode}{}, p50 {:.1} us, p99 {:.1} us, {:.0} ops/s",
+        if polling { format!(" {access}") } else { String::new() },
         at(0.50),
         at(0.99),
         rounds as f64 / total.as_secs_f64()
