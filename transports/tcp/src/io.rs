@@ -75,6 +75,15 @@ pub(crate) fn set_rcvlowat(socket: &impl std::os::fd::AsRawFd, bytes: usize) -> 
     if rc == 0 { Ok(()) } else { Err(std::io::Error::last_os_error()) }
 }
 
+/// Bytes that arrived on `socket` and were not read yet (`FIONREAD`).
+pub(crate) fn unread_bytes(socket: &impl std::os::fd::AsRawFd) -> std::io::Result<usize> {
+    let mut value: libc::c_int = 0;
+    // SAFETY: FIONREAD writes one `c_int` through the pointer, which points at `value`; the
+    // descriptor is `socket`'s own.
+    let rc = unsafe { libc::ioctl(socket.as_raw_fd(), libc::FIONREAD, &raw mut value) };
+    if rc == 0 { Ok(usize::try_from(value).unwrap_or(0)) } else { Err(std::io::Error::last_os_error()) }
+}
+
 /// What a receive buffer holds before the kernel signals it readable while muted
 /// ([`ArrivalSignal::mute`]; Linux caps it at half of `tcp_rmem`'s maximum). Raising it also
 /// grows the socket's receive buffer to hold that much, and bounds the window it advertises to
@@ -390,6 +399,16 @@ impl InBuf {
             stream.read_exact(&mut dst[at..]).await?;
         }
         Ok(true)
+    }
+
+    /// Whether the next `bytes` bytes are here already, buffered or in `stream`'s receive queue:
+    /// reading them will not wait.
+    pub(crate) fn holds(&self, stream: &tokio::net::TcpStream, bytes: u64) -> std::io::Result<bool> {
+        let buffered = self.len() as u64;
+        if buffered >= bytes {
+            return Ok(true);
+        }
+        Ok(buffered + unread_bytes(stream)? as u64 >= bytes)
     }
 
     /// The next `N` bytes if buffered, left in the buffer.

@@ -170,6 +170,25 @@ async fn serve_connection(
     limits: &TargetLimits,
     spare: &SpareWorkers,
 ) -> Close {
+    let mut owed = OwedStatuses::default();
+    let close = serve_requests(&mut stream, &mut owed, admitted, memory, limits, spare).await;
+    // The WRITEs served before a close still get their statuses, unless the socket broke.
+    if !owed.is_empty() && !matches!(close, Close::Io(_)) {
+        let _ = tokio::time::timeout(limits.header, owed.flush(&mut stream)).await;
+    }
+    close
+}
+
+/// Serves `stream`'s requests until the connection is to close, and says why. Statuses it owes
+/// when it returns are in `owed` (the caller sends them).
+async fn serve_requests(
+    stream: &mut TcpStream,
+    owed: &mut OwedStatuses,
+    admitted: &Admitted,
+    memory: &MemoryRegistry,
+    limits: &TargetLimits,
+    spare: &SpareWorkers,
+) -> Close {
     if let Err(e) = stream.set_nodelay(true) {
         return Close::Io(e);
     }
@@ -195,9 +214,30 @@ async fn serve_connection(
     let mut waits_for_answers = false;
     loop {
         let mut header_due: Option<Instant> = None;
+        let mut peeked = false;
         let hdr = loop {
             if let Some(h) = input.take::<HEADER_LEN>() {
                 break h;
+            }
+            if !owed.is_empty() {
+                // A pipelining peer's next request is usually here already: serve it, and send
+                // its status with the ones owed. Before any wait they all go out (a peer that
+                // waits for each answer gets it at once, without this look).
+                if !peeked && !waits_for_answers {
+                    peeked = true;
+                    match input.try_fill(stream) {
+                        Ok(0) => return Close::Eof,
+                        Ok(_) => {
+                            since_fill = 0;
+                            continue;
+                        }
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                        Err(e) => return Close::Io(e),
+                    }
+                }
+                if let Err(e) = owed.flush(stream).await {
+                    return Close::Io(e);
+                }
             }
             if input.len() == 0 {
                 // Right after a request, poll for the next one before sleeping: a peer that sends
@@ -212,10 +252,10 @@ async fn serve_connection(
                     && !spin.is_zero()
                 {
                     // One attempt first: a pipelining peer's next request is usually here.
-                    let polled = match input.try_fill(&stream) {
+                    let polled = match input.try_fill(stream) {
                         Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                             let held = if waits_for_answers { spare.try_hold() } else { None };
-                            let polled = input.poll_fill(&stream, since + spin, held.is_some()).await;
+                            let polled = input.poll_fill(stream, since + spin, held.is_some()).await;
                             drop(held);
                             waits_for_answers = polled.is_ok();
                             polled
@@ -244,7 +284,7 @@ async fn serve_connection(
                 drop(awake.take());
                 tokio::select! {
                     biased;
-                    read = timeout_at(idle_until, input.fill(&mut stream)) => match read {
+                    read = timeout_at(idle_until, input.fill(stream)) => match read {
                         Err(_) => return Close::Idle,
                         Ok(Ok(0)) => return Close::Eof,
                         Ok(Ok(_)) => since_fill = 0,
@@ -253,7 +293,7 @@ async fn serve_connection(
                     () = conn.idle_wake.notified() => match conn.stop() {
                         Some(Stop::Fenced) => return Close::Fenced,
                         // Evicted: close unless a request's first bytes are already here.
-                        Some(Stop::Evicted) => match input.try_fill(&stream) {
+                        Some(Stop::Evicted) => match input.try_fill(stream) {
                             Ok(0) => return Close::Eof,
                             Ok(_) => {
                                 since_fill = 0;
@@ -269,7 +309,7 @@ async fn serve_connection(
             } else {
                 // Once a header started it must complete, by one deadline however it trickles.
                 let due = *header_due.get_or_insert_with(|| Instant::now() + limits.header);
-                match timeout_at(due, input.fill(&mut stream)).await {
+                match timeout_at(due, input.fill(stream)).await {
                     Err(_) => return Close::Protocol("header not completed in time".into()),
                     Ok(Ok(0)) => return Close::Protocol("connection closed inside a header".into()),
                     Ok(Ok(_)) => since_fill = 0,
@@ -278,9 +318,13 @@ async fn serve_connection(
             }
         };
         if fence::is_fence(&hdr) {
+            // A fence's answer comes after the statuses of the WRITEs before it.
+            if let Err(e) = owed.flush(stream).await {
+                return Close::Io(e);
+            }
             let size = u64::from_le_bytes(hdr[..8].try_into().expect("8 bytes"));
             let due = Instant::now() + limits.header;
-            match fence::serve(&mut stream, &mut input, size, admitted, due).await {
+            match fence::serve(stream, &mut input, size, admitted, due).await {
                 Ok(_) => continue, // not a request inside registered memory: the idle deadline stays
                 Err(e) => return Close::Protocol(format!("fence request: {e}")),
             }
@@ -296,11 +340,12 @@ async fn serve_connection(
         let due = Instant::now() + limits.io;
         let serving = async {
             if header.opcode == Opcode::Read {
-                let (served, more) = serve_reads(&mut stream, &mut input, memory, header, conn).await?;
+                owed.flush(stream).await?;
+                let (served, more) = serve_reads(stream, &mut input, memory, header, conn).await?;
                 since_fill += more;
                 Ok(served)
             } else {
-                serve_write(&mut stream, &mut input, memory, header, limits, conn).await
+                serve_write(stream, &mut input, memory, header, limits, conn, owed).await
             }
         };
         match timeout_at(due, serving).await {
@@ -319,9 +364,59 @@ async fn serve_connection(
             }
             Ok(Ok(false)) => {}
         }
+        if owed.full()
+            && let Err(e) = owed.flush(stream).await
+        {
+            return Close::Io(e);
+        }
         // A task whose peer keeps asking within the poll never waits for its socket: this lets
         // the runtime run its worker's other tasks every so many requests (tokio's budget).
         tokio::task::consume_budget().await;
+    }
+}
+
+/// Statuses owed are sent once there are this many...
+const STATUSES_PER_WRITE: usize = 64;
+/// ... or once the WRITEs they answer carried this much payload (what a peer waits on).
+const STATUS_PAYLOAD_PER_WRITE: u64 = 1 << 20;
+
+/// Status frames of WRITEs served but not answered yet. A pipelining peer's WRITEs are answered
+/// together, with one write, instead of one system call (and one delivery to the peer) each.
+/// They go out before this task would wait for anything (the next request, or a WRITE's payload
+/// that is not all here yet: a peer may hold it back until it has them), before anything else
+/// is written to the peer (a READ's answer, a fence's), once [`STATUSES_PER_WRITE`] are owed or
+/// their WRITEs carried [`STATUS_PAYLOAD_PER_WRITE`], and when the connection closes.
+#[derive(Debug, Default)]
+struct OwedStatuses {
+    frames: Vec<u8>,
+    count: usize,
+    payload: u64,
+}
+
+impl OwedStatuses {
+    fn push(&mut self, status: Status, payload: u64) {
+        self.frames.extend_from_slice(&status.encode());
+        self.count += 1;
+        self.payload = self.payload.saturating_add(payload);
+    }
+
+    fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+
+    fn full(&self) -> bool {
+        self.count >= STATUSES_PER_WRITE || self.payload >= STATUS_PAYLOAD_PER_WRITE
+    }
+
+    /// Sends every owed status, in order.
+    async fn flush(&mut self, stream: &mut TcpStream) -> std::io::Result<()> {
+        if self.count > 0 {
+            stream.write_all(&self.frames).await?;
+            self.frames.clear();
+            self.count = 0;
+            self.payload = 0;
+        }
+        Ok(())
     }
 }
 
@@ -412,8 +507,13 @@ async fn serve_write(
     h: Header,
     limits: &TargetLimits,
     conn: &Conn,
+    owed: &mut OwedStatuses,
 ) -> Result<bool, Close> {
-    let ok = Status::Ok.encode();
+    // Statuses owed wait only while this request needs no waiting: a peer may hold its payload
+    // back until it has them.
+    if !owed.is_empty() && !input.holds(stream, h.size)? {
+        owed.flush(stream).await?;
+    }
     match lease(memory, &h)? {
         Some(region) => {
             let data = bytes_mut(&region, h.addr, h.size)
@@ -439,7 +539,7 @@ async fn serve_write(
             }
             drop(copying);
             if h.v2 {
-                stream.write_all(&ok).await?;
+                owed.push(Status::Ok, h.size);
             }
             conn.set_busy(false);
             Ok(true)
@@ -450,11 +550,12 @@ async fn serve_write(
                 return Err(Close::Protocol(format!("v1 request for unregistered range {:#x}+{}", h.addr, h.size)));
             }
             if h.size > limits.max_drain {
-                stream.write_all(&Status::Rejected.encode()).await?;
+                owed.push(Status::Rejected, 0);
+                owed.flush(stream).await?;
                 return Err(Close::Protocol(format!("rejected write of {} bytes is too large to drain", h.size)));
             }
             input.skip(stream, h.size).await?;
-            stream.write_all(&Status::Rejected.encode()).await?;
+            owed.push(Status::Rejected, h.size);
             Ok(false)
         }
     }
@@ -598,5 +699,74 @@ mod tests {
         });
         client.await.unwrap();
         assert!(buf[64..128].iter().all(|&b| b == 0x5a), "the paused WRITE landed whole");
+    }
+
+    /// Pipelined WRITEs are answered together, in order, rejected ones included, before the
+    /// answer to what follows them; and before the connection closes on a bad request.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn pipelined_writes_are_answered_in_order_before_what_follows_them() {
+        let buf = vec![0u8; 4096];
+        let (port, _stop) = target(&buf).await;
+        let addr = buf.as_ptr() as u64;
+        let client = tokio::task::spawn_blocking(move || {
+            let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+            s.set_read_timeout(Some(Duration::from_millis(800))).unwrap();
+            let write = |at: u64, size: u64| Header { size, addr: at, opcode: Opcode::Write, v2: true }.encode();
+            let mut burst = Vec::new();
+            burst.extend_from_slice(&write(addr, 64));
+            burst.extend_from_slice(&[0x11; 64]);
+            burst.extend_from_slice(&write(8, 16)); // outside registered memory: rejected, drained
+            burst.extend_from_slice(&[0xee; 16]);
+            burst.extend_from_slice(&write(addr + 64, 64));
+            burst.extend_from_slice(&[0x33; 64]);
+            burst.extend_from_slice(&Header { size: 128, addr, opcode: Opcode::Read, v2: true }.encode());
+            s.write_all(&burst).unwrap();
+            let mut answer = [0u8; 4 * STATUS_LEN + 128];
+            s.read_exact(&mut answer).expect("every request of the burst is answered");
+            let statuses: Vec<[u8; STATUS_LEN]> =
+                answer[..4 * STATUS_LEN].chunks(STATUS_LEN).map(|c| c.try_into().unwrap()).collect();
+            let (ok, rejected) = (Status::Ok.encode(), Status::Rejected.encode());
+            assert_eq!(statuses, [ok, rejected, ok, ok], "statuses in request order");
+            let data = &answer[4 * STATUS_LEN..];
+            assert!(
+                data[..64].iter().all(|&b| b == 0x11) && data[64..].iter().all(|&b| b == 0x33),
+                "the READ saw both WRITEs"
+            );
+            // A WRITE, then a request the target refuses to parse: the WRITE is answered first.
+            let mut bad = Header { size: 8, addr, opcode: Opcode::Read, v2: true }.encode();
+            bad[16] = 0x80 | 0x7f;
+            s.write_all(&[&write(addr + 128, 32)[..], &[0x44; 32], &bad[..]].concat()).unwrap();
+            let mut status = [0u8; STATUS_LEN];
+            s.read_exact(&mut status).expect("the WRITE before a bad request is answered");
+            assert_eq!(status, ok);
+            let mut rest = [0u8; 1];
+            assert_eq!(s.read(&mut rest).unwrap(), 0, "then the connection closes");
+        });
+        client.await.unwrap();
+        assert!(buf[128..160].iter().all(|&b| b == 0x44));
+    }
+
+    /// A peer that sends its next WRITE's header but holds its payload back until the previous
+    /// WRITE is answered gets that answer: statuses are owed only while nothing waits.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_peer_holding_a_payload_back_for_the_previous_answer_gets_it() {
+        let buf = vec![0u8; 4096];
+        let (port, _stop) = target(&buf).await;
+        let addr = buf.as_ptr() as u64;
+        let client = tokio::task::spawn_blocking(move || {
+            let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+            // Well inside the request deadline (1 s), which would close the connection.
+            s.set_read_timeout(Some(Duration::from_millis(400))).unwrap();
+            let write = |at: u64| Header { size: 64, addr: at, opcode: Opcode::Write, v2: true }.encode();
+            s.write_all(&[&write(addr)[..], &[0x21; 64], &write(addr + 64)[..]].concat()).unwrap();
+            let mut status = [0u8; STATUS_LEN];
+            s.read_exact(&mut status).expect("the first WRITE is answered while the second's payload is missing");
+            assert_eq!(status, Status::Ok.encode());
+            s.write_all(&[0x22; 64]).unwrap();
+            s.read_exact(&mut status).expect("the second WRITE is answered");
+            assert_eq!(status, Status::Ok.encode());
+        });
+        client.await.unwrap();
+        assert!(buf[..64].iter().all(|&b| b == 0x21) && buf[64..128].iter().all(|&b| b == 0x22));
     }
 }
