@@ -24,6 +24,15 @@ Options:
       have no `--access` and always rotate: the script says so and labels them.
   --also-rotate: also measure Ferry rotating, as a further engine (ferry-rotate), beside
       `--access`'s: what cold memory costs it, in the same run.
+  --variant NAME:VAR=VALUE[,VAR=VALUE...]: also measure Ferry (--ferry) with these environment
+      variables, as a further engine NAME (repeatable). For example
+      `--variant ferry-system-cc:FERRY_TCP_LOCAL_CONGESTION=system` measures Ferry keeping the
+      host's congestion control on loopback, as Mooncake does.
+  --congestion NAME (default: FERRY_TCP_LOCAL_CONGESTION if set, else reno, what Ferry gives
+      connections within a host): the congestion control of the floor's, the polling
+      ping-pong's and the ceiling's sockets, so that they bound what Ferry's connections can
+      do. The ceiling is measured with the host's default too (what Mooncake's connections
+      use), and both are shown.
   --json FILE: write every measurement and the summary as JSON too.
   --chart FILE.png: draw the results (bench/chart.py; needs matplotlib, which the script says
       how to get when it is missing; the JSON goes beside the PNG when --json is not given).
@@ -136,9 +145,10 @@ def measure(engine, case, duration):
         stop_target(target)
 
 
-def measure_floor(binary, block):
+def measure_floor(binary, block, congestion):
     """The ping-pong floor's p50 in µs: 24 bytes out, `block` bytes back, blocking sockets."""
-    out = subprocess.run([binary, "20000", str(block)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    out = subprocess.run([binary, "20000", str(block), "blocking", "same", congestion], stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT,
                          text=True, timeout=300).stdout
     m = re.search(r"p50 ([0-9.]+) us", out)
     if not m:
@@ -146,11 +156,11 @@ def measure_floor(binary, block):
     return float(m.group(1))
 
 
-def measure_polling_bound(binary, block, access):
+def measure_polling_bound(binary, block, access, congestion):
     """Round trips per second of the polling ping-pong (no sleep, blocks moved as `access` says):
     the most one request at a time reaches here."""
     rounds = max(2000, min(20000, (4 << 30) // block))
-    out = subprocess.run([binary, str(rounds), str(block), "polling", access], stdout=subprocess.PIPE,
+    out = subprocess.run([binary, str(rounds), str(block), "polling", access, congestion], stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT, text=True, timeout=300).stdout
     m = re.search(r"([0-9.]+) ops/s", out)
     if not m:
@@ -158,11 +168,12 @@ def measure_polling_bound(binary, block, access):
     return float(m.group(1))
 
 
-def measure_ceiling(binary):
-    """Bytes per second plain loopback sockets stream here: the best of 1 and 4 streams."""
+def measure_ceiling(binary, congestion):
+    """Bytes per second plain loopback sockets stream here with this congestion control (`system`:
+    the host's): the best of 1 and 4 streams."""
     best = 0.0
     for streams in (1, 4):
-        out = subprocess.run([binary, "1", str(streams), str(1 << 20)], stdout=subprocess.PIPE,
+        out = subprocess.run([binary, "1", str(streams), str(1 << 20), congestion], stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, text=True, timeout=60).stdout
         m = re.search(r"([0-9.]+) GB/s", out)
         if not m:
@@ -206,6 +217,10 @@ def main():
     ap.add_argument("--access", choices=("same", "rotate"), default="same",
                     help="which blocks Ferry's batches move (same: as Mooncake's bench does)")
     ap.add_argument("--also-rotate", action="store_true", help="also measure Ferry rotating (engine ferry-rotate)")
+    ap.add_argument("--variant", action="append", default=[],
+                    help="NAME:VAR=VALUE[,VAR=VALUE...]: also measure Ferry with these variables, as engine NAME")
+    ap.add_argument("--congestion", default=os.environ.get("FERRY_TCP_LOCAL_CONGESTION") or "reno",
+                    help="congestion control of the floor's, ping-pong's and ceiling's sockets (default reno)")
     ap.add_argument("--json", help="also write the results to this file")
     ap.add_argument("--chart", help="also draw a PNG chart of the results (bench/chart.py; needs matplotlib)")
     ap.add_argument("--floor", help="the pingpong_floor example binary, run beside batch-1 one-thread cases")
@@ -228,8 +243,15 @@ def main():
         engines["baseline"] = ferry_engine(a.baseline, plain, a.access)
     if a.also_rotate and engines["ferry"]["access"] != "rotate":
         engines["ferry-rotate"] = ferry_engine(a.ferry, plain, "rotate")
+    for v in a.variant:
+        name, _, assignments = v.partition(":")
+        extra = dict(kv.split("=", 1) for kv in assignments.split(",") if "=" in kv)
+        if not name or name in engines or not extra:
+            raise SystemExit(f"--variant {v!r}: NAME:VAR=VALUE[,VAR=VALUE...] with a new NAME")
+        engines[name] = dict(ferry_engine(a.ferry, dict(plain, **extra), a.access), extra_env=extra)
     for n, e in engines.items():
-        print(f"{n}: {e['binary']}, blocks moved: {e['access']}", flush=True)
+        extra = "".join(f", {k}={v}" for k, v in e.get("extra_env", {}).items())
+        print(f"{n}: {e['binary']}, blocks moved: {e['access']}{extra}", flush=True)
     cases = [{"op": op, "block": int(block), "batch": int(batch), "threads": int(threads)}
              for batch in a.batches.split(",") for op in a.ops.split(",")
              for block in a.blocks.split(",") for threads in a.threads.split(",")]
@@ -238,21 +260,22 @@ def main():
     for case in cases:
         runs = {n: [] for n in names}
         floor = a.floor and case["batch"] == 1 and case["threads"] == 1
-        floors, ceilings, bounds = [], [], []
+        floors, ceilings, system_ceilings, bounds = [], [], [], []
         for r in range(a.rounds):
             # Alternate: round 0 in the listed order, round 1 reversed, ...
             order = names if r % 2 == 0 else list(reversed(names))
             for i, n in enumerate(order):
                 if floor and i == len(order) // 2:
-                    floors.append(measure_floor(a.floor, case["block"]))
-                    bounds.append(measure_polling_bound(a.floor, case["block"], a.access))
+                    floors.append(measure_floor(a.floor, case["block"], a.congestion))
+                    bounds.append(measure_polling_bound(a.floor, case["block"], a.access, a.congestion))
                 if a.ceiling and i == len(order) // 2:
-                    ceilings.append(measure_ceiling(a.ceiling) / case["block"])
+                    ceilings.append(measure_ceiling(a.ceiling, a.congestion) / case["block"])
+                    system_ceilings.append(measure_ceiling(a.ceiling, "system") / case["block"])
                 runs[n].append(measure(engines[n], case, a.duration))
         results.append({"case": case, "runs": runs, "floor_p50_us": floors or None,
                         "polling_bound_ops": bounds or None,
-                        "ceiling_ops": ceilings or None})
-        print_case(case, runs, names, a.rounds, floors, ceilings, bounds)
+                        "ceiling_ops": ceilings or None, "ceiling_system_congestion_ops": system_ceilings or None})
+        print_case(case, runs, names, a.rounds, floors, ceilings, bounds, system_ceilings, a.congestion)
     summary = summarize(results, names)
     print("\nmedian ratio to Mooncake over the rounds [min, max]:")
     for n in names[1:]:
@@ -260,8 +283,8 @@ def main():
         print(f"  {n}: lowest {min(rs):.2f}x, highest {max(rs):.2f}x over {len(rs)} cases")
     bounded = [s for s in summary if s.get("ceiling_ops")]
     if bounded:
-        print("1.5x Mooncake as a share of the loopback ceiling measured beside it (over 100%: out of reach of"
-              " any engine over TCP here):")
+        print(f"1.5x Mooncake as a share of the loopback ceiling measured beside it with {a.congestion} (over 100%:"
+              " out of reach of any engine over TCP here):")
         for s in sorted(bounded, key=lambda s: -s["ops_median"]["mooncake"] / s["ceiling_ops"]):
             c = s["case"]
             need = 1.5 * s["ops_median"]["mooncake"]
@@ -274,6 +297,8 @@ def main():
         out = a.json or (os.path.splitext(a.chart)[0] + ".json")
         with open(out, "w") as f:
             json.dump({"engines": names, "access": {n: e["access"] for n, e in engines.items()},
+                       "extra_env": {n: e.get("extra_env", {}) for n, e in engines.items()},
+                       "congestion": a.congestion,
                        "rounds": a.rounds, "duration_s": a.duration,
                        "results": results, "summary": summary}, f, indent=1)
     if a.chart:
@@ -286,7 +311,7 @@ def ratios(runs, n, base="mooncake"):
     return [x[0] / b[0] if b[0] else float("inf") for x, b in zip(runs[n], runs[base])]
 
 
-def print_case(case, runs, names, rounds, floors=(), ceilings=(), bounds=()):
+def print_case(case, runs, names, rounds, floors=(), ceilings=(), bounds=(), system_ceilings=(), congestion=""):
     head = f"{case['op']:<5} {case['block']:>8} B batch {case['batch']:>3} x{case['threads']}"
     cols = []
     for n in names:
@@ -308,7 +333,9 @@ def print_case(case, runs, names, rounds, floors=(), ceilings=(), bounds=()):
         ceiling = statistics.median(ceilings)
         moon = statistics.median(x[0] for x in runs["mooncake"])
         cols.append(f"loopback ceiling {fmt_ops(ceiling)}/s [{fmt_ops(min(ceilings))}-{fmt_ops(max(ceilings))}]"
-                    f" (mooncake at {moon / ceiling:.0%} of it)")
+                    f" with {congestion} (mooncake at {moon / ceiling:.0%} of it)")
+    if system_ceilings:
+        cols.append(f"with the host's congestion control {fmt_ops(statistics.median(system_ceilings))}/s")
     if bounds:
         bound = statistics.median(bounds)
         moon = statistics.median(x[0] for x in runs["mooncake"])
@@ -329,6 +356,8 @@ def summarize(results, names):
             s["ratio"][n] = {"median": statistics.median(rs), "min": min(rs), "max": max(rs)}
         if res.get("ceiling_ops"):
             s["ceiling_ops"] = statistics.median(res["ceiling_ops"])
+        if res.get("ceiling_system_congestion_ops"):
+            s["ceiling_system_congestion_ops"] = statistics.median(res["ceiling_system_congestion_ops"])
         if res.get("polling_bound_ops"):
             s["polling_bound_ops"] = statistics.median(res["polling_bound_ops"])
         if "ferry+auth" in runs:

@@ -14,12 +14,15 @@
 //!   one-thread rate is bounded by it.
 //!
 //! ```sh
-//! cargo run --release -p ferry-transport-tcp --example pingpong_floor -- [ROUND_TRIPS] [RESPONSE_BYTES] [blocking|polling [rotate|same]]
+//! cargo run --release -p ferry-transport-tcp --example pingpong_floor -- [ROUND_TRIPS] [RESPONSE_BYTES] [blocking|polling [rotate|same [CONGESTION]]]
 //! ```
+//!
+//! `CONGESTION`: the sockets' TCP congestion control, `system` (the host's, the default) or a
+//! name such as `reno` (what Ferry's `tcp_local_congestion` gives loopback connections).
 //!
 //! Prints `round trips N, response B bytes, MODE, p50 X us, p99 Y us, Z ops/s` (the same
 //! `p50 ... us` form as `ferry bench`, for `bench/tcp_vs_mooncake.py --floor`). `serve BYTES
-//! MODE ACCESS` is the child's mode: it prints its port and answers every 24 bytes with BYTES bytes.
+//! MODE ACCESS CONGESTION` is the child's mode: it prints its port and answers every 24 bytes with BYTES bytes.
 
 use std::io::{BufRead, BufReader, ErrorKind, Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -81,12 +84,21 @@ impl Rotation {
     }
 }
 
-fn serve(response: usize, polling: bool, rotate: bool) -> std::io::Result<()> {
+/// Gives `s` the congestion control `name` (`system`: leaves the host's default).
+fn use_congestion(s: &TcpStream, name: &str) -> std::io::Result<()> {
+    if name == "system" {
+        return Ok(());
+    }
+    socket2::SockRef::from(s).set_tcp_congestion(name.as_bytes())
+}
+
+fn serve(response: usize, polling: bool, rotate: bool, congestion: &str) -> std::io::Result<()> {
     let listener = TcpListener::bind("127.0.0.1:0")?;
     println!("port {}", listener.local_addr()?.port());
     std::io::stdout().flush()?;
     let (mut s, _) = listener.accept()?;
     s.set_nodelay(true)?;
+    use_congestion(&s, congestion)?;
     let mut req = [0u8; REQUEST];
     if polling {
         s.set_nonblocking(true)?;
@@ -116,7 +128,13 @@ fn main() -> std::io::Result<()> {
         Some(other) => Err(std::io::Error::other(format!("access {other:?}: rotate or same"))),
     };
     if args.first().map(String::as_str) == Some("serve") {
-        return serve(args.get(1).and_then(|a| a.parse().ok()).unwrap_or(4096), polling_arg(2)?, rotate_arg(3)?);
+        let congestion = args.get(4).map_or("system", String::as_str);
+        return serve(
+            args.get(1).and_then(|a| a.parse().ok()).unwrap_or(4096),
+            polling_arg(2)?,
+            rotate_arg(3)?,
+            congestion,
+        );
     }
     let rounds: usize = args.first().and_then(|a| a.parse().ok()).unwrap_or(20_000).max(1);
     let response: usize = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(4096).max(1);
@@ -124,8 +142,9 @@ fn main() -> std::io::Result<()> {
     let rotate = rotate_arg(3)?;
     let mode = if polling { "polling" } else { "blocking" };
     let access = if rotate { "rotate" } else { "same" };
+    let congestion = args.get(4).map_or("system", String::as_str);
     let mut child = Command::new(std::env::current_exe()?)
-        .args(["serve", &response.to_string(), mode, access])
+        .args(["serve", &response.to_string(), mode, access, congestion])
         .stdout(Stdio::piped())
         .spawn()?;
     let mut line = String::new();
@@ -137,6 +156,7 @@ fn main() -> std::io::Result<()> {
         .ok_or_else(|| std::io::Error::other(format!("the server said {line:?}")))?;
     let mut c = TcpStream::connect(("127.0.0.1", port))?;
     c.set_nodelay(true)?;
+    use_congestion(&c, congestion)?;
     c.set_nonblocking(polling)?;
     let req = [1u8; REQUEST];
     // Blocking: one buffer, as this floor always measured; polling: rotating blocks (or one).

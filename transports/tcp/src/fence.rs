@@ -134,16 +134,16 @@ pub(crate) struct PeerFence {
     fenced: Mutex<Vec<SocketAddr>>,
     /// One fence at a time per peer; the others wait for its outcome.
     gate: tokio::sync::Mutex<()>,
-    /// The secret a fence's connection proves, as the lanes' do (peer authentication).
-    auth: Option<std::sync::Arc<ferry_peer_auth::PeerSecret>>,
+    /// How a fence's connection is set up, as the lanes' are (peer authentication included).
+    setup: crate::initiator::ConnectSetup,
     /// A peer behind address translation was reported once.
     translated: AtomicBool,
 }
 
 impl PeerFence {
     /// The state for a peer that does (`supported`) or does not advertise fences.
-    pub(crate) fn new(supported: bool, auth: Option<std::sync::Arc<ferry_peer_auth::PeerSecret>>) -> Self {
-        Self { supported, auth, ..Self::default() }
+    pub(crate) fn new(supported: bool, setup: crate::initiator::ConnectSetup) -> Self {
+        Self { supported, setup, ..Self::default() }
     }
 
     /// Whether the peer advertises fences.
@@ -187,7 +187,7 @@ impl PeerFence {
             return Ok(());
         }
         let lost = |what: &str, e: std::io::Error| Error::unreachable(format!("{who}: fence {what}: {e}"));
-        let mut s = crate::initiator::connect(addr, self.auth.as_deref(), deadline)
+        let mut s = crate::initiator::connect(addr, &self.setup, deadline)
             .await
             .map_err(|e| e.context(format!("{who}: fence: {}", e.message())))?;
         let via = s.local_addr().map_err(|e| lost("connection has no local address", e))?;
@@ -245,10 +245,10 @@ mod tests {
     #[test]
     fn marks_are_kept_only_for_peers_with_fences() {
         let a: SocketAddr = "127.0.0.1:5".parse().unwrap();
-        let none = PeerFence::new(false, None);
+        let none = PeerFence::new(false, Default::default());
         none.mark(a);
         assert!(!none.pending(), "a Mooncake peer is never fenced");
-        let f = PeerFence::new(true, None);
+        let f = PeerFence::new(true, Default::default());
         f.mark(a);
         f.mark(a);
         assert!(f.pending());

@@ -101,7 +101,7 @@ pub(crate) struct Peer {
     registry: Arc<DirectRegistry>,
     /// The I/O thread that opens this peer's direct connections, with the lanes' `connect`.
     opener: tokio::runtime::Handle,
-    auth: Option<Arc<ferry_peer_auth::PeerSecret>>,
+    setup: ConnectSetup,
     /// A direct connection must open within this (the transfer timeout).
     timeout: Duration,
     /// Connections of the lanes waiting to be fenced.
@@ -122,23 +122,32 @@ pub(crate) struct PeerAddr {
     pub(crate) fence: bool,
 }
 
-/// Opens a data connection to `addr` (the lanes' and the fences' alike) by `deadline`, and
-/// proves `auth` on it when set (peer authentication, before any request).
-pub(crate) async fn connect(
-    addr: &PeerAddr,
-    auth: Option<&ferry_peer_auth::PeerSecret>,
-    deadline: Instant,
-) -> Result<TcpStream, Error> {
+/// How an initiator sets up every data connection it opens.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct ConnectSetup {
+    /// The secret each connection proves first, when set (peer authentication).
+    pub(crate) auth: Option<Arc<ferry_peer_auth::PeerSecret>>,
+    /// The congestion control of a connection within this host (`tcp_local_congestion`).
+    pub(crate) local_congestion: crate::options::LocalCongestion,
+}
+
+/// Opens a data connection to `addr` (the lanes' and the fences' alike) by `deadline`, set up
+/// as `setup` says: its congestion control when it stays on this host, then peer
+/// authentication when on, before any request.
+pub(crate) async fn connect(addr: &PeerAddr, setup: &ConnectSetup, deadline: Instant) -> Result<TcpStream, Error> {
     match timeout_at(deadline, TcpStream::connect((addr.host.as_str(), addr.port))).await {
-        Ok(Ok(s)) => crate::auth::prove(s, auth, &addr.host, addr.port, deadline).await,
+        Ok(Ok(s)) => {
+            crate::io::use_local_congestion(&s, &setup.local_congestion);
+            crate::auth::prove(s, setup.auth.as_deref(), &addr.host, addr.port, deadline).await
+        }
         Ok(Err(e)) => Err(lost(addr, "cannot connect", e)),
         Err(_) => Err(Error::timeout(format!("tcp peer {}:{}: connect did not finish in time", addr.host, addr.port))),
     }
 }
 
 impl Peer {
-    /// Starts `lanes` lane tasks for `addr` on `runtime`, each proving `auth` (when set) on every
-    /// connection it opens. When `stop` turns true (the transport shuts down), requests waiting
+    /// Starts `lanes` lane tasks for `addr` on `runtime`, each setting up every connection it
+    /// opens as `setup` says. When `stop` turns true (the transport shuts down), requests waiting
     /// for a response fail at once instead of at their deadline.
     /// Direct connections are opened on one of `io`'s threads too, within `timeout`, and
     /// registered with `registry`.
@@ -146,18 +155,18 @@ impl Peer {
         addr: PeerAddr,
         lanes: usize,
         io: &crate::IoThreads,
-        auth: Option<Arc<ferry_peer_auth::PeerSecret>>,
+        setup: ConnectSetup,
         stop: tokio::sync::watch::Receiver<bool>,
         registry: Arc<DirectRegistry>,
         timeout: Duration,
     ) -> Self {
-        let fence = Arc::new(PeerFence::new(addr.fence && addr.v2, auth.clone()));
+        let fence = Arc::new(PeerFence::new(addr.fence && addr.v2, setup.clone()));
         let direct = Arc::new(DirectPool::new(lanes));
         let opener = io.next().clone();
         let lanes = (0..lanes.max(1))
             .map(|_| {
                 let (tx, rx) = mpsc::unbounded_channel();
-                io.next().spawn(lane(addr.clone(), rx, auth.clone(), stop.clone(), fence.clone()));
+                io.next().spawn(lane(addr.clone(), rx, setup.clone(), stop.clone(), fence.clone()));
                 (tx, Arc::new(AtomicUsize::new(0)))
             })
             .collect();
@@ -167,7 +176,7 @@ impl Peer {
             direct,
             registry,
             opener,
-            auth,
+            setup,
             timeout,
             fence,
             created: std::time::Instant::now(),
@@ -216,10 +225,10 @@ impl Peer {
     /// the pool; a failure only uncounts it (the next waiting request tries again).
     fn open_direct(&self) {
         let opening = Opening::new(self.direct.clone());
-        let (addr, auth, registry) = (self.addr.clone(), self.auth.clone(), self.registry.clone());
+        let (addr, setup, registry) = (self.addr.clone(), self.setup.clone(), self.registry.clone());
         let deadline = deadline(self.timeout);
         self.opener.spawn(async move {
-            let opened = match connect(&addr, auth.as_deref(), deadline).await {
+            let opened = match connect(&addr, &setup, deadline).await {
                 Ok(s) => s.into_std().and_then(|s| DirectConn::new(s, &registry)).map_err(|e| lost(&addr, "direct", e)),
                 Err(e) => Err(e),
             };
@@ -273,7 +282,7 @@ fn lost(addr: &PeerAddr, what: &str, e: impl std::fmt::Display) -> Error {
 async fn lane(
     addr: PeerAddr,
     mut rx: mpsc::UnboundedReceiver<Job>,
-    auth: Option<Arc<ferry_peer_auth::PeerSecret>>,
+    setup: ConnectSetup,
     stop: tokio::sync::watch::Receiver<bool>,
     fence: Arc<PeerFence>,
 ) {
@@ -291,7 +300,7 @@ async fn lane(
             continue;
         }
         let Some(job) = job.unexpired() else { continue };
-        let stream = match connect(&addr, auth.as_deref(), job.deadline).await {
+        let stream = match connect(&addr, &setup, job.deadline).await {
             Ok(s) => s,
             Err(err) => {
                 // Everything already waiting for this peer would fail the same way.

@@ -75,6 +75,38 @@ pub(crate) fn set_rcvlowat(socket: &impl std::os::fd::AsRawFd, bytes: usize) -> 
     if rc == 0 { Ok(()) } else { Err(std::io::Error::last_os_error()) }
 }
 
+/// Whether a connection from `local` to `peer` stays on this host: the peer is a loopback
+/// address or this end's own (Linux routes both over the loopback device).
+pub(crate) fn stays_on_host(local: std::net::SocketAddr, peer: std::net::SocketAddr) -> bool {
+    let peer = peer.ip().to_canonical();
+    peer.is_loopback() || peer == local.ip().to_canonical()
+}
+
+/// Gives a connection whose two ends are on this host the congestion control `choice` names
+/// (`tcp_local_congestion`); leaves every other connection, and every connection when `choice`
+/// is `system`, as it is. A refusal (an algorithm the kernel lacks or does not let this
+/// process choose) is logged once per process and the connection keeps the host's default.
+pub(crate) fn use_local_congestion(socket: &impl std::os::fd::AsFd, choice: &crate::options::LocalCongestion) {
+    let Some(name) = choice.name() else { return };
+    let socket = socket2::SockRef::from(socket);
+    let ends =
+        socket.local_addr().ok().and_then(|l| l.as_socket()).zip(socket.peer_addr().ok().and_then(|p| p.as_socket()));
+    if !ends.is_some_and(|(local, peer)| stays_on_host(local, peer)) {
+        return;
+    }
+    if let Err(e) = socket.set_tcp_congestion(name.as_bytes()) {
+        static WARNED: std::sync::Once = std::sync::Once::new();
+        WARNED.call_once(|| {
+            tracing::warn!(
+                algorithm = name,
+                error = %e,
+                "tcp: connections within this host keep the host's congestion control: tcp_local_congestion names \
+                 one the kernel refuses here (see net.ipv4.tcp_allowed_congestion_control)"
+            )
+        });
+    }
+}
+
 /// Bytes that arrived on `socket` and were not read yet (`FIONREAD`).
 pub(crate) fn unread_bytes(socket: &impl std::os::fd::AsRawFd) -> std::io::Result<usize> {
     let mut value: libc::c_int = 0;
@@ -619,5 +651,43 @@ mod tests {
         assert_eq!(all.len(), 4 + big.len());
         assert_eq!(&all[..4], b"head");
         assert!(all[4..].iter().all(|&x| x == 3));
+    }
+
+    #[test]
+    fn a_connection_stays_on_this_host_when_the_peer_is_loopback_or_this_end() {
+        let at = |s: &str| s.parse::<std::net::SocketAddr>().unwrap();
+        assert!(stays_on_host(at("127.0.0.1:5000"), at("127.0.0.2:6000")));
+        assert!(stays_on_host(at("10.0.0.1:5000"), at("10.0.0.1:6000")));
+        assert!(stays_on_host(at("[::1]:5000"), at("[::1]:6000")));
+        assert!(stays_on_host(at("[::ffff:10.0.0.1]:5000"), at("10.0.0.1:6000")));
+        assert!(stays_on_host(at("[::ffff:10.0.0.1]:5000"), at("[::ffff:127.0.0.1]:6000")));
+        assert!(!stays_on_host(at("10.0.0.1:5000"), at("10.0.0.2:6000")));
+        assert!(!stays_on_host(at("[fe80::1]:5000"), at("[fe80::2]:6000")));
+    }
+
+    /// The host's default congestion control (Linux).
+    fn host_default() -> String {
+        std::fs::read_to_string("/proc/sys/net/ipv4/tcp_congestion_control").unwrap().trim().to_owned()
+    }
+
+    #[tokio::test]
+    async fn a_loopback_connection_gets_the_local_congestion_control_and_system_leaves_the_host_default() {
+        let congestion = |s: &TcpStream| {
+            String::from_utf8(socket2::SockRef::from(s).tcp_congestion().unwrap())
+                .unwrap()
+                .trim_end_matches('\0')
+                .to_owned()
+        };
+        let (client, server) = pair().await;
+        assert_eq!(congestion(&client), host_default());
+        use_local_congestion(&client, &crate::options::LocalCongestion::SYSTEM);
+        assert_eq!(congestion(&client), host_default(), "system leaves the host's default");
+        use_local_congestion(&client, &crate::options::LocalCongestion::reno());
+        use_local_congestion(&server, &crate::options::LocalCongestion::reno());
+        assert_eq!((congestion(&client), congestion(&server)), ("reno".to_owned(), "reno".to_owned()));
+        // An algorithm the kernel lacks is logged, and the connection keeps what it had.
+        let (client, _server) = pair().await;
+        use_local_congestion(&client, &"no_such_cc".parse().unwrap());
+        assert_eq!(congestion(&client), host_default());
     }
 }

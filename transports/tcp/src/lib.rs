@@ -58,7 +58,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 pub use crate::endpoint::TcpEndpoint;
-use crate::initiator::{Peer, PeerAddr};
+use crate::initiator::{ConnectSetup, Peer, PeerAddr};
 pub use crate::options::{DEFAULT_LANES, TcpOptions};
 use crate::target::TargetLimits;
 
@@ -104,6 +104,8 @@ pub struct TcpTransport {
     lanes: usize,
     timeout: Duration,
     auth: auth::DataAuth,
+    /// `tcp_local_congestion`, for the connections this engine opens.
+    local_congestion: options::LocalCongestion,
     io: IoThreads,
     peers: Mutex<HashMap<PeerAddr, Arc<Peer>>>,
     stop: watch::Sender<bool>,
@@ -162,6 +164,7 @@ impl TcpTransport {
             max_connections: options.connections() as usize,
             per_ip: options.connections_per_ip() as usize,
             next_request_poll: ferry_core::batch::spin_before_sleep(),
+            local_congestion: options.local_congestion(),
         });
         let (stop, stop_rx) = watch::channel(false);
         let server = ctx.runtime.spawn(target::serve(listener, ctx.memory.clone(), limits, auth.clone(), stop_rx));
@@ -173,6 +176,7 @@ impl TcpTransport {
             lanes: lanes as usize,
             timeout,
             auth,
+            local_congestion: options.local_congestion(),
             io: IoThreads::start(options.io_thread_count(lanes) as usize)?,
             peers: Mutex::new(HashMap::new()),
             stop,
@@ -227,7 +231,7 @@ impl TcpTransport {
                     addr,
                     self.lanes,
                     &self.io,
-                    self.auth.secret(),
+                    ConnectSetup { auth: self.auth.secret(), local_congestion: self.local_congestion.clone() },
                     self.stop.subscribe(),
                     self.direct.clone(),
                     self.timeout,
@@ -430,7 +434,7 @@ mod tests {
         let io = IoThreads::start(1).unwrap();
         let addr = PeerAddr { host: "127.0.0.1".into(), port: 1, v2: true, fence: true };
         let (_stop, stop_rx) = tokio::sync::watch::channel(false);
-        let peer = Peer::start(addr, 2, &io, None, stop_rx, Arc::default(), Duration::from_secs(1));
+        let peer = Peer::start(addr, 2, &io, Default::default(), stop_rx, Arc::default(), Duration::from_secs(1));
         assert!(peer.unused_for(Duration::ZERO), "no load, no use: prunable at once");
         assert!(!peer.unused_for(Duration::from_secs(3600)), "not idle for an hour yet");
     }

@@ -1,5 +1,6 @@
 //! The `tcp` transport's config fields: `tcp_lanes`, `tcp_data_port`, `tcp_io_threads`,
-//! `tcp_bind_address` and `tcp_max_connections_per_ip`, declared as [`OptionSpec`]s and read from the config's unknown fields and the environment
+//! `tcp_bind_address`, `tcp_max_connections_per_ip`, `tcp_max_connections` and
+//! `tcp_local_congestion`, declared as [`OptionSpec`]s and read from the config's unknown fields and the environment
 //! ([`Config::option`]), each with where its value came from, and checked here: a value out of
 //! range is an error naming the field (or the variable) and the accepted range, never clamped.
 //!
@@ -73,6 +74,20 @@ pub const MAX_CONNECTIONS: OptionSpec = OptionSpec {
           (never one in the middle of a request), 16 to 1048576",
 };
 
+/// `tcp_local_congestion` (`FERRY_TCP_LOCAL_CONGESTION`): the TCP congestion control of a
+/// connection whose two ends are on this host.
+pub const LOCAL_CONGESTION: OptionSpec = OptionSpec {
+    key: "tcp_local_congestion",
+    env: Some("FERRY_TCP_LOCAL_CONGESTION"),
+    env_invalid: "not a congestion control name",
+    default: "reno",
+    doc: "TCP congestion control of a connection whose two ends are on this host (it goes over loopback, where there \
+          is no network to share): a name the kernel lets this process choose (`reno` always; the others listed in \
+          `net.ipv4.tcp_allowed_congestion_control`), or `system` for the host's default. A pacing one such as BBR \
+          arms a timer per burst, which costs a loopback connection more than half its throughput on a virtual \
+          machine (docs/performance.md). Connections to other hosts keep the host's default",
+};
+
 /// Every option the `tcp` transport declares: its own and peer authentication's.
 pub const OPTIONS: &[OptionSpec] = &[
     LANES,
@@ -81,6 +96,7 @@ pub const OPTIONS: &[OptionSpec] = &[
     BIND_ADDRESS,
     MAX_CONNECTIONS_PER_IP,
     MAX_CONNECTIONS,
+    LOCAL_CONGESTION,
     ferry_peer_auth::options::SECRET,
     ferry_peer_auth::options::SECRET_FILE,
 ];
@@ -103,6 +119,66 @@ pub const DEFAULT_LANES: u32 = 4;
 /// The accepted number of lanes and of I/O threads.
 pub const LANES_RANGE: std::ops::RangeInclusive<u32> = 1..=64;
 
+/// What [`LOCAL_CONGESTION`] asks for: `system` (the host's default), or an algorithm's name.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
+#[serde(try_from = "String")]
+pub struct LocalCongestion(Option<String>);
+
+impl LocalCongestion {
+    /// The host's default, as for connections to other hosts.
+    pub const SYSTEM: LocalCongestion = LocalCongestion(None);
+
+    /// Reno, the default: every Linux kernel has it, lets any process choose it, and it paces
+    /// nothing.
+    pub fn reno() -> Self {
+        LocalCongestion(Some("reno".to_owned()))
+    }
+
+    /// The algorithm's name to ask the kernel for (`None`: the host's default).
+    pub fn name(&self) -> Option<&str> {
+        self.0.as_deref()
+    }
+}
+
+impl Default for LocalCongestion {
+    fn default() -> Self {
+        Self::reno()
+    }
+}
+
+impl std::str::FromStr for LocalCongestion {
+    type Err = String;
+
+    /// `system`, or an algorithm's name: 1 to 15 ASCII letters, digits, `_` or `-` (Linux's
+    /// `TCP_CA_NAME_MAX` is 16 with the terminating zero).
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        let s = s.trim();
+        if s.eq_ignore_ascii_case("system") {
+            return Ok(Self::SYSTEM);
+        }
+        if s.is_empty() || s.len() > 15 || !s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-') {
+            return Err(format!(
+                "{s:?} is not a congestion control name (1 to 15 letters, digits, `_` or `-`) nor `system`"
+            ));
+        }
+        Ok(LocalCongestion(Some(s.to_owned())))
+    }
+}
+
+impl TryFrom<String> for LocalCongestion {
+    type Error = String;
+
+    fn try_from(s: String) -> std::result::Result<Self, String> {
+        s.parse()
+    }
+}
+
+impl std::fmt::Display for LocalCongestion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name().unwrap_or("system"))
+    }
+}
+
 /// The `tcp` transport's options as one config and environment set them, each checked and with
 /// its source (`None`: not set, the default applies).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -119,6 +195,8 @@ pub struct TcpOptions {
     pub max_connections_per_ip: Option<Setting<u32>>,
     /// [`MAX_CONNECTIONS`], within [`CONNECTIONS_RANGE`].
     pub max_connections: Option<Setting<u32>>,
+    /// [`LOCAL_CONGESTION`].
+    pub local_congestion: Option<Setting<LocalCongestion>>,
 }
 
 impl TcpOptions {
@@ -138,7 +216,14 @@ impl TcpOptions {
             bind_address: config.option::<IpAddr>(&BIND_ADDRESS, env)?,
             max_connections_per_ip: Self::max_connections_per_ip(config, env)?,
             max_connections: Self::max_connections(config, env)?,
+            local_congestion: config.option::<LocalCongestion>(&LOCAL_CONGESTION, env)?,
         })
+    }
+
+    /// The congestion control of connections within this host: [`LOCAL_CONGESTION`], else
+    /// reno.
+    pub fn local_congestion(&self) -> LocalCongestion {
+        self.local_congestion.as_ref().map_or_else(LocalCongestion::reno, |s| s.value.clone())
     }
 
     /// Connections per remote IP address: [`MAX_CONNECTIONS_PER_IP`], else
@@ -246,6 +331,7 @@ impl TcpOptions {
             OptionValue::new(&BIND_ADDRESS, config.option::<IpAddr>(&BIND_ADDRESS, env)),
             OptionValue::new(&MAX_CONNECTIONS_PER_IP, Self::max_connections_per_ip(config, env)),
             OptionValue::new(&MAX_CONNECTIONS, Self::max_connections(config, env)),
+            OptionValue::new(&LOCAL_CONGESTION, config.option::<LocalCongestion>(&LOCAL_CONGESTION, env)),
         ];
         values.extend(ferry_peer_auth::options::values(config, env));
         values
@@ -407,6 +493,7 @@ mod tests {
                 "tcp_bind_address",
                 "tcp_max_connections_per_ip",
                 "tcp_max_connections",
+                "tcp_local_congestion",
                 "auth_secret",
                 "auth_secret_file"
             ]
@@ -415,5 +502,34 @@ mod tests {
         let port = values[1].setting.as_ref().unwrap().as_ref().unwrap();
         assert_eq!((port.value.as_str(), &port.source), ("18000", &FieldSource::Env("FERRY_TCP_DATA_PORT")));
         assert_eq!(values[2].setting.as_ref().unwrap().as_ref().unwrap().value, "2");
+    }
+
+    #[test]
+    fn local_congestion_is_reno_unless_set_and_refuses_what_is_no_name() {
+        assert_eq!(
+            TcpOptions::from_config(&Config::default(), &env(&[])).unwrap().local_congestion().name(),
+            Some("reno")
+        );
+        let o = TcpOptions::from_config(&Config::default(), &env(&[("FERRY_TCP_LOCAL_CONGESTION", "system")])).unwrap();
+        assert_eq!(
+            (o.local_congestion(), o.local_congestion().to_string()),
+            (LocalCongestion::SYSTEM, "system".into())
+        );
+        let c = Config::from_json_str(r#"{"tcp_local_congestion": "cubic"}"#, None).unwrap();
+        assert_eq!(TcpOptions::from_config(&c, &env(&[])).unwrap().local_congestion().name(), Some("cubic"));
+        for bad in ["bbr cubic", "a_name_of_16_chr", "reno;"] {
+            let e = TcpOptions::from_config(&Config::default(), &env(&[("FERRY_TCP_LOCAL_CONGESTION", bad)]));
+            let e = e.unwrap_err();
+            assert_eq!(
+                e.message(),
+                format!("environment variable FERRY_TCP_LOCAL_CONGESTION={bad:?}: not a congestion control name"),
+            );
+        }
+        let c = Config::from_json_str("{\n  \"tcp_local_congestion\": \"\"\n}", None).unwrap();
+        let e = TcpOptions::from_config(&c, &env(&[])).unwrap_err();
+        assert!(
+            e.message().contains("field `tcp_local_congestion` at line 2") && e.message().contains("not a congestion"),
+            "{e}"
+        );
     }
 }

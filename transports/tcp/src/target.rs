@@ -59,6 +59,9 @@ pub(crate) struct TargetLimits {
     /// How long a connection whose peer asks one request at a time polls for the next one
     /// after serving one, before it sleeps ([`ferry_core::batch::spin_before_sleep`]).
     pub(crate) next_request_poll: Duration,
+    /// The congestion control of a connection from this host (`tcp_local_congestion`): this
+    /// end sends the READs' data.
+    pub(crate) local_congestion: crate::options::LocalCongestion,
 }
 
 /// Why a connection was closed.
@@ -192,6 +195,7 @@ async fn serve_requests(
     if let Err(e) = stream.set_nodelay(true) {
         return Close::Io(e);
     }
+    crate::io::use_local_congestion(&*stream, &limits.local_congestion);
     let conn = admitted.conn();
     // Pipelined headers arrive together: one read serves many of them. It also mutes the
     // socket's arrivals while a poll holds its worker, and unmutes them before every wait
@@ -589,6 +593,7 @@ mod tests {
             max_connections: 64,
             per_ip: 64,
             next_request_poll,
+            local_congestion: Default::default(),
         });
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
