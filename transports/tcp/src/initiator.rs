@@ -145,15 +145,24 @@ pub(crate) async fn connect(addr: &PeerAddr, setup: &ConnectSetup, deadline: Ins
     }
 }
 
+/// How many connections a peer gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ConnCounts {
+    /// Lanes (persistent pipelined connections), at least one.
+    pub(crate) lanes: usize,
+    /// Idle direct connections kept for callers that wait for a single request.
+    pub(crate) direct: usize,
+}
+
 impl Peer {
-    /// Starts `lanes` lane tasks for `addr` on `runtime`, each setting up every connection it
-    /// opens as `setup` says. When `stop` turns true (the transport shuts down), requests waiting
-    /// for a response fail at once instead of at their deadline.
-    /// Direct connections are opened on one of `io`'s threads too, within `timeout`, and
-    /// registered with `registry`.
+    /// Starts `counts.lanes` lane tasks for `addr` on `io`'s threads, each setting up every
+    /// connection it opens as `setup` says, and keeps up to `counts.direct` idle direct
+    /// connections. When `stop` turns true (the transport shuts down), requests waiting for a
+    /// response fail at once instead of at their deadline. Direct connections are opened on one
+    /// of `io`'s threads too, within `timeout`, and registered with `registry`.
     pub(crate) fn start(
         addr: PeerAddr,
-        lanes: usize,
+        counts: ConnCounts,
         io: &crate::IoThreads,
         setup: ConnectSetup,
         stop: tokio::sync::watch::Receiver<bool>,
@@ -161,9 +170,9 @@ impl Peer {
         timeout: Duration,
     ) -> Self {
         let fence = Arc::new(PeerFence::new(addr.fence && addr.v2, setup.clone()));
-        let direct = Arc::new(DirectPool::new(lanes));
+        let direct = Arc::new(DirectPool::new(counts.direct));
         let opener = io.next().clone();
-        let lanes = (0..lanes.max(1))
+        let lanes = (0..counts.lanes.max(1))
             .map(|_| {
                 let (tx, rx) = mpsc::unbounded_channel();
                 io.next().spawn(lane(addr.clone(), rx, setup.clone(), stop.clone(), fence.clone()));

@@ -11,8 +11,9 @@
 //!   slow and numerous connections can hold ([`options::MAX_CONNECTIONS_PER_IP`] and
 //!   [`options::MAX_CONNECTIONS`], evicting the idlest connection when full, deadlines per
 //!   header and per request, a backoff when file descriptors run out).
-//! - **Initiator**: `tcp_lanes` persistent connections per peer (default 4), requests pipelined
-//!   on each, payloads moved between the socket and registered memory without intermediate
+//! - **Initiator**: `tcp_lanes` persistent connections per peer (default 4; to a peer on this
+//!   host, one per two cores, at most 4), requests pipelined on each, payloads moved between
+//!   the socket and registered memory without intermediate
 //!   buffers (payloads up to 64 KiB are coalesced with their header into one write), a deadline
 //!   on every request, and a lost connection failing exactly the requests it carried. Peers
 //!   whose descriptor advertises `tcp_proto_version` < 2 (or none) are spoken to in v1. A
@@ -58,7 +59,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 pub use crate::endpoint::TcpEndpoint;
-use crate::initiator::{ConnectSetup, Peer, PeerAddr};
+use crate::initiator::{ConnCounts, ConnectSetup, Peer, PeerAddr};
 pub use crate::options::{DEFAULT_LANES, TcpOptions};
 use crate::target::TargetLimits;
 
@@ -102,6 +103,8 @@ pub struct TcpTransport {
     host: String,
     port: u16,
     lanes: usize,
+    /// Lanes to a peer on this host (see [`TcpOptions::local_lane_count`]).
+    local_lanes: usize,
     timeout: Duration,
     auth: auth::DataAuth,
     /// `tcp_local_congestion`, for the connections this engine opens.
@@ -174,6 +177,7 @@ impl TcpTransport {
             host,
             port,
             lanes: lanes as usize,
+            local_lanes: options.local_lane_count() as usize,
             timeout,
             auth,
             local_congestion: options.local_congestion(),
@@ -224,12 +228,14 @@ impl TcpTransport {
             // port leaves its old address behind); their lanes end with them.
             peers.retain(|_, p| !p.unused_for(PEER_IDLE));
         }
+        // A peer on this host shares this host's cores: fewer lanes (see `local_lane_count`).
+        let lanes = if on_this_host(&addr.host, &self.host) { self.local_lanes } else { self.lanes };
         Ok(peers
             .entry(addr.clone())
             .or_insert_with(|| {
                 Arc::new(Peer::start(
                     addr,
-                    self.lanes,
+                    ConnCounts { lanes, direct: self.lanes },
                     &self.io,
                     ConnectSetup { auth: self.auth.secret(), local_congestion: self.local_congestion.clone() },
                     self.stop.subscribe(),
@@ -277,6 +283,15 @@ async fn listen(options: &TcpOptions, host: &str, port: u16) -> Result<TcpListen
         )
         .with_source(e)),
     }
+}
+
+/// Whether a peer published as `host` is on this host, whose engine publishes `own`: a loopback
+/// address, or the same IP address. A name is not resolved (it counts as another host).
+fn on_this_host(host: &str, own: &str) -> bool {
+    host.parse::<IpAddr>().is_ok_and(|ip| {
+        let ip = ip.to_canonical();
+        ip.is_loopback() || own.parse::<IpAddr>().is_ok_and(|own| own.to_canonical() == ip)
+    })
 }
 
 /// Threads that run the initiator's lanes, each a single-threaded runtime.
@@ -434,8 +449,27 @@ mod tests {
         let io = IoThreads::start(1).unwrap();
         let addr = PeerAddr { host: "127.0.0.1".into(), port: 1, v2: true, fence: true };
         let (_stop, stop_rx) = tokio::sync::watch::channel(false);
-        let peer = Peer::start(addr, 2, &io, Default::default(), stop_rx, Arc::default(), Duration::from_secs(1));
+        let peer = Peer::start(
+            addr,
+            ConnCounts { lanes: 2, direct: 2 },
+            &io,
+            Default::default(),
+            stop_rx,
+            Arc::default(),
+            Duration::from_secs(1),
+        );
         assert!(peer.unused_for(Duration::ZERO), "no load, no use: prunable at once");
         assert!(!peer.unused_for(Duration::from_secs(3600)), "not idle for an hour yet");
+    }
+
+    #[test]
+    fn a_peer_is_on_this_host_at_a_loopback_address_or_this_engines_own() {
+        assert!(on_this_host("127.0.0.1", "10.0.0.5"));
+        assert!(on_this_host("::1", "10.0.0.5"));
+        assert!(on_this_host("10.0.0.5", "10.0.0.5"));
+        assert!(on_this_host("::ffff:10.0.0.5", "10.0.0.5"));
+        assert!(!on_this_host("10.0.0.6", "10.0.0.5"));
+        assert!(!on_this_host("localhost", "10.0.0.5"), "names are not resolved");
+        assert!(!on_this_host("10.0.0.5", "node-a"));
     }
 }
