@@ -75,11 +75,11 @@ pub(crate) fn set_rcvlowat(socket: &impl std::os::fd::AsRawFd, bytes: usize) -> 
     if rc == 0 { Ok(()) } else { Err(std::io::Error::last_os_error()) }
 }
 
-/// Whether a connection from `local` to `peer` stays on this host: the peer is a loopback
-/// address or this end's own (Linux routes both over the loopback device).
-pub(crate) fn stays_on_host(local: std::net::SocketAddr, peer: std::net::SocketAddr) -> bool {
-    let peer = peer.ip().to_canonical();
-    peer.is_loopback() || peer == local.ip().to_canonical()
+/// Whether `peer` is on this host, whose address (or one of them) is `own`: a loopback address
+/// or `own` itself (Linux routes both over the loopback device).
+pub(crate) fn on_this_host(peer: std::net::IpAddr, own: std::net::IpAddr) -> bool {
+    let peer = peer.to_canonical();
+    peer.is_loopback() || peer == own.to_canonical()
 }
 
 /// Gives a connection whose two ends are on this host the congestion control `choice` names
@@ -91,7 +91,7 @@ pub(crate) fn use_local_congestion(socket: &impl std::os::fd::AsFd, choice: &cra
     let socket = socket2::SockRef::from(socket);
     let ends =
         socket.local_addr().ok().and_then(|l| l.as_socket()).zip(socket.peer_addr().ok().and_then(|p| p.as_socket()));
-    if !ends.is_some_and(|(local, peer)| stays_on_host(local, peer)) {
+    if !ends.is_some_and(|(local, peer)| on_this_host(peer.ip(), local.ip())) {
         return;
     }
     if let Err(e) = socket.set_tcp_congestion(name.as_bytes()) {
@@ -654,15 +654,16 @@ mod tests {
     }
 
     #[test]
-    fn a_connection_stays_on_this_host_when_the_peer_is_loopback_or_this_end() {
-        let at = |s: &str| s.parse::<std::net::SocketAddr>().unwrap();
-        assert!(stays_on_host(at("127.0.0.1:5000"), at("127.0.0.2:6000")));
-        assert!(stays_on_host(at("10.0.0.1:5000"), at("10.0.0.1:6000")));
-        assert!(stays_on_host(at("[::1]:5000"), at("[::1]:6000")));
-        assert!(stays_on_host(at("[::ffff:10.0.0.1]:5000"), at("10.0.0.1:6000")));
-        assert!(stays_on_host(at("[::ffff:10.0.0.1]:5000"), at("[::ffff:127.0.0.1]:6000")));
-        assert!(!stays_on_host(at("10.0.0.1:5000"), at("10.0.0.2:6000")));
-        assert!(!stays_on_host(at("[fe80::1]:5000"), at("[fe80::2]:6000")));
+    fn a_peer_is_on_this_host_at_a_loopback_address_or_this_ends_own() {
+        let ip = |s: &str| s.parse::<std::net::IpAddr>().unwrap();
+        assert!(on_this_host(ip("127.0.0.2"), ip("127.0.0.1")));
+        assert!(on_this_host(ip("127.0.0.1"), ip("10.0.0.5")));
+        assert!(on_this_host(ip("10.0.0.1"), ip("10.0.0.1")));
+        assert!(on_this_host(ip("::1"), ip("::1")));
+        assert!(on_this_host(ip("10.0.0.1"), ip("::ffff:10.0.0.1")));
+        assert!(on_this_host(ip("::ffff:127.0.0.1"), ip("::ffff:10.0.0.1")));
+        assert!(!on_this_host(ip("10.0.0.2"), ip("10.0.0.1")));
+        assert!(!on_this_host(ip("fe80::2"), ip("fe80::1")));
     }
 
     /// The host's default congestion control (Linux).

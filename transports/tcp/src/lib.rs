@@ -229,7 +229,7 @@ impl TcpTransport {
             peers.retain(|_, p| !p.unused_for(PEER_IDLE));
         }
         // A peer on this host shares this host's cores: fewer lanes (see `local_lane_count`).
-        let lanes = if on_this_host(&addr.host, &self.host) { self.local_lanes } else { self.lanes };
+        let lanes = if peer_on_this_host(&addr.host, &self.host) { self.local_lanes } else { self.lanes };
         Ok(peers
             .entry(addr.clone())
             .or_insert_with(|| {
@@ -285,13 +285,12 @@ async fn listen(options: &TcpOptions, host: &str, port: u16) -> Result<TcpListen
     }
 }
 
-/// Whether a peer published as `host` is on this host, whose engine publishes `own`: a loopback
-/// address, or the same IP address. A name is not resolved (it counts as another host).
-fn on_this_host(host: &str, own: &str) -> bool {
-    host.parse::<IpAddr>().is_ok_and(|ip| {
-        let ip = ip.to_canonical();
-        ip.is_loopback() || own.parse::<IpAddr>().is_ok_and(|own| own.to_canonical() == ip)
-    })
+/// Whether a peer published as `host` is on this host, whose engine publishes `own`
+/// ([`io::on_this_host`]). A name is not resolved: it counts as another host (and a loopback
+/// peer as this host's even when `own` is a name).
+fn peer_on_this_host(host: &str, own: &str) -> bool {
+    let own = own.parse::<IpAddr>().unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST));
+    host.parse::<IpAddr>().is_ok_and(|ip| io::on_this_host(ip, own))
 }
 
 /// Threads that run the initiator's lanes, each a single-threaded runtime.
@@ -463,13 +462,12 @@ mod tests {
     }
 
     #[test]
-    fn a_peer_is_on_this_host_at_a_loopback_address_or_this_engines_own() {
-        assert!(on_this_host("127.0.0.1", "10.0.0.5"));
-        assert!(on_this_host("::1", "10.0.0.5"));
-        assert!(on_this_host("10.0.0.5", "10.0.0.5"));
-        assert!(on_this_host("::ffff:10.0.0.5", "10.0.0.5"));
-        assert!(!on_this_host("10.0.0.6", "10.0.0.5"));
-        assert!(!on_this_host("localhost", "10.0.0.5"), "names are not resolved");
-        assert!(!on_this_host("10.0.0.5", "node-a"));
+    fn a_peer_published_at_a_loopback_address_or_this_engines_own_is_on_this_host() {
+        assert!(peer_on_this_host("127.0.0.1", "10.0.0.5"));
+        assert!(peer_on_this_host("::1", "node-a"));
+        assert!(peer_on_this_host("::ffff:10.0.0.5", "10.0.0.5"));
+        assert!(!peer_on_this_host("10.0.0.6", "10.0.0.5"));
+        assert!(!peer_on_this_host("localhost", "10.0.0.5"), "names are not resolved");
+        assert!(!peer_on_this_host("10.0.0.5", "node-a"));
     }
 }
