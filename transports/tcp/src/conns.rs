@@ -134,6 +134,14 @@ impl Admitted {
     pub(crate) fn table(&self) -> &ConnTable {
         &self.table
     }
+
+    /// An eviction found bytes of a request already waiting: the connection stays, and the
+    /// idlest other connection of its address is asked to close in its place, so the address
+    /// goes back to its limit (none when every other one is busy).
+    pub(crate) fn decline_eviction(&self) {
+        self.conn.decline_eviction();
+        self.table.evict_over_limit(self.conn.peer.ip().to_canonical(), &self.conn);
+    }
 }
 
 impl Drop for Admitted {
@@ -201,6 +209,19 @@ impl ConnTable {
             );
         }
         Admitted { table: self.clone(), conn }
+    }
+
+    /// When `ip` has more connections not asked to stop than its limit, asks the idlest of them
+    /// other than `except` to close (as [`ConnTable::admit`] picks).
+    fn evict_over_limit(&self, ip: IpAddr, except: &Conn) {
+        let map = self.by_ip.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(list) = map.get(&ip) else { return };
+        if list.iter().filter(|c| c.stop().is_none()).count() <= self.per_ip {
+            return;
+        }
+        let mut candidates: Vec<&Arc<Conn>> = list.iter().filter(|c| c.id != except.id && c.evictable()).collect();
+        candidates.sort_by_key(|c| (c.last_served.load(Ordering::Relaxed), c.id));
+        candidates.into_iter().any(|c| c.evict());
     }
 
     /// Asks the idlest connection of all, from any address, to close (as [`ConnTable::admit`]
@@ -275,6 +296,38 @@ mod tests {
         assert_eq!(c.conn().stop(), None, "busy: never evicted");
         drop((a, d));
         assert_eq!(table.count(addr(1).ip()), 3);
+    }
+
+    #[test]
+    fn a_connection_that_declines_its_eviction_passes_it_to_the_next_idlest() {
+        let table = ConnTable::new(2);
+        let a = table.admit(addr(1));
+        let b = table.admit(addr(2));
+        let c = table.admit(addr(3));
+        assert_eq!(a.conn().stop(), Some(Stop::Evicted));
+        a.decline_eviction(); // a request was already waiting on it
+        assert_eq!(a.conn().stop(), None);
+        assert_eq!(b.conn().stop(), Some(Stop::Evicted), "the next idlest goes in its place");
+        assert_eq!(c.conn().stop(), None);
+        // b declines too: a, the idlest other one, is asked again.
+        b.decline_eviction();
+        assert_eq!((a.conn().stop(), b.conn().stop(), c.conn().stop()), (Some(Stop::Evicted), None, None));
+        // A decline at the limit asks nobody (c was never asked: nothing changes).
+        drop(a);
+        c.decline_eviction();
+        assert_eq!((b.conn().stop(), c.conn().stop()), (None, None));
+        // A busy connection is passed over, as by `admit`; when all the others are busy, nobody
+        // is asked and the address stays over its limit.
+        let d = table.admit(addr(4));
+        assert_eq!(b.conn().stop(), Some(Stop::Evicted));
+        c.conn().set_busy(true);
+        b.decline_eviction();
+        assert_eq!((b.conn().stop(), c.conn().stop(), d.conn().stop()), (None, None, Some(Stop::Evicted)));
+        d.conn().set_busy(true);
+        d.decline_eviction();
+        assert_eq!((b.conn().stop(), c.conn().stop(), d.conn().stop()), (Some(Stop::Evicted), None, None));
+        b.decline_eviction();
+        assert_eq!((b.conn().stop(), c.conn().stop(), d.conn().stop()), (None, None, None), "c and d are busy");
     }
 
     #[test]

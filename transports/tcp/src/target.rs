@@ -276,7 +276,7 @@ async fn serve_requests(
                             // An eviction that came meanwhile found a request arriving: it stays,
                             // as it does when the eviction wakes the wait below.
                             if matches!(conn.stop(), Some(Stop::Evicted)) {
-                                conn.decline_eviction();
+                                admitted.decline_eviction();
                             }
                             continue;
                         }
@@ -301,7 +301,7 @@ async fn serve_requests(
                             Ok(0) => return Close::Eof,
                             Ok(_) => {
                                 since_fill = 0;
-                                conn.decline_eviction();
+                                admitted.decline_eviction();
                             }
                             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Close::Evicted,
                             Err(e) => return Close::Io(e),
