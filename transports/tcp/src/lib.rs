@@ -13,9 +13,9 @@
 //!   header and per request, a backoff when file descriptors run out).
 //! - **Initiator**: `tcp_lanes` persistent connections per peer (default 4; to a peer on this
 //!   host, one per two cores, at most 4), requests pipelined on each, payloads moved between
-//!   the socket and registered memory without intermediate
-//!   buffers (payloads up to 64 KiB are coalesced with their header into one write), a deadline
-//!   on every request, and a lost connection failing exactly the requests it carried. Peers
+//!   the socket and registered memory without intermediate buffers (payloads up to 64 KiB are
+//!   coalesced with their header into one write), a deadline on every request, and a lost
+//!   connection failing exactly the requests it carried. Peers
 //!   whose descriptor advertises `tcp_proto_version` < 2 (or none) are spoken to in v1. A
 //!   connection that failed a WRITE is fenced before anything more goes to a peer that
 //!   advertises `ferry_tcp_fence` ([`fence`] module): a request that failed never
