@@ -101,6 +101,15 @@ impl Conn {
     }
 }
 
+/// Asks the idlest of `conns` that is not busy nor stopped to close: one that never served a
+/// request first (the oldest of those), else the one that served its last request longest ago;
+/// a victim that turns busy in between is skipped. False when none could be asked.
+fn evict_idlest<'a>(conns: impl Iterator<Item = &'a Arc<Conn>>) -> bool {
+    let mut candidates: Vec<&Arc<Conn>> = conns.filter(|c| c.evictable()).collect();
+    candidates.sort_by_key(|c| (c.last_served.load(Ordering::Relaxed), c.id));
+    candidates.into_iter().any(|c| c.evict())
+}
+
 /// The target's live connections by remote IP address.
 #[derive(Debug)]
 pub(crate) struct ConnTable {
@@ -193,10 +202,7 @@ impl ConnTable {
             let list = map.entry(ip).or_default();
             let live = list.iter().filter(|c| c.stop().is_none()).count();
             if live >= self.per_ip {
-                // Evict the idlest; a victim that turns busy in between is skipped.
-                let mut candidates: Vec<&Arc<Conn>> = list.iter().filter(|c| c.evictable()).collect();
-                candidates.sort_by_key(|c| (c.last_served.load(Ordering::Relaxed), c.id));
-                evicted = candidates.into_iter().any(|c| c.evict());
+                evicted = evict_idlest(list.iter());
             }
             list.push(conn.clone());
         }
@@ -219,9 +225,7 @@ impl ConnTable {
         if list.iter().filter(|c| c.stop().is_none()).count() <= self.per_ip {
             return;
         }
-        let mut candidates: Vec<&Arc<Conn>> = list.iter().filter(|c| c.id != except.id && c.evictable()).collect();
-        candidates.sort_by_key(|c| (c.last_served.load(Ordering::Relaxed), c.id));
-        candidates.into_iter().any(|c| c.evict());
+        evict_idlest(list.iter().filter(|c| c.id != except.id));
     }
 
     /// Asks the idlest connection of all, from any address, to close (as [`ConnTable::admit`]
@@ -231,9 +235,7 @@ impl ConnTable {
     pub(crate) fn evict_idlest_anywhere(&self) -> bool {
         let evicted = {
             let map = self.by_ip.lock().unwrap_or_else(|p| p.into_inner());
-            let mut candidates: Vec<&Arc<Conn>> = map.values().flatten().filter(|c| c.evictable()).collect();
-            candidates.sort_by_key(|c| (c.last_served.load(Ordering::Relaxed), c.id));
-            candidates.into_iter().any(|c| c.evict())
+            evict_idlest(map.values().flatten())
         };
         if evicted && let Some(count) = self.evictions.tick() {
             tracing::warn!(

@@ -32,7 +32,7 @@ use crate::conns::{Admitted, Conn, ConnTable, Stop};
 use crate::fence;
 use crate::io::{InBuf, SpareWorkers, write_all_vectored_polling};
 use crate::memory::{bytes, bytes_mut};
-use crate::wire::{HEADER_LEN, Header, Status};
+use crate::wire::{HEADER_LEN, Header, STATUS_LEN, Status};
 use ferry_listener::AcceptBackoff;
 
 /// WRITE payloads above this are expected to be read straight into memory: after one, the next
@@ -392,32 +392,31 @@ const STATUS_PAYLOAD_PER_WRITE: u64 = 1 << 20;
 /// their WRITEs carried [`STATUS_PAYLOAD_PER_WRITE`], and when the connection closes.
 #[derive(Debug, Default)]
 struct OwedStatuses {
+    /// The status frames, in request order.
     frames: Vec<u8>,
-    count: usize,
+    /// Payload bytes of the WRITEs they answer.
     payload: u64,
 }
 
 impl OwedStatuses {
     fn push(&mut self, status: Status, payload: u64) {
         self.frames.extend_from_slice(&status.encode());
-        self.count += 1;
         self.payload = self.payload.saturating_add(payload);
     }
 
     fn is_empty(&self) -> bool {
-        self.count == 0
+        self.frames.is_empty()
     }
 
     fn full(&self) -> bool {
-        self.count >= STATUSES_PER_WRITE || self.payload >= STATUS_PAYLOAD_PER_WRITE
+        self.frames.len() >= STATUSES_PER_WRITE * STATUS_LEN || self.payload >= STATUS_PAYLOAD_PER_WRITE
     }
 
     /// Sends every owed status, in order.
     async fn flush(&mut self, stream: &mut TcpStream) -> std::io::Result<()> {
-        if self.count > 0 {
+        if !self.frames.is_empty() {
             stream.write_all(&self.frames).await?;
             self.frames.clear();
-            self.count = 0;
             self.payload = 0;
         }
         Ok(())
@@ -572,7 +571,6 @@ mod tests {
     use ferry_core::Location;
 
     use super::*;
-    use crate::wire::STATUS_LEN;
 
     /// A target over a registered buffer of 4 KiB with an idle limit of 600 ms; its port.
     async fn target(buf: &[u8]) -> (u16, watch::Sender<bool>) {
