@@ -335,11 +335,18 @@ impl BatchCore {
             self.log_failure();
         }
         self.notify.notify_waiters();
-        let mut done = self.done_lock.lock().unwrap_or_else(|p| p.into_inner());
-        done.done = true;
+        let sleepers = {
+            let mut done = self.done_lock.lock().unwrap_or_else(|p| p.into_inner());
+            done.done = true;
+            done.sleepers
+        };
         // A notification is a system call even with nobody waiting: a batch completed before
-        // its caller waited (on the caller's own thread, for one) is not worth one.
-        if done.sleepers > 0 {
+        // its caller waited (on the caller's own thread, for one) is not worth one. It is sent
+        // after the lock is let go: a sleeper woken while it is held (on a host that runs both
+        // threads on one core, at once) would only find it taken and sleep again, to be woken
+        // a second time by the unlock. A sleeper counted above sees `done` when it wakes; one
+        // that comes after sees it before it sleeps.
+        if sleepers > 0 {
             self.done_cv.notify_all();
         }
     }
@@ -1165,6 +1172,37 @@ mod tests {
         assert!(b.wait(Duration::from_secs(5)).await.unwrap().is_success());
         b.wait_ok(Duration::from_secs(1)).await.unwrap();
         t.join().unwrap();
+    }
+
+    /// `finish` wakes sleepers after letting the lock go: no waiter may sleep through a
+    /// completion that races with it (such a waiter would time out here).
+    #[test]
+    fn a_blocking_waiter_racing_the_completion_always_wakes() {
+        let reg = Arc::new(MemoryRegistry::new());
+        #[allow(unsafe_code)]
+        // SAFETY: the address is never accessed: these batches are completed by hand.
+        unsafe { reg.register(0, 1 << 20, Location::Any) }.unwrap();
+        // Larger than `SPIN_MAX_BYTES`: the waiter sleeps at once rather than polling.
+        let req = TransferRequest {
+            opcode: Opcode::Read,
+            source: 0,
+            target: SegmentHandle::fresh(),
+            target_offset: 0,
+            length: 2 * SPIN_MAX_BYTES,
+        };
+        for round in 0..300u32 {
+            let (b, mut s) = Batch::lease(&reg, std::slice::from_ref(&req), Vec::new()).unwrap();
+            let t = std::thread::spawn(move || {
+                for _ in 0..round % 7 {
+                    std::thread::yield_now();
+                }
+                s.complete(0, Ok(()));
+            });
+            let status = b.wait_blocking(Duration::from_secs(10)).unwrap_or_else(|e| panic!("round {round}: {e}"));
+            assert!(status.is_success());
+            t.join().unwrap();
+        }
+        assert_eq!(reg.leases(), 0);
     }
 
     #[test]
