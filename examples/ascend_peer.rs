@@ -402,7 +402,12 @@ fn run() -> anyhow::Result<()> {
             println!("TIMED_OUT {out}");
             read_ok = false;
         }
+        // Per batch: wall time minus the device jobs' time (the transport's own overhead), for
+        // the distribution; the mean is the totals' difference below.
+        let mut overheads_ns: Vec<i64> = Vec::with_capacity(if read_ok { args.repeat as usize } else { 0 });
         for _ in 0..if read_ok { args.repeat } else { 0 } {
+            let device_before = ferry_transport_hccl::stats().device_ns;
+            let batch_started = Instant::now();
             // This thread holds the device's context (it allocated the device memory) and waits
             // for each batch at once: the transport may run the batch here.
             let batch = if args.async_submit {
@@ -425,8 +430,16 @@ fn run() -> anyhow::Result<()> {
                 read_ok = false;
                 break;
             }
+            let wall = i64::try_from(batch_started.elapsed().as_nanos()).unwrap_or(i64::MAX);
+            let device = ferry_transport_hccl::stats().device_ns.saturating_sub(device_before);
+            overheads_ns.push(wall.saturating_sub(i64::try_from(device).unwrap_or(i64::MAX)));
         }
         let read_time = started.elapsed();
+        overheads_ns.sort_unstable();
+        let overhead_us = |q: f64| {
+            let last = overheads_ns.len().saturating_sub(1);
+            overheads_ns.get((last as f64 * q).round() as usize).map(|&ns| ns as f64 / 1e3)
+        };
         let after_reads = ferry_transport_hccl::stats();
         if read_ok {
             let checks: Vec<(u32, u32)> = args.read.iter().map(|&(r, l)| (l, r)).collect();
@@ -446,7 +459,9 @@ fn run() -> anyhow::Result<()> {
                 "peer_rank_info": peer_desc.rank_info,
                 "acl_device": acl_device,
                 "read_us_per_batch": read_time.as_secs_f64() * 1e6 / f64::from(args.repeat.max(1)),
-                "device_us_per_read_batch": after_reads.device_ns as f64 / 1e3 / f64::from(args.repeat.max(1)),
+                "device_us_per_read_batch": (after_reads.device_ns - before_reads.device_ns) as f64 / 1e3 / f64::from(args.repeat.max(1)),
+                "overhead_us_p50": overhead_us(0.5),
+                "overhead_us_p90": overhead_us(0.9),
                 "handoffs_per_read_batch": (after_reads.handoffs - before_reads.handoffs) as f64 / f64::from(args.repeat.max(1)),
                 "on_caller_per_read_batch": (after_reads.on_caller_thread - before_reads.on_caller_thread) as f64 / f64::from(args.repeat.max(1)),
                 "stats": stats_json(),
