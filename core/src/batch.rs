@@ -7,7 +7,7 @@ use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use crate::error::{Error, ErrorKind, Result};
-use crate::memory::{Region, RegionLease};
+use crate::memory::{LeasedSpans, Region, RegionLease};
 use crate::metrics::EngineMetrics;
 use crate::segment::OpenSegment;
 pub use crate::segment::SegmentHandle;
@@ -658,8 +658,8 @@ impl Batch {
         requests: &[TransferRequest],
         segments: Vec<Arc<OpenSegment>>,
     ) -> std::result::Result<(Batch, Submission), (usize, Error)> {
-        let leases = memory.lease_many(requests.iter().map(|r| (r.source, r.length)))?;
-        Self::from_leases(requests, leases, segments, None, None, false)
+        let leased = memory.lease_spans(requests.iter().map(|r| (r.source, r.length)))?;
+        Self::from_leases(requests, leased, segments, None, None, false)
     }
 
     /// [`lease`](Self::lease), with `on_release` told about each request once its transport
@@ -680,32 +680,28 @@ impl Batch {
         segments: Vec<Arc<OpenSegment>>,
         on_release: impl Fn(&Batch, usize) + Send + Sync + 'static,
     ) -> std::result::Result<(Batch, Submission), (usize, Error)> {
-        let leases = memory.lease_many(requests.iter().map(|r| (r.source, r.length)))?;
-        Self::from_leases(requests, leases, segments, Some(Box::new(on_release)), None, false)
+        let leased = memory.lease_spans(requests.iter().map(|r| (r.source, r.length)))?;
+        Self::from_leases(requests, leased, segments, Some(Box::new(on_release)), None, false)
     }
 
-    /// [`lease`](Self::lease) with the leases already taken (one per request, in order, each
-    /// covering its request's local range: the engine checks the local ranges before it looks
-    /// up the segments, and takes them only once), counting into the engine's `metrics`.
+    /// [`lease`](Self::lease) with the leases already taken (the region of each request's local
+    /// range, in order, and one lease per region: the engine checks the local ranges before it
+    /// looks up the segments, and takes them only once), counting into the engine's `metrics`.
     /// `caller_waits`: see [`Submission::caller_waits`].
     pub(crate) fn from_leases(
         requests: &[TransferRequest],
-        leases: Vec<RegionLease>,
+        leased: LeasedSpans,
         segments: Vec<Arc<OpenSegment>>,
         on_release: Option<ReleaseObserver>,
         metrics: Option<Arc<EngineMetrics>>,
         caller_waits: bool,
     ) -> std::result::Result<(Batch, Submission), (usize, Error)> {
-        let validated: Vec<ValidatedRequest> = requests
-            .iter()
-            .zip(&leases)
-            .map(|(r, lease)| ValidatedRequest { request: *r, local: Region::clone(lease) })
-            .collect();
-        // One lease per region is enough (requests of a batch usually share a few regions).
-        let mut held = leases;
-        held.sort_unstable_by_key(|l| Arc::as_ptr(l) as usize);
-        held.dedup_by(|a, b| Arc::ptr_eq(a, b));
-        let core = BatchCore::new(validated, held, segments, on_release, metrics, caller_waits);
+        if leased.regions.len() != requests.len() {
+            return Err((0, Error::new(ErrorKind::Internal, "a batch's leased regions do not match its requests")));
+        }
+        let validated: Vec<ValidatedRequest> =
+            requests.iter().zip(leased.regions).map(|(r, local)| ValidatedRequest { request: *r, local }).collect();
+        let core = BatchCore::new(validated, leased.leases, segments, on_release, metrics, caller_waits);
         let n =
             u32::try_from(requests.len()).map_err(|_| (0, Error::invalid("more than 2^32 requests in one batch")))?;
         let submission = Submission::new(core.clone(), (0..n).collect());

@@ -107,6 +107,16 @@ impl Region {
 /// its owner has already given back.
 pub type RegionLease = Arc<Region>;
 
+/// What [`MemoryRegistry::lease_spans`] hands a batch: the region of each range, in order, and
+/// the leases that keep them registered (one per distinct region).
+#[derive(Debug)]
+pub(crate) struct LeasedSpans {
+    /// The region holding each range (copies).
+    pub(crate) regions: Vec<Region>,
+    /// One lease per distinct region.
+    pub(crate) leases: Vec<RegionLease>,
+}
+
 /// Checks that `addr + len` does not overflow and `len` is non-zero.
 pub fn checked_range(addr: u64, len: u64) -> Result<u64> {
     if len == 0 {
@@ -316,6 +326,38 @@ impl MemoryRegistry {
         let map = self.regions.read().unwrap_or_else(|p| p.into_inner());
         self.check_open().map_err(|e| (0, e))?;
         ranges.enumerate().map(|(i, (addr, len))| Self::find_in(&map, addr, len).cloned().map_err(|e| (i, e))).collect()
+    }
+
+    /// [`lease_many`](Self::lease_many) as a batch needs it: for each range, a copy of the
+    /// region that holds it, and one lease per distinct region (rather than one per range).
+    /// A range inside the region of the range before it is not looked up again (a batch's
+    /// requests usually lie in a few regions, one after another). Errors as `lease_many`.
+    pub(crate) fn lease_spans(
+        &self,
+        ranges: impl Iterator<Item = (u64, u64)>,
+    ) -> std::result::Result<LeasedSpans, (usize, Error)> {
+        let map = self.regions.read().unwrap_or_else(|p| p.into_inner());
+        self.check_open().map_err(|e| (0, e))?;
+        let mut regions = Vec::with_capacity(ranges.size_hint().0);
+        let mut leases: Vec<RegionLease> = Vec::new();
+        for (i, (addr, len)) in ranges.enumerate() {
+            // Regions do not overlap: the one that holds the range is the one `find_in` finds.
+            let region = match leases.last() {
+                Some(last) if last.contains(addr, len) => last,
+                _ => {
+                    let found = Self::find_in(&map, addr, len).map_err(|e| (i, e))?;
+                    leases.push(found.clone());
+                    found
+                }
+            };
+            regions.push(Region::clone(region));
+        }
+        drop(map);
+        if leases.len() > 1 {
+            leases.sort_unstable_by_key(|l| Arc::as_ptr(l) as usize);
+            leases.dedup_by(|a, b| Arc::ptr_eq(a, b));
+        }
+        Ok(LeasedSpans { regions, leases })
     }
 
     /// The first registered region that shares a byte with `[addr, addr + len)`, if any (a
@@ -559,6 +601,43 @@ mod tests {
                 let model = len > 0 && accepted.iter().any(|&(a, l)| addr >= a && addr + len <= a + l);
                 prop_assert_eq!(r.lease(addr, len).is_ok(), model);
             }
+        }
+
+        /// `lease_spans` (one lease per region, no lookup for a range in the region before it)
+        /// agrees with `lease_many` (a lookup and a lease per range): the same region for every
+        /// range, or the same first failing range with the same error; its leases are the
+        /// distinct regions, and it leaves nothing leased once they are dropped.
+        #[test]
+        fn leasing_spans_agrees_with_leasing_each_range(
+            regions in prop::collection::vec((0u64..20u64, 1u64..400), 1..8),
+            ranges in prop::collection::vec((0u64..10_000, 0u64..600), 1..40),
+        ) {
+            let r = MemoryRegistry::new();
+            for (slot, len) in regions {
+                // One region per 500-byte slot at most, so that some ranges cross a region's end.
+                let _ = reg(&r, slot * 500, len, Location::Any);
+            }
+            let each = r.lease_many(ranges.iter().copied());
+            let spans = r.lease_spans(ranges.iter().copied());
+            match (each, spans) {
+                (Ok(each), Ok(spans)) => {
+                    let copies: Vec<Region> = each.iter().map(|l| Region::clone(l)).collect();
+                    prop_assert_eq!(&spans.regions, &copies);
+                    let mut distinct: Vec<u64> = copies.iter().map(Region::addr).collect();
+                    distinct.sort_unstable();
+                    distinct.dedup();
+                    let mut leased: Vec<u64> = spans.leases.iter().map(|l| l.addr()).collect();
+                    leased.sort_unstable();
+                    prop_assert_eq!(leased, distinct);
+                }
+                (Err((i, e)), Err((j, f))) => {
+                    prop_assert_eq!(i, j);
+                    prop_assert_eq!(e.kind(), f.kind());
+                    prop_assert_eq!(e.message(), f.message());
+                }
+                (each, spans) => prop_assert!(false, "lease_many {:?} but lease_spans {:?}", each.is_ok(), spans.is_ok()),
+            }
+            prop_assert_eq!(r.leases(), 0);
         }
     }
 }

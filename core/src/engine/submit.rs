@@ -49,7 +49,7 @@ impl TransferEngine {
         let leases = self
             .inner
             .memory
-            .lease_many(requests.iter().map(|r| (r.source, r.length)))
+            .lease_spans(requests.iter().map(|r| (r.source, r.length)))
             .map_err(|(i, e)| request_error(i, e))?;
 
         // Distinct target segments, in first-use order (usually one).
