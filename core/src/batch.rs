@@ -1242,25 +1242,8 @@ mod tests {
             ok in proptest::bool::ANY,
         ) {
             let n = before.len();
-            let make = || {
-                let reg = Arc::new(MemoryRegistry::new());
-                #[allow(unsafe_code)]
-                // SAFETY: the address is never accessed: these batches are completed by hand.
-                unsafe { reg.register(0, 1 << 20, Location::Any) }.unwrap();
-                let reqs: Vec<TransferRequest> = (0..n)
-                    .map(|i| TransferRequest {
-                        opcode: Opcode::Read,
-                        source: i as u64 * 8,
-                        target: SegmentHandle::fresh(),
-                        target_offset: 0,
-                        length: 8,
-                    })
-                    .collect();
-                let (b, s) = Batch::lease(&reg, &reqs, Vec::new()).unwrap();
-                (reg, b, s)
-            };
-            let (reg_many, many, s_many) = make();
-            let (reg_one, one, s_one) = make();
+            let (reg_many, many, s_many) = batch(n);
+            let (reg_one, one, s_one) = batch(n);
             let mut rest = Vec::new();
             for (i, what) in before.iter().enumerate() {
                 for b in [&many, &one] {
