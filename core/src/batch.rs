@@ -320,7 +320,8 @@ impl BatchCore {
     }
 
     /// Records an outcome without releasing the request (cancellation does not stop a
-    /// transport from touching memory it already started on).
+    /// transport from touching memory it already started on). [`complete_many`](Self::complete_many)
+    /// does what this does for a success, for many requests at once: keep the two in step.
     fn set_outcome(&self, i: usize, result: Result<()>) -> bool {
         if i >= self.state.len() {
             tracing::error!(
