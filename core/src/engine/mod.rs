@@ -210,11 +210,24 @@ impl TransferEngine {
     }
 
     /// Runs `fut` to completion on the engine's runtime, for callers outside any runtime.
+    ///
+    /// Most blocking calls never wait (a submit, a lookup): `fut` is polled once here, inside
+    /// the runtime's context, and only a future that is not ready goes on to the runtime's
+    /// `block_on` (which polls it again with its own waker). That spares the common case
+    /// `block_on`'s set-up on every call.
     pub fn block_on<F: Future>(&self, fut: F) -> Result<F::Output> {
         if tokio::runtime::Handle::try_current().is_ok() {
             return Err(Error::invalid(
                 "a blocking Ferry call was made from inside an async runtime; use the async method",
             ));
+        }
+        let mut fut = std::pin::pin!(fut);
+        {
+            let _context = self.inner.runtime.enter();
+            let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+            if let std::task::Poll::Ready(out) = fut.as_mut().poll(&mut cx) {
+                return Ok(out);
+            }
         }
         Ok(self.inner.runtime.block_on(fut))
     }
@@ -334,6 +347,36 @@ mod tests {
             .metadata(InProcessMetadata::new() as Arc<dyn MetadataStore>);
         b.transports_mut().install(factory.clone());
         b
+    }
+
+    /// `block_on` answers a ready future at its first poll and a pending one through the
+    /// runtime; both see the runtime's context (timers, spawning) from their first poll on.
+    #[test]
+    fn block_on_finishes_ready_and_waiting_futures_alike() {
+        let factory = Arc::new(StillFactory::default());
+        let e = builder(r#"{"protocol": "still"}"#, &factory).build_blocking().unwrap();
+        assert_eq!(e.block_on(async { 7 }).unwrap(), 7);
+        let slept = e
+            .block_on(async {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                8
+            })
+            .unwrap();
+        assert_eq!(slept, 8);
+        let spawned = e.block_on(async { tokio::spawn(async { 9 }).await.unwrap() }).unwrap();
+        assert_eq!(spawned, 9);
+        let yielded = e
+            .block_on(async {
+                for _ in 0..3 {
+                    tokio::task::yield_now().await;
+                }
+                10
+            })
+            .unwrap();
+        assert_eq!(yielded, 10);
+        let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let inside = rt.block_on(async { e.block_on(async { 11 }) });
+        assert_eq!(inside.unwrap_err().kind(), ErrorKind::InvalidArgument);
     }
 
     #[tokio::test]
