@@ -11,6 +11,7 @@ use crate::memory::{LeasedSpans, Region, RegionLease};
 use crate::metrics::EngineMetrics;
 use crate::segment::OpenSegment;
 pub use crate::segment::SegmentHandle;
+use crate::wait_model::TailPlan;
 
 /// Direction of a transfer, numbered as in Mooncake.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -164,6 +165,9 @@ pub(crate) struct BatchCore {
     /// The submitting thread blocks waiting for this batch right after submitting it
     /// ([`Submission::caller_waits`]).
     caller_waits: bool,
+    /// A device moves the bytes and the host's threads idle meanwhile
+    /// ([`Submission::mark_device_completed`]): a blocking waiter polls the batch's expected end.
+    device_completed: AtomicBool,
 }
 
 impl BatchCore {
@@ -200,6 +204,7 @@ impl BatchCore {
             metrics,
             any_failed: AtomicBool::new(false),
             caller_waits,
+            device_completed: AtomicBool::new(false),
         })
     }
 
@@ -374,11 +379,16 @@ impl BatchCore {
     fn finish(&self) {
         let now = Instant::now();
         let _ = self.finished_at.set(now);
+        let failed = self.any_failed.load(Ordering::Acquire);
         if let Some(m) = &self.metrics {
             m.batch_finished(now - self.submitted_at);
             self.count_into_routes();
+            // Only a batch that ran its course says how long the next one will take.
+            if self.device_completed.load(Ordering::Relaxed) && !failed && !self.is_cancelled() {
+                m.wait_model().record_completion(self.total_bytes, now - self.submitted_at);
+            }
         }
-        if self.any_failed.load(Ordering::Acquire) {
+        if failed {
             self.log_failure();
         }
         self.notify.notify_waiters();
@@ -548,22 +558,48 @@ impl BatchCore {
         }
         // A timeout too large to add to `now` means "no deadline".
         let deadline = Instant::now().checked_add(timeout);
+        // A device-completed batch: sleep until just before its expected end, then poll.
+        let mut tail = self.tail_plan();
         let mut done = self.done_lock.lock().unwrap_or_else(|p| p.into_inner());
         // Counted under the lock `finish` takes to set `done`: it notifies only when someone
         // sleeps.
         done.sleepers += 1;
         let mut timed_out = false;
+        // Whether the last sleep was bounded by the tail plan's wake-up (so its lateness is a
+        // sample of this host's).
+        let mut slept_for_tail = false;
         while !done.done {
-            done = match deadline {
-                None => self.done_cv.wait(done).unwrap_or_else(|p| p.into_inner()),
-                Some(deadline) => {
-                    let now = Instant::now();
-                    if now >= deadline {
-                        timed_out = true;
-                        break;
-                    }
-                    self.done_cv.wait_timeout(done, deadline - now).unwrap_or_else(|p| p.into_inner()).0
+            let now = Instant::now();
+            if deadline.is_some_and(|d| now >= d) {
+                timed_out = true;
+                break;
+            }
+            if let Some(plan) = tail
+                && now >= plan.wake_at
+            {
+                tail = None;
+                if slept_for_tail && let Some(m) = &self.metrics {
+                    m.wait_model().record_lateness(now - plan.wake_at);
                 }
+                // Not counted while it polls: `finish` need not notify a thread that is awake.
+                done.sleepers -= 1;
+                drop(done);
+                if self.poll_tail(plan, deadline) {
+                    return Ok(self.status());
+                }
+                done = self.done_lock.lock().unwrap_or_else(|p| p.into_inner());
+                done.sleepers += 1;
+                continue;
+            }
+            let wake = match (deadline, tail) {
+                (d, None) => d,
+                (None, Some(plan)) => Some(plan.wake_at),
+                (Some(d), Some(plan)) => Some(d.min(plan.wake_at)),
+            };
+            slept_for_tail = tail.is_some_and(|plan| wake == Some(plan.wake_at));
+            done = match wake {
+                None => self.done_cv.wait(done).unwrap_or_else(|p| p.into_inner()),
+                Some(wake) => self.done_cv.wait_timeout(done, wake - now).unwrap_or_else(|p| p.into_inner()).0,
             };
         }
         done.sleepers -= 1;
@@ -578,6 +614,34 @@ impl BatchCore {
     pub(crate) fn wait_ok_blocking(&self, timeout: Duration) -> Result<()> {
         let status = self.wait_blocking(timeout)?;
         self.outcome(status)
+    }
+
+    /// When a blocking waiter of a device-completed batch should wake to poll its end: `None`
+    /// for other batches, when polling is off (`FERRY_WAIT_SPIN_US=0`), for a batch no engine
+    /// minted, and before the engine finished a batch of this size class.
+    fn tail_plan(&self) -> Option<TailPlan> {
+        if !self.device_completed.load(Ordering::Relaxed) || spin_before_sleep().is_zero() {
+            return None;
+        }
+        self.metrics.as_ref()?.wait_model().plan(self.total_bytes, self.submitted_at)
+    }
+
+    /// Polls a device-completed batch until it is done (true) or the plan's window, or the
+    /// caller's `deadline`, is over, and counts the poll. It yields between looks rather than
+    /// spin: on a host where the device is emulated by host threads (ours), a spinning waiter
+    /// took the core they needed (a 1 MiB batch's device time rose from ~280 to ~480 µs on
+    /// the 2-core VM; docs/performance.md, issue 15's sixth pass), while a yielding one lets
+    /// any runnable thread go first and keeps its vCPU from halting.
+    fn poll_tail(&self, plan: TailPlan, deadline: Option<Instant>) -> bool {
+        let stop = deadline.map_or(plan.poll_until, |d| d.min(plan.poll_until));
+        while !self.is_done() && Instant::now() < stop {
+            std::thread::yield_now();
+        }
+        let caught = self.is_done();
+        if let Some(m) = &self.metrics {
+            m.tail_poll(caught);
+        }
+        caught
     }
 
     /// Polls for completion for up to [`SPIN_BEFORE_SLEEP`] before a blocking waiter sleeps:
@@ -896,6 +960,22 @@ impl Submission {
     /// `submit` may run on a runtime worker that must not block.
     pub fn caller_waits(&self) -> bool {
         self.core.caller_waits
+    }
+
+    /// Says that a device moves these requests' bytes, with the host's threads idle until it
+    /// is done (an NPU's copy engines, not a host thread copying or a socket), and that the
+    /// transport completes them as soon as it is.
+    ///
+    /// A thread blocked in [`Batch::wait_blocking`] then sleeps only until just before the batch
+    /// is expected to end, from how long the engine's earlier device-completed batches of its
+    /// size took and how late this host's timed sleeps return, and polls the rest (yielding
+    /// between looks), so that it is awake when the batch ends instead of being woken after (a
+    /// wake-up costs ~30 µs on a virtualised host whose idle vCPUs halt). It polls for at most
+    /// 500 µs, then sleeps again; `FERRY_WAIT_SPIN_US=0` turns it off with the waiter's other
+    /// polling. A transport whose host threads move the bytes (TCP) should not call it: the
+    /// poll would take a core they need. docs/transports.md, "Waiting for a device".
+    pub fn mark_device_completed(&self) {
+        self.core.device_completed.store(true, Ordering::Relaxed);
     }
 
     /// The batch's caller handle (for a transport that reports per batch, such as a plugin host).
@@ -1317,6 +1397,127 @@ mod tests {
             let (b, mut s) = Batch::lease(&reg, std::slice::from_ref(&req), Vec::new()).unwrap();
             let t = std::thread::spawn(move || {
                 for _ in 0..round % 7 {
+                    std::thread::yield_now();
+                }
+                s.complete(0, Ok(()));
+            });
+            let status = b.wait_blocking(Duration::from_secs(10)).unwrap_or_else(|e| panic!("round {round}: {e}"));
+            assert!(status.is_success());
+            t.join().unwrap();
+        }
+        assert_eq!(reg.leases(), 0);
+    }
+
+    /// A device-completed batch of `len` bytes, counted into `metrics`.
+    fn device_batch(reg: &MemoryRegistry, metrics: &Arc<EngineMetrics>, len: u64) -> (Batch, Submission) {
+        let req = TransferRequest {
+            opcode: Opcode::Read,
+            source: 0,
+            target: SegmentHandle::fresh(),
+            target_offset: 0,
+            length: len,
+        };
+        let leased = reg.lease_spans([(req.source, req.length)].into_iter()).unwrap();
+        let (b, s) = Batch::from_leases(&[req], leased, Vec::new(), None, Some(metrics.clone()), false).unwrap();
+        s.mark_device_completed();
+        (b, s)
+    }
+
+    fn registry() -> Arc<MemoryRegistry> {
+        let reg = Arc::new(MemoryRegistry::new());
+        #[allow(unsafe_code)]
+        // SAFETY: the address is never accessed: these batches are completed by hand.
+        unsafe { reg.register(0, 1 << 20, Location::Any) }.unwrap();
+        reg
+    }
+
+    /// Hybrid waiting: once the engine knows how long a device-completed batch of this size
+    /// takes, a blocking waiter wakes by itself before that (its timer's lateness is then
+    /// recorded), polls, and sleeps again when the batch is late; it never returns early.
+    #[test]
+    fn a_waiter_of_a_device_completed_batch_wakes_before_the_expected_end() {
+        let reg = registry();
+        let metrics = EngineMetrics::new("me");
+        let len = 2 * SPIN_MAX_BYTES;
+        // No estimate yet: the first batch's waiter sleeps until the completion wakes it.
+        let (b, mut s) = device_batch(&reg, &metrics, len);
+        let t = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(20));
+            s.complete(0, Ok(()));
+        });
+        assert!(b.wait_blocking(Duration::from_secs(10)).unwrap().is_success());
+        t.join().unwrap();
+        assert_eq!((metrics.snapshot().tail_polls, metrics.wait_model().lateness_estimate()), (0, None));
+        // Batches of this size take 50 ms, steadily; this one ends 200 ms late.
+        for _ in 0..64 {
+            metrics.wait_model().record_completion(len, Duration::from_millis(50));
+        }
+        let (b, mut s) = device_batch(&reg, &metrics, len);
+        let t = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(250));
+            s.complete(0, Ok(()));
+        });
+        let started = Instant::now();
+        assert!(b.wait_blocking(Duration::from_secs(10)).unwrap().is_success());
+        assert!(started.elapsed() >= Duration::from_millis(240), "returned before the batch was done");
+        t.join().unwrap();
+        let stats = metrics.snapshot();
+        assert_eq!((stats.tail_polls, stats.tail_polls_caught), (1, 0), "one poll, in vain");
+        assert!(metrics.wait_model().lateness_estimate().is_some(), "the waiter did not wake by its timer");
+        assert_eq!(reg.leases(), 0);
+    }
+
+    /// A plan that expects the end long before it comes neither hides the timeout nor stretches
+    /// it; a batch not marked device-completed gets no plan, and teaches none.
+    #[test]
+    fn a_tail_plan_keeps_the_timeout_and_only_marked_batches_use_one() {
+        let reg = registry();
+        let metrics = EngineMetrics::new("me");
+        let len = 2 * SPIN_MAX_BYTES;
+        metrics.wait_model().record_completion(len, Duration::from_millis(5));
+        let (b, _s) = device_batch(&reg, &metrics, len);
+        let started = Instant::now();
+        let e = b.wait_blocking(Duration::from_millis(200)).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Timeout);
+        let waited = started.elapsed();
+        assert!(waited >= Duration::from_millis(200) && waited < Duration::from_secs(5), "waited {waited:?}");
+        assert_eq!(metrics.snapshot().tail_polls, 1);
+
+        let other = EngineMetrics::new("other");
+        let req = TransferRequest {
+            opcode: Opcode::Read,
+            source: 0,
+            target: SegmentHandle::fresh(),
+            target_offset: 0,
+            length: 4 * SPIN_MAX_BYTES,
+        };
+        let leased = reg.lease_spans([(req.source, req.length)].into_iter()).unwrap();
+        let (b, mut s) = Batch::from_leases(&[req], leased, Vec::new(), None, Some(other.clone()), false).unwrap();
+        s.complete(0, Ok(()));
+        assert!(b.is_done());
+        assert_eq!(other.wait_model().plan(4 * SPIN_MAX_BYTES, Instant::now()), None);
+        // A failed device-completed batch teaches nothing either.
+        let (b, mut s) = device_batch(&reg, &other, len);
+        s.complete(0, Err(Error::transport("boom")));
+        assert!(b.is_done());
+        assert_eq!(other.wait_model().plan(len, Instant::now()), None);
+    }
+
+    /// A waiter that switches between sleeping and polling never misses a completion that
+    /// races with the switch (such a waiter would time out here).
+    #[test]
+    fn a_hybrid_waiter_racing_the_completion_always_wakes() {
+        let reg = registry();
+        let metrics = EngineMetrics::new("me");
+        let len = 2 * SPIN_MAX_BYTES;
+        for _ in 0..8 {
+            metrics.wait_model().record_completion(len, Duration::from_micros(200));
+        }
+        for round in 0..300u32 {
+            let (b, mut s) = device_batch(&reg, &metrics, len);
+            let t = std::thread::spawn(move || {
+                let until = Instant::now() + Duration::from_micros(u64::from(round % 9) * 50);
+                while Instant::now() < until {
                     std::thread::yield_now();
                 }
                 s.complete(0, Ok(()));

@@ -50,6 +50,7 @@ pub mod resolver;
 pub mod segment;
 pub mod segment_name;
 pub mod transport;
+mod wait_model;
 
 pub use batch::{
     Batch, BatchStatus, Opcode, RequestStatus, SegmentHandle, Submission, TransferRequest, ValidatedRequest,

@@ -17,6 +17,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::error::ErrorKind;
+use crate::wait_model::WaitModel;
 
 /// Upper bounds (seconds) of the fixed latency buckets of [`LatencyStats::buckets`], the bounds
 /// of the Prometheus histogram `ferry_batch_latency_seconds`.
@@ -202,6 +203,12 @@ pub(crate) struct EngineMetrics {
     failures: [AtomicU64; ErrorKind::ALL.len()],
     rejected: [AtomicU64; ErrorKind::ALL.len()],
     latency: Histogram,
+    /// When this engine's blocking waiters of device-completed batches should be awake.
+    wait_model: WaitModel,
+    /// Blocking waits that woke before a device-completed batch's expected end to poll it.
+    tail_polls: AtomicU64,
+    /// Of those, the ones whose poll saw the batch end.
+    tail_polls_caught: AtomicU64,
 }
 
 impl std::fmt::Debug for EngineMetrics {
@@ -222,7 +229,24 @@ impl EngineMetrics {
             failures: std::array::from_fn(|_| AtomicU64::new(0)),
             rejected: std::array::from_fn(|_| AtomicU64::new(0)),
             latency: Histogram::new(),
+            wait_model: WaitModel::default(),
+            tail_polls: AtomicU64::new(0),
+            tail_polls_caught: AtomicU64::new(0),
         })
+    }
+
+    /// The estimates blocking waiters of device-completed batches plan their wake-up with.
+    pub(crate) fn wait_model(&self) -> &WaitModel {
+        &self.wait_model
+    }
+
+    /// A blocking waiter polled a device-completed batch's expected end; `caught`: the batch
+    /// ended while it polled.
+    pub(crate) fn tail_poll(&self, caught: bool) {
+        self.tail_polls.fetch_add(1, Ordering::Relaxed);
+        if caught {
+            self.tail_polls_caught.fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     /// The engine's segment name.
@@ -296,6 +320,8 @@ impl EngineMetrics {
             open_segments: 0,
             registered_bytes: 0,
             registered_regions: 0,
+            tail_polls: self.tail_polls.load(Ordering::Relaxed),
+            tail_polls_caught: self.tail_polls_caught.load(Ordering::Relaxed),
         }
     }
 }
@@ -330,6 +356,15 @@ pub struct EngineStats {
     pub registered_bytes: u64,
     /// Regions of memory registered now.
     pub registered_regions: u64,
+    /// Blocking waits for a device-completed batch (an HCCL one-sided batch handed to the
+    /// device thread) that woke before the batch's expected end and polled it, rather than
+    /// sleep until the completion woke them (docs/transports.md, "Waiting for a device").
+    #[serde(default)]
+    pub tail_polls: u64,
+    /// Of [`tail_polls`](Self::tail_polls), the ones that saw the batch end while polling (the
+    /// others polled their window out and slept again).
+    #[serde(default)]
+    pub tail_polls_caught: u64,
 }
 
 impl EngineStats {

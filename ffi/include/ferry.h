@@ -180,7 +180,8 @@ int32_t ferry_engine_rpc_port(FerryEngine engine, uint16_t *out);
  * object per transport, peer and opcode: `requests`, `bytes`, `failed_requests`), `failures` and
  * `rejected_submissions` (counts by error kind name), `batch_latency` (`count`, `sum_seconds`,
  * `p50_us`, `p90_us`, `p99_us`, `p999_us`, `max_us`, `buckets`), `open_segments`,
- * `registered_bytes`, `registered_regions`; docs/metrics.md describes each. Fields may be added
+ * `registered_bytes`, `registered_regions`, `tail_polls`, `tail_polls_caught`; docs/metrics.md
+ * describes each. Fields may be added
  * in later versions, never removed.
  *
  * When `cap` is too small (`cap <= *len`) nothing is copied and it returns

@@ -116,6 +116,21 @@ impl Collector for StatsCollector {
                 ConstGauge::new(get(&s.batch_latency) / 1e6).encode(family.encode_family(&labels)?)?;
             }
         }
+        type Count = fn(&EngineStats) -> u64;
+        let counters: [(&str, &str, Count); 2] = [
+            (
+                "ferry_tail_polls",
+                "Blocking waits that woke before a device-completed batch's expected end to poll it",
+                |s| s.tail_polls,
+            ),
+            ("ferry_tail_polls_caught", "Tail polls that saw their batch end", |s| s.tail_polls_caught),
+        ];
+        for (name, help, field) in counters {
+            let mut family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+            for s in &self.0 {
+                ConstCounter::new(field(s)).encode(family.encode_family(&[("segment", s.segment.as_str())])?)?;
+            }
+        }
         type Gauge = fn(&EngineStats) -> u64;
         let gauges: [(&str, &str, Option<&Unit>, Gauge); 3] = [
             ("ferry_open_segments", "Segments open in the engine", None, |s| s.open_segments),

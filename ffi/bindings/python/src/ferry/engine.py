@@ -543,8 +543,9 @@ class TransferEngine:
         this engine initiated; ``failures`` and ``rejected_submissions``, counts by error kind
         (``"timeout"``, ``"peer_unreachable"``, ...); ``batch_latency`` with ``count``,
         ``sum_seconds``, ``p50_us``, ``p90_us``, ``p99_us``, ``p999_us``, ``max_us`` and
-        ``buckets``; ``open_segments``, ``registered_bytes``, ``registered_regions``. Counters
-        are totals since the engine started. docs/metrics.md describes every field. Raises
+        ``buckets``; ``open_segments``, ``registered_bytes``, ``registered_regions``;
+        ``tail_polls`` and ``tail_polls_caught`` (blocking waits that polled a device-completed
+        batch's expected end, and those that saw it end). Counters are totals since the engine started. docs/metrics.md describes every field. Raises
         :class:`ferry.FerryError` on failure (the engine is not initialized, or was closed)."""
         # The text may grow between two calls: leave room.
         return json.loads(self._read_text("get_stats", _capi.lib.ferry_engine_stats, 4096, 1024).decode("utf-8"))
