@@ -596,6 +596,11 @@ impl Peer {
         } else {
             job
         };
+        // The device thread runs one batch get/put and waits in the stream's synchronize: the
+        // NPU moves the bytes, and the caller may poll the batch's expected end.
+        if let Some(p) = held.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
+            p.mark_device_completed();
+        }
         match worker.submit(job) {
             Ok(()) => {
                 bump(&counters::HANDOFFS);

@@ -32,6 +32,12 @@ impl Pending {
         self.0.caller_waits()
     }
 
+    /// Tells the batch that the device moves these bytes while this side's threads wait
+    /// ([`Submission::mark_device_completed`]).
+    pub(crate) fn mark_device_completed(&self) {
+        self.0.mark_device_completed();
+    }
+
     /// Whether the caller cancelled the batch.
     pub(crate) fn is_cancelled(&self) -> bool {
         self.0.is_cancelled()

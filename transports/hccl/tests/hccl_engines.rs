@@ -10,7 +10,7 @@
 //! Each test runs its body in a child process (the test binary re-executed with
 //! `FERRY_HCCL_ENGINES_ROLE`), so the emulator's environment (read once per process) is the
 //! test's own. The emulated CANN must be built (`cargo build -p ferry-cann-emu`). Each test's
-//! emulated devices live in its own loopback net `127.<net>.0.0/24`, nets 59-69 here
+//! emulated devices live in its own loopback net `127.<net>.0.0/24`, nets 59-69, 77 and 78 here
 //! (`hccl_transfer.rs` beside this file uses 21-34, the Python tests 41-46 and the smoke test its own), so
 //! suites running at once never share a device endpoint.
 
@@ -569,6 +569,69 @@ fn batches_on_the_caller_thread() {
     let after = stats();
     assert_eq!(after.handoffs - before.handoffs, 1, "{before:?} -> {after:?}");
     assert_eq!(after.on_caller_thread, before.on_caller_thread, "{after:?}");
+
+    let blocks = (3 + 2 * BATCHES) as usize;
+    let mut got = vec![0u8; blocks * 4096];
+    ma.read(0, &mut got).unwrap();
+    assert_eq!(got, pattern(2, REGION as usize)[..blocks * 4096], "every block arrived");
+    shutdown(&rt, vec![a, b]);
+}
+
+/// A caller without the device's context that blocks for a one-sided batch (handed to the
+/// peer's device thread) sleeps only until just before the batch is expected to end, then polls
+/// it, once the engine has timed a batch of its size: the transport marks these batches
+/// device-completed. Each `HcclBatchGet` takes 5 ms more here (the emulator's delay), so that
+/// the waiter cannot find the batch done before it would sleep. A batch run on the caller's
+/// own thread is done when `submit` returns, and nobody polls.
+#[test]
+fn a_blocking_caller_of_a_handed_off_batch_polls_its_expected_end() {
+    const NAME: &str = "a_blocking_caller_of_a_handed_off_batch_polls_its_expected_end";
+    const BATCHES: u64 = 10;
+    if !in_child(NAME, 68, &[("FERRY_CANN_EMU_DELAY_US", "HcclBatchGet:5000")]) {
+        return;
+    }
+    let rt = runtime();
+    let lib = Library::load().unwrap();
+    // `pair` leaves this thread on card 5's context; engine `a` is on card 4.
+    let Pair { a, b, ma, mb, .. } = pair(&rt, &lib, [Location::Npu(4), Location::Npu(5)]);
+    read(&rt, &a, &b, ma.addr(), mb.addr(), 4096);
+    let target = rt.block_on(a.open_segment(b.segment_name())).unwrap();
+    let blocking = |k: u64| {
+        let req = TransferRequest {
+            opcode: Opcode::Read,
+            source: ma.addr() + k * 4096,
+            target,
+            target_offset: mb.addr() + k * 4096,
+            length: 4096,
+        };
+        a.transfer_blocking(&[req]).unwrap_or_else(|e| panic!("read of block {k}: {e}"));
+    };
+    // The first batch to this open segment may go through the driver (it reads its
+    // descriptor); the next one teaches the engine how long a 4 KiB read takes.
+    blocking(1);
+    blocking(2);
+    let (before, handoffs) = (a.stats(), stats().handoffs);
+    (0..BATCHES).for_each(|k| blocking(3 + k));
+    let after = a.stats();
+    assert_eq!(stats().handoffs - handoffs, BATCHES, "{:?}", stats());
+    let polls = after.tail_polls - before.tail_polls;
+    // A waiter whose timer fires after the batch ended is woken by the completion instead: a
+    // host stalled for milliseconds could cost a few polls, not most.
+    assert!(polls >= BATCHES / 2, "{polls} tail polls in {BATCHES} handed-off batches: {after:?}");
+    assert!(after.tail_polls_caught <= after.tail_polls, "{after:?}");
+
+    // Card 4's context on this thread: the batches run here, done when `submit` returns.
+    let _card4 = Device::bind(&lib, 4).unwrap();
+    let ran_here = (0..100).any(|_| {
+        let was = stats().on_caller_thread;
+        blocking(1);
+        stats().on_caller_thread > was
+    });
+    assert!(ran_here, "no batch ran on the caller's thread in 100: {:?}", stats());
+    let (before, here) = (a.stats(), stats().on_caller_thread);
+    (0..BATCHES).for_each(|k| blocking(3 + BATCHES + k));
+    assert_eq!(stats().on_caller_thread - here, BATCHES, "{:?}", stats());
+    assert_eq!(a.stats().tail_polls, before.tail_polls, "nobody waits for a batch run on its own thread");
 
     let blocks = (3 + 2 * BATCHES) as usize;
     let mut got = vec![0u8; blocks * 4096];
