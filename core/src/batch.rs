@@ -1393,19 +1393,30 @@ mod tests {
             target_offset: 0,
             length: 2 * SPIN_MAX_BYTES,
         };
-        for round in 0..300u32 {
-            let (b, mut s) = Batch::lease(&reg, std::slice::from_ref(&req), Vec::new()).unwrap();
-            let t = std::thread::spawn(move || {
+        race_completions(
+            || Batch::lease(&reg, std::slice::from_ref(&req), Vec::new()).unwrap(),
+            |round| {
                 for _ in 0..round % 7 {
                     std::thread::yield_now();
                 }
+            },
+        );
+        assert_eq!(reg.leases(), 0);
+    }
+
+    /// 300 rounds: a batch from `make` is completed on another thread after `pause(round)`
+    /// while this one blocks in `wait_blocking` (a lost wake-up would time out).
+    fn race_completions(make: impl Fn() -> (Batch, Submission), pause: fn(u32)) {
+        for round in 0..300u32 {
+            let (b, mut s) = make();
+            let t = std::thread::spawn(move || {
+                pause(round);
                 s.complete(0, Ok(()));
             });
             let status = b.wait_blocking(Duration::from_secs(10)).unwrap_or_else(|e| panic!("round {round}: {e}"));
             assert!(status.is_success());
             t.join().unwrap();
         }
-        assert_eq!(reg.leases(), 0);
     }
 
     /// A device-completed batch of `len` bytes, counted into `metrics`.
@@ -1513,19 +1524,15 @@ mod tests {
         for _ in 0..8 {
             metrics.wait_model().record_completion(len, Duration::from_micros(200));
         }
-        for round in 0..300u32 {
-            let (b, mut s) = device_batch(&reg, &metrics, len);
-            let t = std::thread::spawn(move || {
+        race_completions(
+            || device_batch(&reg, &metrics, len),
+            |round| {
                 let until = Instant::now() + Duration::from_micros(u64::from(round % 9) * 50);
                 while Instant::now() < until {
                     std::thread::yield_now();
                 }
-                s.complete(0, Ok(()));
-            });
-            let status = b.wait_blocking(Duration::from_secs(10)).unwrap_or_else(|e| panic!("round {round}: {e}"));
-            assert!(status.is_success());
-            t.join().unwrap();
-        }
+            },
+        );
         assert_eq!(reg.leases(), 0);
     }
 

@@ -115,6 +115,17 @@ struct Pair {
     _devices: (Device, Device),
 }
 
+/// A read of 4 KiB block `k` of `mb` (on `target`) into block `k` of `ma`.
+fn block_read(ma: &DeviceBuffer, mb: &DeviceBuffer, target: ferry::SegmentHandle, k: u64) -> TransferRequest {
+    TransferRequest {
+        opcode: Opcode::Read,
+        source: ma.addr() + k * 4096,
+        target,
+        target_offset: mb.addr() + k * 4096,
+        length: 4096,
+    }
+}
+
 fn pair(rt: &tokio::runtime::Runtime, lib: &Arc<Library>, at: [Location; 2]) -> Pair {
     let (a, b) = (engine(rt, 4), engine(rt, 5));
     let (da, ma) = device_region(lib, 4, 1);
@@ -525,13 +536,7 @@ fn batches_on_the_caller_thread() {
     let Pair { a, b, ma, mb, .. } = pair(&rt, &lib, [Location::Npu(4), Location::Npu(5)]);
     read(&rt, &a, &b, ma.addr(), mb.addr(), 4096);
     let target = rt.block_on(a.open_segment(b.segment_name())).unwrap();
-    let req = |k: u64| TransferRequest {
-        opcode: Opcode::Read,
-        source: ma.addr() + k * 4096,
-        target,
-        target_offset: mb.addr() + k * 4096,
-        length: 4096,
-    };
+    let req = |k: u64| block_read(&ma, &mb, target, k);
     let blocking = |k: u64| a.transfer_blocking(&[req(k)]).unwrap_or_else(|e| panic!("read of block {k}: {e}"));
     // The first batch to this open segment may go through the driver (it reads its descriptor).
     blocking(1);
@@ -597,14 +602,7 @@ fn a_blocking_caller_of_a_handed_off_batch_polls_its_expected_end() {
     read(&rt, &a, &b, ma.addr(), mb.addr(), 4096);
     let target = rt.block_on(a.open_segment(b.segment_name())).unwrap();
     let blocking = |k: u64| {
-        let req = TransferRequest {
-            opcode: Opcode::Read,
-            source: ma.addr() + k * 4096,
-            target,
-            target_offset: mb.addr() + k * 4096,
-            length: 4096,
-        };
-        a.transfer_blocking(&[req]).unwrap_or_else(|e| panic!("read of block {k}: {e}"));
+        a.transfer_blocking(&[block_read(&ma, &mb, target, k)]).unwrap_or_else(|e| panic!("read of block {k}: {e}"));
     };
     // The first batch to this open segment may go through the driver (it reads its
     // descriptor); the next one teaches the engine how long a 4 KiB read takes.
@@ -659,14 +657,8 @@ fn a_one_sided_batch_on_a_ready_communicator_takes_one_hand_off() {
     read(&rt, &a, &b, ma.addr(), mb.addr(), 4096);
     let target = rt.block_on(a.open_segment(b.segment_name())).unwrap();
     let read_block = |k: u64| {
-        let req = TransferRequest {
-            opcode: Opcode::Read,
-            source: ma.addr() + k * 4096,
-            target,
-            target_offset: mb.addr() + k * 4096,
-            length: 4096,
-        };
-        rt.block_on(a.transfer(&[req])).unwrap_or_else(|e| panic!("read of block {k}: {e}"));
+        rt.block_on(a.transfer(&[block_read(&ma, &mb, target, k)]))
+            .unwrap_or_else(|e| panic!("read of block {k}: {e}"));
     };
     // The first batch to this open segment may go through the driver (it reads its descriptor).
     read_block(1);
