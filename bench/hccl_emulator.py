@@ -10,7 +10,10 @@ thread, descriptors, completion). Builds that report it also give the thread han
 (`Stats::handoffs`) and the batches run on the caller's own thread (`Stats::on_caller_thread`),
 and the median and 90th percentile of the overhead per batch (`overhead_p50_us`,
 `overhead_p90_us`): on this VM a batch whose completion wakes a caller on the other, halted vCPU
-costs about 30 us more, so the mean depends on how often that happens in a run.
+costs about 30 us more, so the mean depends on how often that happens in a run. Builds with
+hybrid waiting (docs/transports.md, "Waiting for a device") also give the blocking waits per
+batch that polled the batch's expected end (`tail_polls_per_batch`) and those that saw it end
+while polling (`tail_polls_caught_per_batch`).
 Prints one JSON object.
 
 The decode peer's thread holds its device's context (it allocated the device memory, as an
@@ -105,6 +108,12 @@ def run_case(peer_bin, libdir, hccn, blocks, block_len, reads, repeat, extra_env
         "overhead_p90_us": None if d.get("overhead_us_p90") is None else round(d["overhead_us_p90"], 1),
         "handoffs_per_batch": None if handoffs is None else round(handoffs, 3),
         "on_caller_thread_per_batch": None if on_caller is None else round(on_caller, 3),
+        # Builds with hybrid waiting: waits that polled the batch's expected end, and those
+        # that saw it end there (the rest slept again and were woken).
+        "tail_polls_per_batch": None if d.get("tail_polls_per_read_batch") is None
+        else round(d["tail_polls_per_read_batch"], 3),
+        "tail_polls_caught_per_batch": None if d.get("tail_polls_caught_per_read_batch") is None
+        else round(d["tail_polls_caught_per_read_batch"], 3),
         "path": "one-sided" if d["stats"]["one_sided_batches"] else "two-sided",
     }
 
@@ -122,7 +131,8 @@ CASES = [
 ]
 
 FIGURES = ("us_per_batch", "batches_per_s", "emulator_device_jobs_us_per_batch", "transport_overhead_us_per_batch",
-           "overhead_p50_us", "overhead_p90_us", "handoffs_per_batch", "on_caller_thread_per_batch")
+           "overhead_p50_us", "overhead_p90_us", "handoffs_per_batch", "on_caller_thread_per_batch",
+           "tail_polls_per_batch", "tail_polls_caught_per_batch")
 
 
 def build_paths(root, profile):

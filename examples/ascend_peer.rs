@@ -370,6 +370,7 @@ fn run() -> anyhow::Result<()> {
         let (remote, local): (Vec<u32>, Vec<u32>) = args.read.iter().copied().unzip();
         let spec = BlockTransfer::read(&local, &remote);
         let before_reads = ferry_transport_hccl::stats();
+        let engine_before_reads = engine.stats();
         let started = Instant::now();
         let mut read_ok = true;
         if args.expect_timeout {
@@ -441,6 +442,7 @@ fn run() -> anyhow::Result<()> {
             overheads_ns.get((last as f64 * q).round() as usize).map(|&ns| ns as f64 / 1e3)
         };
         let after_reads = ferry_transport_hccl::stats();
+        let engine_after_reads = engine.stats();
         if read_ok {
             let checks: Vec<(u32, u32)> = args.read.iter().map(|&(r, l)| (l, r)).collect();
             verify(&mems, &checks, 1).context("the blocks read from the prefill process")?;
@@ -464,6 +466,9 @@ fn run() -> anyhow::Result<()> {
                 "overhead_us_p90": overhead_us(0.9),
                 "handoffs_per_read_batch": (after_reads.handoffs - before_reads.handoffs) as f64 / f64::from(args.repeat.max(1)),
                 "on_caller_per_read_batch": (after_reads.on_caller_thread - before_reads.on_caller_thread) as f64 / f64::from(args.repeat.max(1)),
+                // Blocking waits that polled the batch's expected end, and those that saw it end.
+                "tail_polls_per_read_batch": (engine_after_reads.tail_polls - engine_before_reads.tail_polls) as f64 / f64::from(args.repeat.max(1)),
+                "tail_polls_caught_per_read_batch": (engine_after_reads.tail_polls_caught - engine_before_reads.tail_polls_caught) as f64 / f64::from(args.repeat.max(1)),
                 "stats": stats_json(),
             });
             println!("DONE {done}");
