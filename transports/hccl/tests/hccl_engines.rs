@@ -126,6 +126,15 @@ fn block_read(ma: &DeviceBuffer, mb: &DeviceBuffer, target: ferry::SegmentHandle
     }
 }
 
+/// Engines on cards 4 (`a`) and 5 (`b`) after one read of `b` by `a` (the communicator is
+/// built), and `b`'s segment as `a` opened it.
+fn ready_pair(rt: &tokio::runtime::Runtime, lib: &Arc<Library>) -> (Pair, ferry::SegmentHandle) {
+    let p = pair(rt, lib, [Location::Npu(4), Location::Npu(5)]);
+    read(rt, &p.a, &p.b, p.ma.addr(), p.mb.addr(), 4096);
+    let target = rt.block_on(p.a.open_segment(p.b.segment_name())).unwrap();
+    (p, target)
+}
+
 fn pair(rt: &tokio::runtime::Runtime, lib: &Arc<Library>, at: [Location; 2]) -> Pair {
     let (a, b) = (engine(rt, 4), engine(rt, 5));
     let (da, ma) = device_region(lib, 4, 1);
@@ -528,14 +537,26 @@ fn without_stream_queries_a_caller_thread_batch_waits_in_the_synchronize() {
     }
 }
 
+/// Runs `batch` (a blocking one, on a thread that now has the engine's device context) until
+/// one runs on this thread, at most 100 times. The first ones may still go to the device
+/// thread: a hand-off's job completes its batch before it lets go of the thread's state, and
+/// this thread may be back before it did (then the batch is handed off too, rather than wait).
+/// Once one runs here, the device thread has nothing left to do.
+fn until_a_batch_runs_here(batch: impl Fn()) {
+    let ran_here = (0..100).any(|_| {
+        let was = stats().on_caller_thread;
+        batch();
+        stats().on_caller_thread > was
+    });
+    assert!(ran_here, "no batch ran on the caller's thread in 100: {:?}", stats());
+}
+
 fn batches_on_the_caller_thread() {
     const BATCHES: u64 = 10;
     let rt = runtime();
     let lib = Library::load().unwrap();
     // `pair` leaves this thread on card 5's context; engine `a` is on card 4.
-    let Pair { a, b, ma, mb, .. } = pair(&rt, &lib, [Location::Npu(4), Location::Npu(5)]);
-    read(&rt, &a, &b, ma.addr(), mb.addr(), 4096);
-    let target = rt.block_on(a.open_segment(b.segment_name())).unwrap();
+    let (Pair { a, b, ma, mb, .. }, target) = ready_pair(&rt, &lib);
     let req = |k: u64| block_read(&ma, &mb, target, k);
     let blocking = |k: u64| a.transfer_blocking(&[req(k)]).unwrap_or_else(|e| panic!("read of block {k}: {e}"));
     // The first batch to this open segment may go through the driver (it reads its descriptor).
@@ -550,16 +571,7 @@ fn batches_on_the_caller_thread() {
 
     // Card 4's context on this thread: every batch runs here.
     let _card4 = Device::bind(&lib, 4).unwrap();
-    // The first ones may still go to the device thread: a hand-off's job completes its batch
-    // before it lets go of the thread's state, and this thread may be back before it did (then
-    // the batch is handed off too, rather than wait). Once one runs here, the device thread has
-    // nothing left to do.
-    let ran_here = (0..100).any(|_| {
-        let was = stats().on_caller_thread;
-        blocking(1);
-        stats().on_caller_thread > was
-    });
-    assert!(ran_here, "no batch ran on the caller's thread in 100: {:?}", stats());
+    until_a_batch_runs_here(|| blocking(1));
     let before = stats();
     (0..BATCHES).for_each(|k| blocking(2 + BATCHES + k));
     let after = stats();
@@ -598,9 +610,7 @@ fn a_blocking_caller_of_a_handed_off_batch_polls_its_expected_end() {
     let rt = runtime();
     let lib = Library::load().unwrap();
     // `pair` leaves this thread on card 5's context; engine `a` is on card 4.
-    let Pair { a, b, ma, mb, .. } = pair(&rt, &lib, [Location::Npu(4), Location::Npu(5)]);
-    read(&rt, &a, &b, ma.addr(), mb.addr(), 4096);
-    let target = rt.block_on(a.open_segment(b.segment_name())).unwrap();
+    let (Pair { a, b, ma, mb, .. }, target) = ready_pair(&rt, &lib);
     let blocking = |k: u64| {
         a.transfer_blocking(&[block_read(&ma, &mb, target, k)]).unwrap_or_else(|e| panic!("read of block {k}: {e}"));
     };
@@ -620,12 +630,7 @@ fn a_blocking_caller_of_a_handed_off_batch_polls_its_expected_end() {
 
     // Card 4's context on this thread: the batches run here, done when `submit` returns.
     let _card4 = Device::bind(&lib, 4).unwrap();
-    let ran_here = (0..100).any(|_| {
-        let was = stats().on_caller_thread;
-        blocking(1);
-        stats().on_caller_thread > was
-    });
-    assert!(ran_here, "no batch ran on the caller's thread in 100: {:?}", stats());
+    until_a_batch_runs_here(|| blocking(1));
     let (before, here) = (a.stats(), stats().on_caller_thread);
     (0..BATCHES).for_each(|k| blocking(3 + BATCHES + k));
     assert_eq!(stats().on_caller_thread - here, BATCHES, "{:?}", stats());
@@ -653,9 +658,7 @@ fn a_one_sided_batch_on_a_ready_communicator_takes_one_hand_off() {
     }
     let rt = runtime();
     let lib = Library::load().unwrap();
-    let Pair { a, b, ma, mb, .. } = pair(&rt, &lib, [Location::Npu(4), Location::Npu(5)]);
-    read(&rt, &a, &b, ma.addr(), mb.addr(), 4096);
-    let target = rt.block_on(a.open_segment(b.segment_name())).unwrap();
+    let (Pair { a, b, ma, mb, .. }, target) = ready_pair(&rt, &lib);
     let read_block = |k: u64| {
         rt.block_on(a.transfer(&[block_read(&ma, &mb, target, k)]))
             .unwrap_or_else(|e| panic!("read of block {k}: {e}"));
