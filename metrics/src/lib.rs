@@ -353,6 +353,9 @@ mod tests {
             r#"ferry_request_failures_total{segment="metrics-a:1",kind="timeout"} 0"#.to_owned(),
             r#"ferry_batch_latency_seconds_count{segment="metrics-a:1"} 1"#.to_owned(),
             "# TYPE ferry_batch_latency_seconds histogram".to_owned(),
+            // `local` batches are not device-completed: nobody polls them.
+            r#"ferry_tail_polls_total{segment="metrics-a:1"} 0"#.to_owned(),
+            r#"ferry_tail_polls_caught_total{segment="metrics-a:1"} 0"#.to_owned(),
         ] {
             assert!(text.lines().any(|l| l == line), "no line {line:?} in\n{text}");
         }
