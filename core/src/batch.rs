@@ -591,11 +591,7 @@ impl BatchCore {
                 done.sleepers += 1;
                 continue;
             }
-            let wake = match (deadline, tail) {
-                (d, None) => d,
-                (None, Some(plan)) => Some(plan.wake_at),
-                (Some(d), Some(plan)) => Some(d.min(plan.wake_at)),
-            };
+            let wake = deadline.into_iter().chain(tail.map(|plan| plan.wake_at)).min();
             slept_for_tail = tail.is_some_and(|plan| wake == Some(plan.wake_at));
             done = match wake {
                 None => self.done_cv.wait(done).unwrap_or_else(|p| p.into_inner()),
